@@ -1,0 +1,100 @@
+//! atomic: state files that are either old or new, never torn. A write goes to a temporary file in
+//! the same directory, is fsynced, renamed over the target, and the directory is fsynced. Used by
+//! every module that keeps state on disk; it uses only `std` and `serde_json`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Writes `data` to `path` atomically with the given mode.
+pub fn write(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Serializes `value` as JSON and writes it atomically (mode 0600).
+pub fn write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> io::Result<()> {
+    let data = serde_json::to_vec(value).map_err(io::Error::other)?;
+    write(path, &data, 0o600)
+}
+
+/// Reads a JSON state file; `Ok(None)` when it does not exist.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
+    match fs::read(path) {
+        Ok(data) => serde_json::from_slice(&data).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// fsyncs a directory so renames and unlinks in it are durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Removes a file, treating "already gone" as success, and makes the removal durable.
+pub fn remove(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(path.parent().unwrap_or(Path::new("."))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_read_json() {
+        let dir = tempdir();
+        let path = dir.join("state.json");
+        assert_eq!(read_json::<Vec<u32>>(&path).unwrap(), None);
+        write_json(&path, &vec![1u32, 2, 3]).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&path).unwrap(), Some(vec![1, 2, 3]));
+        write_json(&path, &vec![4u32]).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&path).unwrap(), Some(vec![4]));
+        // no temporary file is left behind
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        remove(&path).unwrap();
+        remove(&path).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn tempdir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("crius-atomic-{}", std::process::id()));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

@@ -1,0 +1,165 @@
+//! config: the daemon's TOML configuration (`/etc/crius/config.toml`). Every key is optional and
+//! has a default that runs crius on a stock node; unknown keys are errors naming the file and
+//! line, so a typo never silently falls back to a default. Uses only `serde` and `toml`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/crius/config.toml";
+pub const DEFAULT_SOCKET: &str = "/run/crius/crius.sock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The CRI socket.
+    pub socket: PathBuf,
+    /// Persistent data: content store, snapshots, image and container records.
+    pub root: PathBuf,
+    /// Runtime state that must not survive a reboot: namespace handles, mounts, sockets.
+    pub state: PathBuf,
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
+    pub log_level: String,
+    pub registry: Registry,
+    pub image: Image,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Registry {
+    /// containerd-style per-registry directories holding `hosts.toml`.
+    pub config_path: PathBuf,
+    /// A docker `config.json` whose `auths` supply credentials when a request carries none.
+    pub auth_file: PathBuf,
+    /// Layers downloaded and unpacked at the same time, per pull.
+    pub max_concurrent_downloads: usize,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Image {
+    /// Create character and block devices found in image layers (refused by default).
+    pub allow_device_nodes: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            root: PathBuf::from("/var/lib/crius"),
+            state: PathBuf::from("/run/crius"),
+            log_level: "info".to_string(),
+            registry: Registry::default(),
+            image: Image::default(),
+        }
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry {
+            config_path: PathBuf::from("/etc/crius/certs.d"),
+            auth_file: PathBuf::from("/root/.docker/config.json"),
+            max_concurrent_downloads: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path`. A missing file is the default configuration only when `required` is false
+    /// (the default path); a file named explicitly must exist.
+    pub fn load(path: &Path, required: bool) -> Result<Config, Error> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(Config::default());
+            }
+            Err(source) => {
+                return Err(Error::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        Config::parse(&text).map_err(|message| Error::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error says where (line and column) and what.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| line_col(text, s.start));
+            match at {
+                Some((line, col)) => format!("line {line}, column {col}: {}", e.message()),
+                None => e.message().to_string(),
+            }
+        })?;
+        if cfg.registry.max_concurrent_downloads == 0 {
+            return Err("registry.max_concurrent_downloads must be at least 1".to_string());
+        }
+        Ok(cfg)
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_default() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(c.root, PathBuf::from("/var/lib/crius"));
+        assert_eq!(c.registry.max_concurrent_downloads, 3);
+    }
+
+    #[test]
+    fn keys_override_defaults() {
+        let c =
+            Config::parse("root = \"/data/crius\"\n[registry]\nconfig_path = \"/x\"\n").unwrap();
+        assert_eq!(c.root, PathBuf::from("/data/crius"));
+        assert_eq!(c.registry.config_path, PathBuf::from("/x"));
+        assert_eq!(c.state, PathBuf::from("/run/crius"));
+    }
+
+    #[test]
+    fn unknown_keys_name_the_line() {
+        let e = Config::parse("log_level = \"debug\"\n\nrooot = \"/x\"\n").unwrap_err();
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("rooot"), "{e}");
+        let e = Config::parse("[registry]\nmax_concurrent_downloads = \"three\"\n").unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn missing_default_file_is_fine_but_named_file_is_required() {
+        let p = Path::new("/nonexistent/crius.toml");
+        assert!(Config::load(p, false).is_ok());
+        assert!(
+            Config::load(p, true)
+                .unwrap_err()
+                .to_string()
+                .contains("/nonexistent/crius.toml")
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! cri: the tonic glue. It serves CRI `runtime.v1` (RuntimeService, ImageService) and crius's own
+//! `crius.v1.Pulls` on a unix socket, turns requests into calls on the `image` (and later
+//! `sandbox`/`container`) services, maps their errors to statuses in one place (`status`), and
+//! logs one line per RPC with its duration. It also holds the client side used by the CLI, the
+//! front end and the tests. No runtime logic lives here.
+
+pub mod client;
+mod images;
+mod pulls;
+mod runtime;
+pub mod status;
+
+use std::future::Future;
+use std::time::Instant;
+
+use k8s_cri::v1::image_service_server::ImageServiceServer;
+use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Code, Response, Status};
+
+use crate::image::ImageService;
+
+/// Generated code for `proto/crius.proto`.
+pub mod proto {
+    #![allow(clippy::all, clippy::pedantic)]
+    tonic::include_proto!("crius.v1");
+}
+
+/// CRI messages can be large (ListContainers on a busy node); containerd allows 16 MiB.
+pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// What the server answers with.
+pub struct Services {
+    pub images: ImageService,
+}
+
+/// Serves every service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: UnixListener,
+    services: Services,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let runtime = RuntimeServiceServer::new(runtime::Runtime::new())
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let images = ImageServiceServer::new(images::Images::new(services.images.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let pulls = proto::pulls_server::PullsServer::new(pulls::Pulls::new(services.images));
+    tonic::transport::Server::builder()
+        .add_service(runtime)
+        .add_service(images)
+        .add_service(pulls)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+}
+
+/// Runs one RPC: times it, logs it, and logs failures with their status.
+pub(crate) async fn rpc<T>(
+    name: &'static str,
+    fut: impl Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
+    let start = Instant::now();
+    let result = fut.await;
+    let elapsed = start.elapsed();
+    match &result {
+        Ok(_) => tracing::debug!(rpc = name, ?elapsed, "rpc ok"),
+        Err(s)
+            if matches!(
+                s.code(),
+                Code::NotFound | Code::InvalidArgument | Code::Unimplemented
+            ) =>
+        {
+            tracing::info!(rpc = name, ?elapsed, code = ?s.code(), error = s.message(), "rpc failed")
+        }
+        Err(s) => {
+            tracing::warn!(rpc = name, ?elapsed, code = ?s.code(), error = s.message(), "rpc failed")
+        }
+    }
+    result.map(Response::new)
+}

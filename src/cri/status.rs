@@ -1,0 +1,93 @@
+//! The one place where errors of the modules below become gRPC statuses. Each error keeps its
+//! context (the field, image, layer or path it concerns) in the message; the code says what
+//! kind of failure it is so clients can tell bad input from a missing object from an outage.
+
+use tonic::{Code, Status};
+
+use crate::{content, image, snapshot};
+
+/// Errors that can answer an RPC.
+pub trait ToStatus: std::error::Error {
+    fn code(&self) -> Code;
+
+    fn to_status(&self) -> Status
+    where
+        Self: Sized,
+    {
+        Status::new(self.code(), chain(self))
+    }
+}
+
+/// The error with its causes, `outer: inner: innermost`, without repeating a cause that the
+/// outer message already quotes.
+pub fn chain(e: &(dyn std::error::Error + '_)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+impl ToStatus for image::Error {
+    fn code(&self) -> Code {
+        use image::Error as E;
+        match self {
+            E::Reference(_) | E::Credentials(_) => Code::InvalidArgument,
+            E::NotFound { .. } | E::RegistryNotFound { .. } => Code::NotFound,
+            E::Unauthorized { .. } => Code::Unauthenticated,
+            E::Http { .. } | E::Registry { .. } | E::Download { .. } => Code::Unavailable,
+            E::HostsConfig { .. } | E::AuthFile { .. } => Code::FailedPrecondition,
+            E::Manifest { .. } | E::NoPlatform { .. } | E::Unpack { .. } => {
+                Code::FailedPrecondition
+            }
+            E::DigestMismatch { .. } | E::SizeMismatch { .. } | E::DiffIdMismatch { .. } => {
+                Code::DataLoss
+            }
+            E::Content(c) => c.code(),
+            E::Snapshot(s) => s.code(),
+            E::Io { .. } => Code::Internal,
+        }
+    }
+}
+
+impl ToStatus for content::Error {
+    fn code(&self) -> Code {
+        use content::Error as E;
+        match self {
+            E::InvalidDigest { .. } => Code::InvalidArgument,
+            E::SizeMismatch { .. } | E::DigestMismatch { .. } => Code::DataLoss,
+            E::NotFound { .. } => Code::NotFound,
+            E::Io { .. } => Code::Internal,
+        }
+    }
+}
+
+impl ToStatus for snapshot::Error {
+    fn code(&self) -> Code {
+        match self {
+            snapshot::Error::Missing { .. } => Code::NotFound,
+            snapshot::Error::Io { .. } => Code::Internal,
+        }
+    }
+}
+
+/// A required request field that is missing or empty.
+pub fn missing(field: &str) -> Status {
+    Status::invalid_argument(format!("{field} is required"))
+}
+
+pub fn unimplemented(rpc: &str, until: &str) -> Status {
+    Status::unimplemented(format!("{rpc} is not implemented yet ({until})"))
+}
+
+impl From<image::Error> for Status {
+    fn from(e: image::Error) -> Status {
+        e.to_status()
+    }
+}

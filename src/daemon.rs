@@ -1,0 +1,108 @@
+//! daemon: `crius daemon`. Prepares the root and state directories, takes the root's lock (one
+//! daemon per root), opens the services, binds the CRI socket (mode 0660, owned by root) and
+//! serves until SIGTERM or SIGINT. Uses `config`, `image` and `cri`.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::config::Config;
+use crate::cri;
+use crate::image::{self, ImageService};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("another crius daemon is using {root} (its lock {lock} is held)")]
+    Locked { root: PathBuf, lock: PathBuf },
+    #[error("another runtime is already serving on {socket}")]
+    SocketInUse { socket: PathBuf },
+    #[error("opening the image store: {0}")]
+    Images(#[from] image::Error),
+    #[error("serving CRI: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), Error> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(io_err(path))
+}
+
+/// Runs the daemon until a termination signal.
+pub async fn run(cfg: Config) -> Result<(), Error> {
+    make_dir(&cfg.root, 0o711)?;
+    make_dir(&cfg.state, 0o711)?;
+    let lock_path = cfg.root.join("crius.lock");
+    let lock_file = File::create(&lock_path).map_err(io_err(&lock_path))?;
+    let _lock =
+        Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| Error::Locked {
+            root: cfg.root.clone(),
+            lock: lock_path.clone(),
+        })?;
+
+    let images = {
+        let cfg2 = cfg.clone();
+        tokio::task::spawn_blocking(move || ImageService::open(&cfg2))
+            .await
+            .map_err(|e| Error::Io {
+                path: cfg.root.clone(),
+                source: io::Error::other(e),
+            })??
+    };
+
+    let listener = bind(&cfg.socket).await?;
+    tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
+
+    let shutdown = async {
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch SIGTERM");
+                return std::future::pending().await;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    };
+    let served = cri::serve(listener, cri::Services { images }, shutdown).await;
+    let _ = fs::remove_file(&cfg.socket);
+    served?;
+    Ok(())
+}
+
+/// Binds the socket, replacing a stale one but never one a live runtime answers on.
+async fn bind(socket: &Path) -> Result<UnixListener, Error> {
+    if let Some(dir) = socket.parent() {
+        make_dir(dir, 0o711)?;
+    }
+    if socket.exists() {
+        if UnixStream::connect(socket).await.is_ok() {
+            return Err(Error::SocketInUse {
+                socket: socket.to_path_buf(),
+            });
+        }
+        fs::remove_file(socket).map_err(io_err(socket))?;
+    }
+    let listener = UnixListener::bind(socket).map_err(io_err(socket))?;
+    fs::set_permissions(socket, fs::Permissions::from_mode(0o660)).map_err(io_err(socket))?;
+    std::os::unix::fs::chown(socket, Some(0), Some(0)).map_err(io_err(socket))?;
+    Ok(listener)
+}

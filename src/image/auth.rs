@@ -1,0 +1,322 @@
+//! Registry credentials and challenges: the CRI `AuthConfig` of a request, else a docker
+//! `config.json` `auths` entry for the registry; `WWW-Authenticate` challenges (`Basic`, and
+//! `Bearer realm,service,scope` answered with a token from the realm).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde::Deserialize;
+
+use super::Error;
+
+/// What a pull may authenticate with.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+    /// An OAuth2 refresh token (docker's `identitytoken`), exchanged at the token realm.
+    pub identity_token: String,
+    /// A bearer token sent to the registry as is.
+    pub registry_token: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets never reach logs.
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    pub fn is_empty(&self) -> bool {
+        self.username.is_empty()
+            && self.password.is_empty()
+            && self.identity_token.is_empty()
+            && self.registry_token.is_empty()
+    }
+
+    /// From the CRI fields; `auth` is base64 `user:password` and fills what is missing.
+    pub fn from_cri(
+        username: &str,
+        password: &str,
+        auth: &str,
+        identity_token: &str,
+        registry_token: &str,
+    ) -> Result<Credentials, String> {
+        let mut c = Credentials {
+            username: username.to_string(),
+            password: password.to_string(),
+            identity_token: identity_token.to_string(),
+            registry_token: registry_token.to_string(),
+        };
+        if !auth.is_empty() && c.username.is_empty() && c.password.is_empty() {
+            let (u, p) = decode_auth(auth)?;
+            c.username = u;
+            c.password = p;
+        }
+        Ok(c)
+    }
+}
+
+fn decode_auth(auth: &str) -> Result<(String, String), String> {
+    let raw = STANDARD
+        .decode(auth.trim())
+        .map_err(|_| "auth is not valid base64".to_string())?;
+    let s = String::from_utf8(raw).map_err(|_| "auth is not UTF-8".to_string())?;
+    let (u, p) = s
+        .split_once(':')
+        .ok_or("auth must encode \"user:password\"")?;
+    Ok((u.to_string(), p.to_string()))
+}
+
+#[derive(Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: HashMap<String, DockerAuth>,
+}
+
+#[derive(Deserialize)]
+struct DockerAuth {
+    #[serde(default)]
+    auth: String,
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    identitytoken: String,
+    #[serde(default)]
+    registrytoken: String,
+}
+
+/// The key docker's `auths` uses for a registry host: keys may carry a scheme and a path
+/// (`https://index.docker.io/v1/`), so both sides are reduced to the host.
+fn auth_key(key: &str) -> String {
+    let k = key.split_once("://").map(|(_, rest)| rest).unwrap_or(key);
+    let host = k.split('/').next().unwrap_or(k).to_ascii_lowercase();
+    match host.as_str() {
+        "index.docker.io" | "registry-1.docker.io" | "docker.io" => "docker.io".to_string(),
+        _ => host,
+    }
+}
+
+/// Credentials for `domain` from a docker config file; none if the file or entry is missing.
+pub fn from_docker_config(path: &Path, domain: &str) -> Result<Option<Credentials>, Error> {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let bad = |reason: String| Error::AuthFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let cfg: DockerConfig = serde_json::from_slice(&data).map_err(|e| bad(e.to_string()))?;
+    let want = auth_key(domain);
+    for (key, a) in cfg.auths {
+        if auth_key(&key) != want {
+            continue;
+        }
+        let c = Credentials::from_cri(
+            &a.username,
+            &a.password,
+            &a.auth,
+            &a.identitytoken,
+            &a.registrytoken,
+        )
+        .map_err(|e| bad(format!("auths[{key:?}]: {e}")))?;
+        return Ok((!c.is_empty()).then_some(c));
+    }
+    Ok(None)
+}
+
+/// A parsed `WWW-Authenticate` challenge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Challenge {
+    Basic,
+    Bearer {
+        realm: String,
+        service: Option<String>,
+        scope: Option<String>,
+    },
+}
+
+/// Parses the first challenge crius can answer.
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
+    match scheme.to_ascii_lowercase().as_str() {
+        "basic" => Some(Challenge::Basic),
+        "bearer" => {
+            let params = parse_params(rest);
+            let realm = params.get("realm")?.clone();
+            Some(Challenge::Bearer {
+                realm,
+                service: params.get("service").cloned(),
+                scope: params.get("scope").cloned(),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `key="value", key=value, ...` with quoted values that may contain commas.
+fn parse_params(s: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        while i < b.len() && (b[i] == b' ' || b[i] == b',') {
+            i += 1;
+        }
+        let ks = i;
+        while i < b.len() && b[i] != b'=' {
+            i += 1;
+        }
+        let key = s[ks..i].trim().to_ascii_lowercase();
+        i += 1; // '='
+        let mut value = String::new();
+        if i < b.len() && b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' && i + 1 < b.len() {
+                    i += 1;
+                }
+                value.push(b[i] as char);
+                i += 1;
+            }
+            i += 1;
+        } else {
+            let vs = i;
+            while i < b.len() && b[i] != b',' {
+                i += 1;
+            }
+            value = s[vs.min(s.len())..i.min(s.len())].trim().to_string();
+        }
+        if !key.is_empty() {
+            out.insert(key, value);
+        }
+    }
+    out
+}
+
+/// The body of a token realm's answer.
+#[derive(Deserialize)]
+pub struct TokenResponse {
+    #[serde(default)]
+    pub token: String,
+    #[serde(default)]
+    pub access_token: String,
+    #[serde(default)]
+    pub expires_in: Option<u64>,
+}
+
+impl TokenResponse {
+    pub fn bearer(&self) -> Option<&str> {
+        [self.token.as_str(), self.access_token.as_str()]
+            .into_iter()
+            .find(|t| !t.is_empty())
+    }
+}
+
+pub fn basic_header(c: &Credentials) -> String {
+    format!(
+        "Basic {}",
+        STANDARD.encode(format!("{}:{}", c.username, c.password))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges() {
+        assert_eq!(
+            parse_challenge("Basic realm=\"Registry Realm\""),
+            Some(Challenge::Basic)
+        );
+        assert_eq!(
+            parse_challenge(
+                r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/busybox:pull,push""#
+            ),
+            Some(Challenge::Bearer {
+                realm: "https://auth.docker.io/token".into(),
+                service: Some("registry.docker.io".into()),
+                scope: Some("repository:library/busybox:pull,push".into()),
+            })
+        );
+        assert_eq!(
+            parse_challenge("bearer realm=https://x/token"),
+            Some(Challenge::Bearer {
+                realm: "https://x/token".into(),
+                service: None,
+                scope: None
+            })
+        );
+        assert_eq!(parse_challenge("Bearer service=\"x\""), None);
+        assert_eq!(parse_challenge("Negotiate"), None);
+    }
+
+    #[test]
+    fn cri_auth_field() {
+        let c = Credentials::from_cri("", "", &STANDARD.encode("bob:s3:cret"), "", "").unwrap();
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("bob", "s3:cret")
+        );
+        assert!(Credentials::from_cri("", "", "!!", "", "").is_err());
+        assert!(Credentials::from_cri("", "", &STANDARD.encode("nocolon"), "", "").is_err());
+        assert!(!format!("{c:?}").contains("s3:cret"));
+    }
+
+    #[test]
+    fn docker_config_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        std::fs::write(
+            &p,
+            format!(
+                r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{}"}},"my-registry:5000":{{"username":"u","password":"p"}}}}}}"#,
+                STANDARD.encode("hub:pw")
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            from_docker_config(&p, "docker.io")
+                .unwrap()
+                .unwrap()
+                .username,
+            "hub"
+        );
+        assert_eq!(
+            from_docker_config(&p, "my-registry:5000")
+                .unwrap()
+                .unwrap()
+                .password,
+            "p"
+        );
+        assert!(from_docker_config(&p, "quay.io").unwrap().is_none());
+        assert!(
+            from_docker_config(&dir.path().join("none.json"), "x")
+                .unwrap()
+                .is_none()
+        );
+        std::fs::write(&p, "{").unwrap();
+        assert!(
+            from_docker_config(&p, "x")
+                .unwrap_err()
+                .to_string()
+                .contains("config.json")
+        );
+    }
+}

@@ -1,0 +1,387 @@
+//! OCI and Docker v2 schema 2 manifests, indexes (manifest lists) and image configs: just the
+//! fields crius uses, parsed tolerantly where the formats agree and strictly where it matters
+//! (digests, sizes, the number of layers). Picks the node's platform from an index.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::content::Digest;
+
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+json";
+const DOCKER_SCHEMA1_SIGNED: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
+
+/// What the registry is told we accept, in order of preference.
+pub const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+
+/// The largest manifest or index accepted (containerd uses the same bound).
+pub const MAX_MANIFEST_SIZE: u64 = 4 << 20;
+/// The largest image config accepted.
+pub const MAX_CONFIG_SIZE: u64 = 16 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Descriptor {
+    #[serde(rename = "mediaType", default)]
+    pub media_type: String,
+    pub digest: Digest,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Platform {
+    pub architecture: String,
+    pub os: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Platform {
+    /// The platform this crius binary runs on.
+    pub fn node() -> Platform {
+        let (architecture, variant) = match std::env::consts::ARCH {
+            "x86_64" => ("amd64", None),
+            "aarch64" => ("arm64", Some("v8")),
+            "arm" => ("arm", Some("v7")),
+            "x86" => ("386", None),
+            "powerpc64" => ("ppc64le", None),
+            "riscv64" => ("riscv64", None),
+            "s390x" => ("s390x", None),
+            other => (other, None),
+        };
+        Platform {
+            architecture: architecture.to_string(),
+            os: std::env::consts::OS.to_string(),
+            variant: variant.map(str::to_string),
+        }
+    }
+
+    /// Whether an image for `other` runs here. A missing variant matches the baseline variant.
+    pub fn runs(&self, other: &Platform) -> bool {
+        if self.os != other.os || self.architecture != other.architecture {
+            return false;
+        }
+        let baseline = match self.architecture.as_str() {
+            "arm64" => "v8",
+            "amd64" => "v1",
+            _ => "",
+        };
+        let theirs = other.variant.as_deref().unwrap_or(baseline);
+        let ours = self.variant.as_deref().unwrap_or(baseline);
+        theirs == ours || (theirs.is_empty() && ours == baseline)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: u32,
+    #[serde(rename = "mediaType", default)]
+    pub media_type: Option<String>,
+    pub config: Descriptor,
+    #[serde(default)]
+    pub layers: Vec<Descriptor>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Index {
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: u32,
+    #[serde(rename = "mediaType", default)]
+    pub media_type: Option<String>,
+    pub manifests: Vec<Descriptor>,
+}
+
+#[derive(Debug)]
+pub enum Parsed {
+    Index(Index),
+    Manifest(Manifest),
+}
+
+#[derive(Debug, Deserialize)]
+struct Probe {
+    #[serde(rename = "schemaVersion")]
+    schema_version: Option<u32>,
+    #[serde(rename = "mediaType")]
+    media_type: Option<String>,
+    manifests: Option<serde_json::Value>,
+    config: Option<serde_json::Value>,
+}
+
+/// Parses a manifest or index. `content_type` is the registry's Content-Type, used only when the
+/// document does not name its own media type.
+pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, String> {
+    let probe: Probe = serde_json::from_slice(data).map_err(|e| format!("not valid JSON: {e}"))?;
+    let media_type = probe
+        .media_type
+        .clone()
+        .or_else(|| content_type.map(|c| c.split(';').next().unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    if probe.schema_version == Some(1)
+        || media_type == DOCKER_SCHEMA1
+        || media_type == DOCKER_SCHEMA1_SIGNED
+    {
+        return Err("Docker schema 1 manifests are not supported (deprecated; push the image again with a current client)".into());
+    }
+    if probe.schema_version != Some(2) {
+        return Err(format!(
+            "unsupported schemaVersion {:?}",
+            probe.schema_version
+        ));
+    }
+    let is_index = match media_type.as_str() {
+        OCI_INDEX | DOCKER_LIST => true,
+        OCI_MANIFEST | DOCKER_MANIFEST => false,
+        // OCI allows omitting mediaType: tell the two apart by shape.
+        _ if probe.manifests.is_some() => true,
+        _ if probe.config.is_some() => false,
+        other => return Err(format!("unsupported manifest media type {other:?}")),
+    };
+    if is_index {
+        let index: Index =
+            serde_json::from_slice(data).map_err(|e| format!("invalid index: {e}"))?;
+        Ok(Parsed::Index(index))
+    } else {
+        let m: Manifest =
+            serde_json::from_slice(data).map_err(|e| format!("invalid manifest: {e}"))?;
+        Ok(Parsed::Manifest(m))
+    }
+}
+
+impl Index {
+    /// The first manifest that runs on `platform`, preferring an exact variant match.
+    pub fn select(&self, platform: &Platform) -> Option<&Descriptor> {
+        let candidates: Vec<&Descriptor> = self
+            .manifests
+            .iter()
+            .filter(|d| d.platform.as_ref().is_some_and(|p| platform.runs(p)))
+            .collect();
+        candidates
+            .iter()
+            .find(|d| {
+                d.platform
+                    .as_ref()
+                    .is_some_and(|p| p.variant == platform.variant)
+            })
+            .or(candidates.first())
+            .copied()
+    }
+
+    pub fn platforms(&self) -> Vec<String> {
+        self.manifests
+            .iter()
+            .map(|d| {
+                d.platform
+                    .as_ref()
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "unknown".into())
+            })
+            .collect()
+    }
+}
+
+/// The parts of an image config crius reads (the raw blob is kept for verbose status).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ImageConfig {
+    #[serde(default)]
+    pub architecture: String,
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub created: Option<String>,
+    #[serde(default)]
+    pub config: RunConfig,
+    pub rootfs: RootFs,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunConfig {
+    #[serde(rename = "User", default)]
+    pub user: String,
+    #[serde(rename = "Env", default)]
+    pub env: Option<Vec<String>>,
+    #[serde(rename = "Entrypoint", default)]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd", default)]
+    pub cmd: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir", default)]
+    pub working_dir: String,
+    #[serde(rename = "Labels", default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(rename = "StopSignal", default)]
+    pub stop_signal: String,
+    #[serde(rename = "Volumes", default)]
+    pub volumes: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RootFs {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    pub diff_ids: Vec<Digest>,
+}
+
+pub fn parse_config(data: &[u8]) -> Result<ImageConfig, String> {
+    let c: ImageConfig =
+        serde_json::from_slice(data).map_err(|e| format!("invalid image config: {e}"))?;
+    if !c.rootfs.kind.is_empty() && c.rootfs.kind != "layers" {
+        return Err(format!("unsupported rootfs type {:?}", c.rootfs.kind));
+    }
+    Ok(c)
+}
+
+/// How a layer's bytes are compressed, judged by its first bytes (media types are sometimes wrong).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Gzip,
+    Zstd,
+    None,
+}
+
+impl Compression {
+    pub fn sniff(head: &[u8]) -> Compression {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Compression::Gzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Compression::Zstd
+        } else {
+            Compression::None
+        }
+    }
+}
+
+/// Layer media types crius unpacks; anything else (Windows foreign layers, encrypted layers,
+/// artifacts) fails the pull with a clear error.
+pub fn is_layer(media_type: &str) -> bool {
+    matches!(
+        media_type,
+        "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.v1.tar+zstd"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar"
+            | ""
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> String {
+        Digest::of(&[n]).to_string()
+    }
+
+    #[test]
+    fn parses_docker_and_oci_manifests() {
+        let docker = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST}","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","size":10,"digest":"{}"}},"layers":[{{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","size":5,"digest":"{}"}}]}}"#,
+            d(1),
+            d(2)
+        );
+        let Parsed::Manifest(m) = parse(docker.as_bytes(), None).unwrap() else {
+            panic!()
+        };
+        assert_eq!(m.layers.len(), 1);
+        assert_eq!(m.config.size, 10);
+        // OCI without mediaType: told apart by shape
+        let oci = format!(
+            r#"{{"schemaVersion":2,"config":{{"size":1,"digest":"{}"}},"layers":[]}}"#,
+            d(3)
+        );
+        assert!(matches!(
+            parse(oci.as_bytes(), None).unwrap(),
+            Parsed::Manifest(_)
+        ));
+        let idx = format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"size":1,"digest":"{}","platform":{{"os":"linux","architecture":"amd64"}}}}]}}"#,
+            d(4)
+        );
+        assert!(matches!(
+            parse(idx.as_bytes(), None).unwrap(),
+            Parsed::Index(_)
+        ));
+    }
+
+    #[test]
+    fn rejects_schema1_and_junk() {
+        assert!(
+            parse(br#"{"schemaVersion":1,"name":"x"}"#, None)
+                .unwrap_err()
+                .contains("schema 1")
+        );
+        assert!(parse(b"not json", None).is_err());
+        assert!(parse(br#"{"schemaVersion":2}"#, None).is_err());
+        let bad_digest =
+            r#"{"schemaVersion":2,"config":{"size":1,"digest":"sha256:zz"},"layers":[]}"#;
+        assert!(parse(bad_digest.as_bytes(), None).is_err());
+    }
+
+    #[test]
+    fn platform_selection() {
+        let p = |a: &str, v: Option<&str>| Platform {
+            architecture: a.into(),
+            os: "linux".into(),
+            variant: v.map(Into::into),
+        };
+        let desc = |n: u8, plat: Platform| Descriptor {
+            media_type: OCI_MANIFEST.into(),
+            digest: Digest::of(&[n]),
+            size: 1,
+            platform: Some(plat),
+        };
+        let index = Index {
+            schema_version: 2,
+            media_type: None,
+            manifests: vec![
+                desc(1, p("arm", Some("v6"))),
+                desc(2, p("arm64", None)),
+                desc(3, p("amd64", None)),
+                desc(4, p("arm", Some("v7"))),
+            ],
+        };
+        assert_eq!(
+            index.select(&p("amd64", None)).unwrap().digest,
+            Digest::of(&[3])
+        );
+        assert_eq!(
+            index.select(&p("arm64", Some("v8"))).unwrap().digest,
+            Digest::of(&[2])
+        );
+        assert_eq!(
+            index.select(&p("arm", Some("v7"))).unwrap().digest,
+            Digest::of(&[4])
+        );
+        assert!(index.select(&p("s390x", None)).is_none());
+        assert!(!p("amd64", None).runs(&p("amd64", Some("v3"))));
+        assert_eq!(index.platforms()[0], "linux/arm/v6");
+    }
+
+    #[test]
+    fn compression_sniffing() {
+        assert_eq!(Compression::sniff(&[0x1f, 0x8b, 8]), Compression::Gzip);
+        assert_eq!(
+            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Compression::Zstd
+        );
+        assert_eq!(Compression::sniff(b"usr/"), Compression::None);
+    }
+}

@@ -1,0 +1,573 @@
+//! image: what a node knows about images. It resolves references, pulls and verifies images from
+//! registries (`registry`, `hosts`, `auth`, `manifest`, `pull`), keeps one record per image (ID =
+//! config digest) with its tags and repo digests under `<root>/images`, answers lookups by ID,
+//! tag or digest, and removes images with garbage collection of blobs and snapshots no longer
+//! referenced. It uses `content` for blobs, `snapshot` for unpacked layers and `atomic` for
+//! records; it knows nothing of gRPC (the `cri` module maps its errors).
+
+pub mod auth;
+pub mod hosts;
+pub mod manifest;
+pub mod progress;
+mod pull;
+pub mod reference;
+pub mod registry;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use serde::{Deserialize, Serialize};
+
+use crate::atomic;
+use crate::config::Config;
+use crate::content::{self, Digest};
+use crate::snapshot::{self, Snapshotter, UnpackError, UnpackOptions};
+
+pub use auth::Credentials;
+pub use manifest::ImageConfig;
+pub use pull::now_nanos;
+pub use reference::Reference;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Reference(#[from] reference::ParseError),
+    #[error("invalid credentials: {0}")]
+    Credentials(String),
+    #[error("image {image:?} not found")]
+    NotFound { image: String },
+    #[error("{url}: not found: {message}")]
+    RegistryNotFound { url: String, message: String },
+    #[error("registry {registry}: authentication failed: {message}")]
+    Unauthorized { registry: String, message: String },
+    #[error("{url}: registry answered {status}: {message}")]
+    Registry {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{url}: {source}")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{path}: {reason}")]
+    HostsConfig { path: PathBuf, reason: String },
+    #[error("registry credentials file {path}: {reason}")]
+    AuthFile { path: PathBuf, reason: String },
+    #[error("{reference}: manifest {digest}: {reason}")]
+    Manifest {
+        reference: String,
+        digest: String,
+        reason: String,
+    },
+    #[error("{reference}: no image for platform {wanted} (the index has: {available})")]
+    NoPlatform {
+        reference: String,
+        wanted: String,
+        available: String,
+    },
+    #[error(
+        "{what} {expected}: the registry sent content with digest {actual}; nothing was stored"
+    )]
+    DigestMismatch {
+        what: &'static str,
+        expected: Digest,
+        actual: Digest,
+    },
+    #[error(
+        "{what} {digest}: descriptor says {expected} bytes, the registry sent {actual}; nothing was stored"
+    )]
+    SizeMismatch {
+        what: &'static str,
+        digest: Digest,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "layer {digest}: uncompressed content has digest {actual}, the image config says {expected}"
+    )]
+    DiffIdMismatch {
+        digest: Digest,
+        expected: Digest,
+        actual: Digest,
+    },
+    #[error("layer {digest}: {source}")]
+    Unpack {
+        digest: Digest,
+        #[source]
+        source: UnpackError,
+    },
+    #[error("layer {digest}: download interrupted: {message}")]
+    Download { digest: Digest, message: String },
+    #[error(transparent)]
+    Content(#[from] content::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One layer of a pulled image.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Layer {
+    pub digest: Digest,
+    pub size: u64,
+    pub media_type: String,
+    pub diff_id: Digest,
+    pub chain_id: Digest,
+}
+
+/// What is persisted per image.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// The config digest.
+    pub id: Digest,
+    pub repo_tags: Vec<String>,
+    pub repo_digests: Vec<String>,
+    /// The platform manifest.
+    pub manifest: Digest,
+    /// The index it was picked from, when the reference named one.
+    pub index: Option<Digest>,
+    pub config_size: u64,
+    pub layers: Vec<Layer>,
+    /// Bytes of content (config and compressed layers), as containerd reports an image's size.
+    pub size: u64,
+    /// Unix time in nanoseconds of the last pull.
+    pub pulled_at: i64,
+}
+
+/// A pulled image: its record and parsed config.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub record: Record,
+    pub config: ImageConfig,
+}
+
+impl Image {
+    /// The chain ID of the top layer (what a rootfs is stacked on); none for an image without layers.
+    pub fn top_chain(&self) -> Option<&Digest> {
+        self.record.layers.last().map(|l| &l.chain_id)
+    }
+}
+
+#[derive(Default)]
+struct Catalog {
+    images: HashMap<Digest, Arc<Image>>,
+    /// repo tags and repo digests -> image ID
+    names: HashMap<String, Digest>,
+}
+
+/// Usage of the image filesystem.
+#[derive(Debug, Clone)]
+pub struct FsUsage {
+    pub mountpoint: PathBuf,
+    pub used_bytes: u64,
+    pub inodes_used: u64,
+}
+
+pub(crate) struct Inner {
+    dir: PathBuf,
+    content: content::Store,
+    snapshots: Snapshotter,
+    registry: registry::Registry,
+    catalog: RwLock<Catalog>,
+    unpack: UnpackOptions,
+    downloads: tokio::sync::Semaphore,
+    layer_locks: Mutex<HashMap<Digest, Weak<tokio::sync::Mutex<()>>>>,
+    /// Pulls hold it shared; garbage collection exclusively, so it never removes what a pull
+    /// has committed but not yet recorded.
+    gc: tokio::sync::RwLock<()>,
+    /// Snapshot chains in use by containers, with a count per chain.
+    holds: Mutex<HashMap<Digest, usize>>,
+    progress: progress::Board,
+}
+
+/// The image service. Cheap to clone.
+#[derive(Clone)]
+pub struct ImageService {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ImageService {
+    /// Opens the stores under the configured root and loads every image record. A record whose
+    /// config or snapshots are gone (a crash mid-removal) is dropped so the image is pulled again.
+    pub fn open(cfg: &Config) -> Result<ImageService, Error> {
+        let dir = cfg.root.join("images");
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let content = content::Store::open(&cfg.root.join("content"))?;
+        let snapshots = Snapshotter::open(&cfg.root.join("snapshots"))?;
+        let inner = Inner {
+            dir,
+            content,
+            snapshots,
+            registry: registry::Registry::new(
+                cfg.registry.config_path.clone(),
+                cfg.registry.auth_file.clone(),
+            ),
+            catalog: RwLock::new(Catalog::default()),
+            unpack: UnpackOptions {
+                allow_device_nodes: cfg.image.allow_device_nodes,
+            },
+            downloads: tokio::sync::Semaphore::new(cfg.registry.max_concurrent_downloads),
+            layer_locks: Mutex::new(HashMap::new()),
+            gc: tokio::sync::RwLock::new(()),
+            holds: Mutex::new(HashMap::new()),
+            progress: progress::Board::default(),
+        };
+        let svc = ImageService {
+            inner: Arc::new(inner),
+        };
+        svc.load()?;
+        Ok(svc)
+    }
+
+    fn load(&self) -> Result<(), Error> {
+        let dir = &self.inner.dir;
+        let mut records: Vec<Record> = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })? {
+            let entry = entry.map_err(|source| Error::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            match atomic::read_json::<Record>(&path) {
+                Ok(Some(r)) => records.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "ignoring unreadable image record")
+                }
+            }
+        }
+        // Older pulls first, so a tag claimed twice ends with the newest.
+        records.sort_by_key(|r| r.pulled_at);
+        let mut catalog = write(&self.inner.catalog);
+        for r in records {
+            let complete = r
+                .layers
+                .iter()
+                .all(|l| self.inner.snapshots.exists(&l.chain_id));
+            let config = self
+                .inner
+                .content
+                .read(&r.id)
+                .map_err(|e| e.to_string())
+                .and_then(|b| manifest::parse_config(&b));
+            match (complete, config) {
+                (true, Ok(config)) => {
+                    for name in r.repo_tags.iter().chain(&r.repo_digests) {
+                        if let Some(old) = catalog.names.insert(name.clone(), r.id.clone())
+                            && old != r.id
+                            && let Some(img) = catalog.images.get_mut(&old)
+                        {
+                            let mut rec = img.record.clone();
+                            rec.repo_tags.retain(|t| t != name);
+                            *img = Arc::new(Image {
+                                record: rec,
+                                config: img.config.clone(),
+                            });
+                        }
+                    }
+                    catalog
+                        .images
+                        .insert(r.id.clone(), Arc::new(Image { record: r, config }));
+                }
+                (complete, config) => {
+                    tracing::warn!(image = %r.id, complete, config_ok = config.is_ok(), "dropping incomplete image record; pull it again");
+                    let _ = atomic::remove(&self.record_path(&r.id));
+                }
+            }
+        }
+        tracing::info!(images = catalog.images.len(), "image catalog loaded");
+        Ok(())
+    }
+
+    fn record_path(&self, id: &Digest) -> PathBuf {
+        self.inner.dir.join(format!("{}.json", id.hex()))
+    }
+
+    /// Pulls `image` and records it. Concurrent pulls of the same layers share the work.
+    pub async fn pull(&self, image: &str, creds: Option<Credentials>) -> Result<Arc<Image>, Error> {
+        let reference = Reference::parse(image)?;
+        let key = reference.to_string();
+        let progress = self.inner.progress.start(&key);
+        let result = {
+            let _pulling = self.inner.gc.read().await;
+            pull::pull(&self.inner, &reference, creds, &progress).await
+        };
+        let result = match result {
+            Ok((record, config)) => self.add(record, config),
+            Err(e) => Err(e),
+        };
+        self.inner.progress.finish(
+            &key,
+            &progress,
+            result.as_ref().err().map(|e| e.to_string()),
+        );
+        result
+    }
+
+    /// Records a pulled image, merging names with an existing record of the same ID and moving
+    /// tags away from images that held them before.
+    fn add(&self, mut record: Record, config: ImageConfig) -> Result<Arc<Image>, Error> {
+        let mut catalog = write(&self.inner.catalog);
+        if let Some(existing) = catalog.images.get(&record.id) {
+            for t in &existing.record.repo_tags {
+                if !record.repo_tags.contains(t) {
+                    record.repo_tags.push(t.clone());
+                }
+            }
+            for d in &existing.record.repo_digests {
+                if !record.repo_digests.contains(d) {
+                    record.repo_digests.push(d.clone());
+                }
+            }
+        }
+        let mut changed: Vec<Arc<Image>> = Vec::new();
+        for tag in &record.repo_tags {
+            if let Some(old) = catalog.names.get(tag).cloned()
+                && old != record.id
+                && let Some(img) = catalog.images.get(&old).cloned()
+            {
+                let mut rec = img.record.clone();
+                rec.repo_tags.retain(|t| t != tag);
+                let updated = Arc::new(Image {
+                    record: rec,
+                    config: img.config.clone(),
+                });
+                catalog.images.insert(old.clone(), updated.clone());
+                changed.push(updated);
+            }
+        }
+        for img in &changed {
+            self.persist(&img.record)?;
+        }
+        self.persist(&record)?;
+        for name in record.repo_tags.iter().chain(&record.repo_digests) {
+            catalog.names.insert(name.clone(), record.id.clone());
+        }
+        let image = Arc::new(Image { record, config });
+        catalog
+            .images
+            .insert(image.record.id.clone(), image.clone());
+        Ok(image)
+    }
+
+    fn persist(&self, record: &Record) -> Result<(), Error> {
+        let path = self.record_path(&record.id);
+        atomic::write_json(&path, record).map_err(|source| Error::Io { path, source })
+    }
+
+    /// Finds an image by ID (`sha256:…` or 64 hex), `name:tag` or `name@digest`.
+    pub fn lookup(&self, image: &str) -> Result<Option<Arc<Image>>, Error> {
+        let catalog = read(&self.inner.catalog);
+        let id = if image.starts_with("sha256:") {
+            Some(image.parse::<Digest>()?)
+        } else if image.len() == 64 && image.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Some(Digest::from_hex(image)?)
+        } else {
+            None
+        };
+        if let Some(id) = id {
+            return Ok(catalog.images.get(&id).cloned());
+        }
+        let r = Reference::parse(image)?;
+        let key = match &r.digest {
+            Some(d) => r.repo_digest(d),
+            None => r.repo_tag().unwrap_or_else(|| r.name()),
+        };
+        Ok(catalog
+            .names
+            .get(&key)
+            .and_then(|id| catalog.images.get(id))
+            .cloned())
+    }
+
+    /// Every image, in a stable order.
+    pub fn list(&self) -> Vec<Arc<Image>> {
+        let catalog = read(&self.inner.catalog);
+        let mut out: Vec<Arc<Image>> = catalog.images.values().cloned().collect();
+        out.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+        out
+    }
+
+    /// The raw config blob of an image (for verbose status).
+    pub fn config_blob(&self, id: &Digest) -> Result<Vec<u8>, Error> {
+        Ok(self.inner.content.read(id)?)
+    }
+
+    /// Removes an image and all its names; unknown images are fine (removal is idempotent).
+    /// Blobs and snapshots no other image uses are then collected.
+    pub async fn remove(&self, image: &str) -> Result<(), Error> {
+        let Some(img) = self.lookup(image)? else {
+            return Ok(());
+        };
+        {
+            let mut catalog = write(&self.inner.catalog);
+            let path = self.record_path(&img.record.id);
+            atomic::remove(&path).map_err(|source| Error::Io { path, source })?;
+            catalog.images.remove(&img.record.id);
+            catalog.names.retain(|_, id| id != &img.record.id);
+        }
+        match self.inner.gc.try_write() {
+            Ok(guard) => {
+                let me = self.clone();
+                tokio::task::spawn_blocking(move || me.collect())
+                    .await
+                    .map_err(|e| Error::Io {
+                        path: self.inner.dir.clone(),
+                        source: std::io::Error::other(e),
+                    })??;
+                drop(guard);
+            }
+            Err(_) => {
+                // A pull is running: collect once it is done, without holding up the caller.
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let _g = me.inner.gc.write().await;
+                    let me2 = me.clone();
+                    match tokio::task::spawn_blocking(move || me2.collect()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "image garbage collection failed"),
+                        Err(e) => tracing::warn!(error = %e, "image garbage collection panicked"),
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes blobs and snapshots no image and no container references. Caller holds `gc`.
+    fn collect(&self) -> Result<(), Error> {
+        let (blobs, chains) = {
+            let catalog = read(&self.inner.catalog);
+            let mut blobs: HashSet<Digest> = HashSet::new();
+            let mut chains: HashSet<Digest> = HashSet::new();
+            for img in catalog.images.values() {
+                let r = &img.record;
+                blobs.insert(r.id.clone());
+                blobs.insert(r.manifest.clone());
+                if let Some(i) = &r.index {
+                    blobs.insert(i.clone());
+                }
+                for l in &r.layers {
+                    blobs.insert(l.digest.clone());
+                    chains.insert(l.chain_id.clone());
+                }
+            }
+            (blobs, chains)
+        };
+        // Held chains keep their whole ancestry.
+        let mut keep = chains;
+        for chain in lock(&self.inner.holds).keys() {
+            let mut next = Some(chain.clone());
+            while let Some(c) = next {
+                next = self.inner.snapshots.meta(&c).ok().and_then(|m| m.parent);
+                keep.insert(c);
+            }
+        }
+        let mut freed = (0usize, 0usize);
+        for d in self.inner.content.list()? {
+            if !blobs.contains(&d) {
+                self.inner.content.remove(&d)?;
+                freed.0 += 1;
+            }
+        }
+        for m in self.inner.snapshots.list()? {
+            if !keep.contains(&m.chain_id) {
+                self.inner.snapshots.remove(&m.chain_id)?;
+                freed.1 += 1;
+            }
+        }
+        tracing::info!(
+            blobs = freed.0,
+            snapshots = freed.1,
+            "image garbage collected"
+        );
+        Ok(())
+    }
+
+    /// Keeps an image's snapshots while a container uses them, even if the image is removed.
+    pub fn hold(&self, chain: &Digest) {
+        *lock(&self.inner.holds).entry(chain.clone()).or_insert(0) += 1;
+    }
+
+    pub fn release(&self, chain: &Digest) {
+        let mut holds = lock(&self.inner.holds);
+        if let Some(n) = holds.get_mut(chain) {
+            *n -= 1;
+            if *n == 0 {
+                holds.remove(chain);
+            }
+        }
+    }
+
+    /// The overlay lower directories for a rootfs on `chain`, topmost first.
+    pub fn lowerdirs(&self, chain: &Digest) -> Result<Vec<PathBuf>, Error> {
+        Ok(self.inner.snapshots.lowerdirs(chain)?)
+    }
+
+    /// Bytes and inodes the image store uses (content blobs and unpacked snapshots).
+    pub fn fs_usage(&self) -> Result<FsUsage, Error> {
+        let (mut bytes, mut inodes) = self.inner.content.usage()?;
+        for m in self.inner.snapshots.list()? {
+            bytes += m.size;
+            inodes += m.inodes;
+        }
+        Ok(FsUsage {
+            mountpoint: self.inner.snapshots.root().to_path_buf(),
+            used_bytes: bytes,
+            inodes_used: inodes,
+        })
+    }
+
+    /// Progress of the pull of `image` (normalised), if one is running or just ended.
+    pub fn progress(&self, image: &str) -> Option<Arc<progress::Progress>> {
+        let key = Reference::parse(image).ok()?.to_string();
+        self.inner.progress.get(&key)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.dir
+    }
+}
+
+impl Inner {
+    fn layer_lock(&self, digest: &Digest) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = lock(&self.layer_locks);
+        if let Some(l) = locks.get(digest).and_then(Weak::upgrade) {
+            return l;
+        }
+        locks.retain(|_, w| w.strong_count() > 0);
+        let l = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(digest.clone(), Arc::downgrade(&l));
+        l
+    }
+}

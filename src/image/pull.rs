@@ -1,0 +1,551 @@
+//! One pull: resolve the manifest (verifying it against the digest it was asked or resolved by),
+//! pick the platform from an index, fetch and verify the config, then download every layer in
+//! parallel. Each layer streams through one pass off the async threads: bytes are hashed and
+//! appended to the content store's ingest file as they arrive, decompressed, hashed again (diff
+//! ID) and unpacked into a private snapshot directory. Blob and snapshot are committed only when
+//! the digest, the size and the diff ID all match; an interrupted download stays in the ingest
+//! file and is resumed with a range request.
+
+use std::io::{self, BufRead, BufReader, Read};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use sha2::{Digest as _, Sha256};
+
+use super::manifest::{self, Compression, Parsed, Platform};
+use super::progress::Progress;
+use super::registry::Session;
+use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
+use crate::content::{Digest, Ingest};
+use crate::snapshot::{self, Meta, unpack};
+
+pub(super) async fn pull(
+    inner: &Arc<Inner>,
+    reference: &Reference,
+    creds: Option<Credentials>,
+    progress: &Arc<Progress>,
+) -> Result<(Record, ImageConfig), Error> {
+    let session = inner.registry.session(reference, creds)?;
+    let shown = reference.to_string();
+
+    // Manifest (or index), verified against the digest it was requested or resolved by.
+    let fetched = session.manifest(&reference.object()).await?;
+    let top = Digest::of(&fetched.data);
+    if let Some(want) = &reference.digest {
+        if &top != want {
+            return Err(Error::DigestMismatch {
+                what: "manifest",
+                expected: want.clone(),
+                actual: top,
+            });
+        }
+    } else if let Some(h) = fetched
+        .digest_header
+        .as_deref()
+        .and_then(|h| h.parse::<Digest>().ok())
+        && h != top
+    {
+        return Err(Error::DigestMismatch {
+            what: "manifest",
+            expected: h,
+            actual: top,
+        });
+    }
+    let bad_manifest = |digest: &Digest, reason: String| Error::Manifest {
+        reference: shown.clone(),
+        digest: digest.to_string(),
+        reason,
+    };
+    let parsed = manifest::parse(&fetched.data, fetched.content_type.as_deref())
+        .map_err(|r| bad_manifest(&top, r))?;
+    let (index, manifest_digest, manifest_bytes, m) = match parsed {
+        Parsed::Manifest(m) => (None, top.clone(), fetched.data, m),
+        Parsed::Index(idx) => {
+            let node = Platform::node();
+            let desc = idx.select(&node).ok_or_else(|| Error::NoPlatform {
+                reference: shown.clone(),
+                wanted: node.to_string(),
+                available: idx.platforms().join(", "),
+            })?;
+            if desc.size > manifest::MAX_MANIFEST_SIZE {
+                return Err(bad_manifest(
+                    &desc.digest,
+                    "larger than the 4 MiB limit".into(),
+                ));
+            }
+            let f = session.manifest(&desc.digest.to_string()).await?;
+            check_blob("manifest", &desc.digest, desc.size, &f.data)?;
+            match manifest::parse(&f.data, f.content_type.as_deref())
+                .map_err(|r| bad_manifest(&desc.digest, r))?
+            {
+                Parsed::Manifest(m) => (
+                    Some((top.clone(), fetched.data)),
+                    desc.digest.clone(),
+                    f.data,
+                    m,
+                ),
+                Parsed::Index(_) => {
+                    return Err(bad_manifest(
+                        &desc.digest,
+                        "an index inside an index is not supported".into(),
+                    ));
+                }
+            }
+        }
+    };
+
+    // Config.
+    if m.config.size > manifest::MAX_CONFIG_SIZE {
+        return Err(bad_manifest(
+            &manifest_digest,
+            "config larger than the 16 MiB limit".into(),
+        ));
+    }
+    let config_bytes = if inner.content.contains(&m.config.digest) {
+        inner.content.read(&m.config.digest)?
+    } else {
+        let b = session
+            .small_blob(&m.config.digest, manifest::MAX_CONFIG_SIZE)
+            .await?;
+        check_blob("config", &m.config.digest, m.config.size, &b)?;
+        b
+    };
+    let config =
+        manifest::parse_config(&config_bytes).map_err(|r| bad_manifest(&manifest_digest, r))?;
+    let diff_ids = &config.rootfs.diff_ids;
+    if diff_ids.len() != m.layers.len() {
+        return Err(bad_manifest(
+            &manifest_digest,
+            format!(
+                "{} layers but the config lists {} diff IDs",
+                m.layers.len(),
+                diff_ids.len()
+            ),
+        ));
+    }
+    for l in &m.layers {
+        if !manifest::is_layer(&l.media_type) {
+            return Err(bad_manifest(
+                &manifest_digest,
+                format!(
+                    "layer {} has unsupported media type {:?}",
+                    l.digest, l.media_type
+                ),
+            ));
+        }
+    }
+    let chains = snapshot::chain_ids(diff_ids);
+    let layers: Vec<Layer> = m
+        .layers
+        .iter()
+        .zip(diff_ids)
+        .zip(&chains)
+        .map(|((d, diff), chain)| Layer {
+            digest: d.digest.clone(),
+            size: d.size,
+            media_type: d.media_type.clone(),
+            diff_id: diff.clone(),
+            chain_id: chain.clone(),
+        })
+        .collect();
+    progress
+        .layers_total
+        .store(layers.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    progress.bytes_total.store(
+        layers.iter().map(|l| l.size).sum(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+
+    // Layers, all at once; the download semaphore bounds how many transfer.
+    let jobs = layers.iter().enumerate().map(|(i, l)| {
+        let parent = i.checked_sub(1).map(|p| layers[p].chain_id.clone());
+        fetch_layer(inner, &session, l, parent, progress)
+    });
+    futures_util::future::try_join_all(jobs).await?;
+
+    // Everything verified: store the small blobs and build the record.
+    if let Some((d, bytes)) = &index {
+        inner.content.put(d, bytes)?;
+    }
+    inner.content.put(&manifest_digest, &manifest_bytes)?;
+    inner.content.put(&m.config.digest, &config_bytes)?;
+    let pulled_by = index
+        .as_ref()
+        .map(|(d, _)| d.clone())
+        .unwrap_or_else(|| manifest_digest.clone());
+    let record = Record {
+        id: m.config.digest.clone(),
+        repo_tags: reference.repo_tag().into_iter().collect(),
+        repo_digests: vec![reference.repo_digest(&pulled_by)],
+        manifest: manifest_digest,
+        index: index.map(|(d, _)| d),
+        config_size: m.config.size,
+        size: m.config.size + layers.iter().map(|l| l.size).sum::<u64>(),
+        layers,
+        pulled_at: now_nanos(),
+    };
+    Ok((record, config))
+}
+
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Result<(), Error> {
+    if data.len() as u64 != size {
+        return Err(Error::SizeMismatch {
+            what,
+            digest: digest.clone(),
+            expected: size,
+            actual: data.len() as u64,
+        });
+    }
+    let actual = Digest::of(data);
+    if &actual != digest {
+        return Err(Error::DigestMismatch {
+            what,
+            expected: digest.clone(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+async fn fetch_layer(
+    inner: &Arc<Inner>,
+    session: &Session<'_>,
+    layer: &Layer,
+    parent: Option<Digest>,
+    progress: &Arc<Progress>,
+) -> Result<(), Error> {
+    let lock = inner.layer_lock(&layer.digest);
+    let _one_at_a_time = lock.lock().await;
+    if inner.snapshots.exists(&layer.chain_id) {
+        progress.add_bytes(layer.size);
+        progress.layer_done();
+        return Ok(());
+    }
+    let _slot = inner
+        .downloads
+        .acquire()
+        .await
+        .map_err(|_| Error::Download {
+            digest: layer.digest.clone(),
+            message: "daemon shutting down".into(),
+        })?;
+    let mut resume = true;
+    loop {
+        let res = attempt(inner, session, layer, parent.clone(), progress, resume).await;
+        match res {
+            // Bytes left by an earlier attempt may not have reached the disk before a crash:
+            // a mismatch after resuming is retried once from the start.
+            Err(Error::Content(crate::content::Error::DigestMismatch { .. }))
+            | Err(Error::DigestMismatch { .. })
+                if resume =>
+            {
+                tracing::info!(layer = %layer.digest, "resumed download did not verify; starting over");
+                resume = false;
+            }
+            other => {
+                if other.is_ok() {
+                    progress.layer_done();
+                }
+                return other;
+            }
+        }
+    }
+}
+
+/// Where a layer's bytes come from inside the unpack thread.
+enum Source {
+    /// Already committed (verified) in the content store.
+    Local(std::fs::File),
+    /// From the network through a channel, after replaying what the ingest file holds.
+    Remote {
+        ingest: Box<Ingest>,
+        replay: Option<Box<dyn Read + Send>>,
+        rx: tokio::sync::mpsc::Receiver<Result<Bytes, io::Error>>,
+        cur: Bytes,
+    },
+}
+
+struct BlobReader {
+    source: Source,
+    progress: Arc<Progress>,
+    /// The content store's own error, kept typed for the caller.
+    failure: Option<crate::content::Error>,
+}
+
+impl Read for BlobReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &mut self.source {
+            Source::Local(f) => {
+                let n = f.read(buf)?;
+                self.progress.add_bytes(n as u64);
+                Ok(n)
+            }
+            Source::Remote {
+                ingest,
+                replay,
+                rx,
+                cur,
+            } => {
+                if let Some(r) = replay {
+                    let n = r.read(buf)?;
+                    if n > 0 {
+                        if let Err(e) = ingest.replayed(&buf[..n]) {
+                            let msg = e.to_string();
+                            self.failure = Some(e);
+                            return Err(io::Error::other(msg));
+                        }
+                        self.progress.add_bytes(n as u64);
+                        return Ok(n);
+                    }
+                    *replay = None;
+                }
+                while cur.is_empty() {
+                    match rx.blocking_recv() {
+                        Some(Ok(chunk)) => {
+                            if let Err(e) = ingest.append(&chunk) {
+                                let msg = e.to_string();
+                                self.failure = Some(e);
+                                return Err(io::Error::other(msg));
+                            }
+                            self.progress.add_bytes(chunk.len() as u64);
+                            *cur = chunk;
+                        }
+                        Some(Err(e)) => return Err(e),
+                        None => return Ok(0),
+                    }
+                }
+                let n = buf.len().min(cur.len());
+                buf[..n].copy_from_slice(&cur[..n]);
+                cur.advance(n);
+                Ok(n)
+            }
+        }
+    }
+}
+
+/// Hashes what passes through (the diff ID of the uncompressed tar).
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+async fn attempt(
+    inner: &Arc<Inner>,
+    session: &Session<'_>,
+    layer: &Layer,
+    parent: Option<Digest>,
+    progress: &Arc<Progress>,
+    resume: bool,
+) -> Result<(), Error> {
+    let (source, download) = if inner.content.contains(&layer.digest) {
+        let path = inner.content.blob_path(&layer.digest);
+        let f = std::fs::File::open(&path).map_err(|source| Error::Io { path, source })?;
+        (Source::Local(f), None)
+    } else {
+        let mut ingest = inner.content.ingest(&layer.digest, layer.size)?;
+        if !resume {
+            ingest.restart()?;
+        }
+        let offset = ingest.existing();
+        let (resp, partial) = session.blob(&layer.digest, offset).await?;
+        if offset > 0 && !partial {
+            ingest.restart()?;
+        }
+        if offset > 0 && partial {
+            tracing::info!(layer = %layer.digest, offset, "resuming layer download");
+        }
+        let replay: Option<Box<dyn Read + Send>> = if ingest.existing() > 0 {
+            Some(Box::new(ingest.existing_reader()?))
+        } else {
+            None
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(32);
+        (
+            Source::Remote {
+                ingest: Box::new(ingest),
+                replay,
+                rx,
+                cur: Bytes::new(),
+            },
+            Some((resp, tx)),
+        )
+    };
+
+    let unpack_inner = inner.clone();
+    let unpack_layer = layer.clone();
+    let unpack_progress = progress.clone();
+    let unpacker = tokio::task::spawn_blocking(move || {
+        unpack_layer_blob(
+            &unpack_inner,
+            &unpack_layer,
+            parent,
+            source,
+            unpack_progress,
+        )
+    });
+
+    if let Some((mut resp, tx)) = download {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        break; // the unpacker stopped; its error says why
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Err(io::Error::other(e.to_string()))).await;
+                    break;
+                }
+            }
+        }
+    }
+    unpacker.await.map_err(|e| Error::Download {
+        digest: layer.digest.clone(),
+        message: format!("unpack task failed: {e}"),
+    })?
+}
+
+/// The blocking half: verify, unpack and commit one layer.
+fn unpack_layer_blob(
+    inner: &Inner,
+    layer: &Layer,
+    parent: Option<Digest>,
+    source: Source,
+    progress: Arc<Progress>,
+) -> Result<(), Error> {
+    let prepared = inner.snapshots.prepare()?;
+    let mut blob = BlobReader {
+        source,
+        progress,
+        failure: None,
+    };
+    let outcome = (|| -> io::Result<Result<(unpack::UnpackStats, Digest), unpack::UnpackError>> {
+        let mut buf = BufReader::with_capacity(256 << 10, &mut blob);
+        let compression = Compression::sniff(buf.fill_buf()?);
+        let (unpacked, drained_tar, hasher) = {
+            let decoder: Box<dyn Read + '_> = match compression {
+                Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(&mut buf)),
+                Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(&mut buf)?),
+                Compression::None => Box::new(&mut buf),
+            };
+            let mut tar = Hashing {
+                inner: decoder,
+                hasher: Sha256::new(),
+            };
+            let unpacked = unpack::unpack(&mut tar, &prepared.fs(), &inner.unpack);
+            // Whatever the outcome, read to the end so the blob's digest covers every byte: a
+            // corrupt download must be reported as such, not as the broken tar it looks like.
+            let drained = io::copy(&mut tar, &mut io::sink());
+            (unpacked, drained, tar.hasher)
+        };
+        let drained = drained_tar.and_then(|_| io::copy(&mut buf, &mut io::sink()));
+        match unpacked {
+            Ok(stats) => {
+                drained?;
+                Ok(Ok((stats, Digest::from_hasher(hasher))))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    })();
+
+    // The blob's own verdict comes first.
+    if let Some(e) = blob.failure.take() {
+        if let Source::Remote { ingest, .. } = blob.source {
+            ingest.discard();
+        }
+        return Err(e.into());
+    }
+    let ingest = match blob.source {
+        Source::Remote { ingest, .. } => Some(*ingest),
+        Source::Local(_) => None,
+    };
+    let verdict = |ingest: Option<Ingest>| -> Result<(), Error> {
+        match ingest {
+            Some(i) => Ok(i.commit()?),
+            None => Ok(()),
+        }
+    };
+    match outcome {
+        Err(io_err) => {
+            // Download error: keep the ingest file to resume from.
+            Err(Error::Download {
+                digest: layer.digest.clone(),
+                message: io_err.to_string(),
+            })
+        }
+        Ok(Err(unpack_err)) => {
+            // The bytes were read to the end: a wrong digest explains the failure best.
+            let is_full = ingest.as_ref().is_none_or(|i| i.written() == layer.size);
+            if is_full {
+                verdict(ingest)?;
+                // Verified bytes that are a hostile or broken tar: drop the blob again.
+                let _ = inner.content.remove(&layer.digest);
+            } else if let Some(i) = ingest {
+                i.discard();
+            }
+            Err(Error::Unpack {
+                digest: layer.digest.clone(),
+                source: unpack_err,
+            })
+        }
+        Ok(Ok((stats, diff_id))) => {
+            if diff_id != layer.diff_id {
+                if let Some(i) = ingest {
+                    // A wrong blob digest is the more precise complaint, if it applies.
+                    i.commit()?;
+                    let _ = inner.content.remove(&layer.digest);
+                }
+                return Err(Error::DiffIdMismatch {
+                    digest: layer.digest.clone(),
+                    expected: layer.diff_id.clone(),
+                    actual: diff_id,
+                });
+            }
+            verdict(ingest)?;
+            let meta = Meta {
+                chain_id: layer.chain_id.clone(),
+                parent,
+                diff_id,
+                size: stats.size,
+                inodes: stats.inodes,
+            };
+            inner.snapshots.commit(prepared, &meta)?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_checks() {
+        let d = Digest::of(b"abc");
+        assert!(check_blob("config", &d, 3, b"abc").is_ok());
+        assert!(matches!(
+            check_blob("config", &d, 4, b"abc"),
+            Err(Error::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            check_blob("config", &d, 3, b"abd"),
+            Err(Error::DigestMismatch { .. })
+        ));
+    }
+}

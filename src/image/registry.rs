@@ -1,0 +1,512 @@
+//! The registry client: OCI distribution API v2 over HTTPS (or plain HTTP where configured, and
+//! for loopback registries as docker does), trying mirrors before the upstream, answering
+//! `Basic` and `Bearer` challenges, caching tokens per repository until they expire.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE, WWW_AUTHENTICATE,
+};
+use reqwest::{Response, StatusCode, Url};
+
+use super::Error;
+use super::auth::{self, Challenge, Credentials, TokenResponse};
+use super::hosts::{self, Host};
+use super::manifest;
+use super::reference::Reference;
+use crate::content::Digest;
+
+const USER_AGENT: &str = concat!("crius/", env!("CARGO_PKG_VERSION"));
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// A registry that sends nothing for this long is treated as gone.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Shared client state: HTTP clients per TLS setting, tokens, which loopback hosts speak HTTP.
+pub struct Registry {
+    config_path: PathBuf,
+    auth_file: PathBuf,
+    clients: Mutex<HashMap<String, reqwest::Client>>,
+    tokens: Mutex<HashMap<(String, String), (String, Instant)>>,
+    plain_http: Mutex<HashSet<String>>,
+}
+
+/// One pull's view of a repository: its hosts and credentials.
+pub struct Session<'a> {
+    registry: &'a Registry,
+    domain: String,
+    repo: String,
+    hosts: Vec<Host>,
+    creds: Option<Credentials>,
+}
+
+/// A manifest as the registry sent it.
+pub struct FetchedManifest {
+    pub data: Vec<u8>,
+    pub content_type: Option<String>,
+    pub digest_header: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Need {
+    Resolve,
+    Pull,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these maps leaves it consistent (single inserts/removes).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn origin(url: &Url) -> String {
+    url.origin().ascii_serialization()
+}
+
+impl Registry {
+    pub fn new(config_path: PathBuf, auth_file: PathBuf) -> Registry {
+        Registry {
+            config_path,
+            auth_file,
+            clients: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
+            plain_http: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Hosts and credentials for pulling `reference`. Explicit credentials win over the auth file.
+    pub fn session(
+        &self,
+        reference: &Reference,
+        creds: Option<Credentials>,
+    ) -> Result<Session<'_>, Error> {
+        let hosts = hosts::hosts_for(&self.config_path, &reference.domain)?;
+        let creds = match creds.filter(|c| !c.is_empty()) {
+            Some(c) => Some(c),
+            None => auth::from_docker_config(&self.auth_file, &reference.domain)?,
+        };
+        Ok(Session {
+            registry: self,
+            domain: reference.domain.clone(),
+            repo: reference.path.clone(),
+            hosts,
+            creds,
+        })
+    }
+
+    fn client(&self, host: &Host) -> Result<reqwest::Client, Error> {
+        let key = format!("{}|{:?}|{:?}", host.skip_verify, host.ca, host.client);
+        if let Some(c) = lock(&self.clients).get(&key) {
+            return Ok(c.clone());
+        }
+        let mut b = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .danger_accept_invalid_certs(host.skip_verify);
+        let tls_err = |path: &PathBuf, reason: String| Error::HostsConfig {
+            path: path.clone(),
+            reason,
+        };
+        for ca in &host.ca {
+            let pem = std::fs::read(ca).map_err(|e| tls_err(ca, format!("reading CA: {e}")))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| tls_err(ca, format!("bad CA PEM: {e}")))?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        if let Some((cert, key)) = host.client.first() {
+            let mut pem = std::fs::read(cert)
+                .map_err(|e| tls_err(cert, format!("reading client certificate: {e}")))?;
+            if let Some(key) = key {
+                pem.push(b'\n');
+                pem.extend(
+                    std::fs::read(key)
+                        .map_err(|e| tls_err(key, format!("reading client key: {e}")))?,
+                );
+            }
+            let id = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| tls_err(cert, format!("bad client certificate: {e}")))?;
+            b = b.identity(id);
+        }
+        let client = b.build().map_err(|e| Error::Http {
+            url: host.url.to_string(),
+            source: e,
+        })?;
+        lock(&self.clients).insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+impl Session<'_> {
+    /// The registry as users name it, for messages.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// Fetches a manifest by tag or digest (at most `MAX_MANIFEST_SIZE` bytes).
+    pub async fn manifest(&self, object: &str) -> Result<FetchedManifest, Error> {
+        let need = if object.starts_with("sha256:") {
+            Need::Pull
+        } else {
+            Need::Resolve
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static(manifest::ACCEPT));
+        let resp = self
+            .request(need, &format!("/manifests/{object}"), headers)
+            .await?;
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let digest_header = resp
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let data = read_limited(resp, manifest::MAX_MANIFEST_SIZE, "manifest").await?;
+        Ok(FetchedManifest {
+            data,
+            content_type,
+            digest_header,
+        })
+    }
+
+    /// Fetches a small blob (a config) whole.
+    pub async fn small_blob(&self, digest: &Digest, max: u64) -> Result<Vec<u8>, Error> {
+        let resp = self
+            .request(Need::Pull, &format!("/blobs/{digest}"), HeaderMap::new())
+            .await?;
+        read_limited(resp, max, "blob").await
+    }
+
+    /// Starts a blob download from `offset`. Returns the response and whether the registry
+    /// honoured the offset (206); on 200 the body is the whole blob.
+    pub async fn blob(&self, digest: &Digest, offset: u64) -> Result<(Response, bool), Error> {
+        let mut headers = HeaderMap::new();
+        if offset > 0 {
+            let v = HeaderValue::from_str(&format!("bytes={offset}-")).map_err(|e| {
+                Error::Registry {
+                    url: String::new(),
+                    status: 0,
+                    message: e.to_string(),
+                }
+            })?;
+            headers.insert(RANGE, v);
+        }
+        let resp = self
+            .request(Need::Pull, &format!("/blobs/{digest}"), headers)
+            .await?;
+        let partial = offset > 0 && resp.status() == StatusCode::PARTIAL_CONTENT;
+        Ok((resp, partial))
+    }
+
+    /// Sends GET `<host path>/<repo><suffix>` to each host able to serve it until one answers.
+    async fn request(
+        &self,
+        need: Need,
+        suffix: &str,
+        headers: HeaderMap,
+    ) -> Result<Response, Error> {
+        let mut last: Option<Error> = None;
+        for host in &self.hosts {
+            let able = match need {
+                Need::Resolve => host.resolve,
+                Need::Pull => host.pull,
+            };
+            if !able {
+                continue;
+            }
+            match self.send(host, suffix, &headers).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::debug!(host = %host.url, error = %e, "registry host failed; trying the next");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Registry {
+            url: self.domain.clone(),
+            status: 0,
+            message: "no configured host may serve this request (check capabilities in hosts.toml)"
+                .into(),
+        }))
+    }
+
+    fn url(&self, host: &Host, plain: bool, suffix: &str) -> Result<Url, Error> {
+        let mut base = host.url.clone();
+        if plain {
+            let _ = base.set_scheme("http");
+        }
+        let s = format!("{}{}/{}{}", origin(&base), host.path, self.repo, suffix);
+        Url::parse(&s).map_err(|e| Error::Registry {
+            url: s.clone(),
+            status: 0,
+            message: e.to_string(),
+        })
+    }
+
+    async fn send(
+        &self,
+        host: &Host,
+        suffix: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response, Error> {
+        let client = self.registry.client(host)?;
+        let https_origin = origin(&host.url);
+        let mut plain =
+            host.url.scheme() == "http" || lock(&self.registry.plain_http).contains(&https_origin);
+        let mut url = self.url(host, plain, suffix)?;
+        let mut answered_challenge = false;
+        loop {
+            let mut req = client.get(url.clone()).headers(headers.clone());
+            for (k, v) in &host.headers {
+                req = req.header(k.as_str(), v.as_str());
+            }
+            if let Some(auth) = self.cached_auth(&url) {
+                req = req.header(AUTHORIZATION, auth);
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) if e.is_connect() && host.http_fallback && !plain => {
+                    // A loopback registry without TLS: docker falls back to plain HTTP.
+                    tracing::debug!(host = %host.url, "loopback registry: falling back to plain HTTP");
+                    lock(&self.registry.plain_http).insert(https_origin.clone());
+                    plain = true;
+                    url = self.url(host, plain, suffix)?;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::Http {
+                        url: url.to_string(),
+                        source: e,
+                    });
+                }
+            };
+            let status = resp.status();
+            if status.is_success() {
+                return Ok(resp);
+            }
+            if status == StatusCode::UNAUTHORIZED && !answered_challenge {
+                let challenge = resp
+                    .headers()
+                    .get(WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(auth::parse_challenge);
+                if let Some(ch) = challenge {
+                    self.answer(&client, &url, ch).await?;
+                    answered_challenge = true;
+                    continue;
+                }
+            }
+            let message = error_message(resp).await;
+            return Err(match status {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Error::Unauthorized {
+                    registry: self.domain.clone(),
+                    message: if self.creds.is_some() {
+                        format!("credentials rejected: {message}")
+                    } else {
+                        format!("no credentials given: {message}")
+                    },
+                },
+                StatusCode::NOT_FOUND => Error::RegistryNotFound {
+                    url: url.to_string(),
+                    message,
+                },
+                s => Error::Registry {
+                    url: url.to_string(),
+                    status: s.as_u16(),
+                    message,
+                },
+            });
+        }
+    }
+
+    fn token_key(&self, url: &Url) -> (String, String) {
+        (origin(url), self.repo.clone())
+    }
+
+    fn cached_auth(&self, url: &Url) -> Option<String> {
+        let key = self.token_key(url);
+        let mut tokens = lock(&self.registry.tokens);
+        match tokens.get(&key) {
+            Some((v, until)) if *until > Instant::now() => Some(v.clone()),
+            Some(_) => {
+                tokens.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    async fn answer(
+        &self,
+        client: &reqwest::Client,
+        url: &Url,
+        ch: Challenge,
+    ) -> Result<(), Error> {
+        let unauthorized = |message: String| Error::Unauthorized {
+            registry: self.domain.clone(),
+            message,
+        };
+        let (value, lifetime) = match ch {
+            Challenge::Basic => {
+                let c = self
+                    .creds
+                    .as_ref()
+                    .filter(|c| !c.username.is_empty() || !c.password.is_empty())
+                    .ok_or_else(|| {
+                        unauthorized("the registry requires a user name and password".into())
+                    })?;
+                // Basic credentials do not expire; keep them for the process's life of the token cache.
+                (auth::basic_header(c), Duration::from_secs(3600))
+            }
+            Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            } => {
+                if let Some(c) = self.creds.as_ref().filter(|c| !c.registry_token.is_empty()) {
+                    (
+                        format!("Bearer {}", c.registry_token),
+                        Duration::from_secs(3600),
+                    )
+                } else {
+                    let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repo));
+                    let (token, lifetime) = self
+                        .fetch_token(client, &realm, service.as_deref(), &scope)
+                        .await?;
+                    (format!("Bearer {token}"), lifetime)
+                }
+            }
+        };
+        let until = Instant::now() + lifetime.saturating_sub(Duration::from_secs(5));
+        lock(&self.registry.tokens).insert(self.token_key(url), (value, until));
+        Ok(())
+    }
+
+    async fn fetch_token(
+        &self,
+        client: &reqwest::Client,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+    ) -> Result<(String, Duration), Error> {
+        let realm_url = Url::parse(realm).map_err(|e| Error::Unauthorized {
+            registry: self.domain.clone(),
+            message: format!("token realm {realm:?} is not a URL: {e}"),
+        })?;
+        let req = match self.creds.as_ref().filter(|c| !c.identity_token.is_empty()) {
+            Some(c) => {
+                let mut form = vec![
+                    ("grant_type", "refresh_token"),
+                    ("refresh_token", c.identity_token.as_str()),
+                    ("client_id", "crius"),
+                    ("scope", scope),
+                ];
+                if let Some(s) = service {
+                    form.push(("service", s));
+                }
+                client.post(realm_url.clone()).form(&form)
+            }
+            None => {
+                let mut q: Vec<(&str, &str)> = vec![("scope", scope)];
+                if let Some(s) = service {
+                    q.push(("service", s));
+                }
+                let mut r = client.get(realm_url.clone()).query(&q);
+                if let Some(c) = self.creds.as_ref().filter(|c| !c.username.is_empty()) {
+                    r = r.header(AUTHORIZATION, auth::basic_header(c));
+                }
+                r
+            }
+        };
+        let resp = req.send().await.map_err(|e| Error::Http {
+            url: realm.to_string(),
+            source: e,
+        })?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let message = error_message(resp).await;
+            return Err(Error::Unauthorized {
+                registry: self.domain.clone(),
+                message: format!("token request answered {status}: {message}"),
+            });
+        }
+        let body = read_limited(resp, 1 << 20, "token").await?;
+        let t: TokenResponse = serde_json::from_slice(&body).map_err(|e| Error::Unauthorized {
+            registry: self.domain.clone(),
+            message: format!("token response is not valid JSON: {e}"),
+        })?;
+        let token = t.bearer().ok_or_else(|| Error::Unauthorized {
+            registry: self.domain.clone(),
+            message: "token response holds no token".into(),
+        })?;
+        let lifetime = t
+            .expires_in
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_TOKEN_LIFETIME);
+        Ok((token.to_string(), lifetime))
+    }
+}
+
+/// Reads a whole body, refusing more than `max` bytes.
+async fn read_limited(mut resp: Response, max: u64, what: &str) -> Result<Vec<u8>, Error> {
+    let url = resp.url().to_string();
+    if resp.content_length().is_some_and(|l| l > max) {
+        return Err(Error::Registry {
+            url,
+            status: resp.status().as_u16(),
+            message: format!("{what} is larger than the {max}-byte limit"),
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| Error::Http {
+        url: url.clone(),
+        source: e,
+    })? {
+        if out.len() as u64 + chunk.len() as u64 > max {
+            return Err(Error::Registry {
+                url,
+                status: 200,
+                message: format!("{what} is larger than the {max}-byte limit"),
+            });
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// The registry's own words from an error body (`{"errors":[{"code","message"}]}`), else the
+/// status text.
+async fn error_message(resp: Response) -> String {
+    let status = resp.status();
+    let body = read_limited(resp, 64 << 10, "error")
+        .await
+        .unwrap_or_default();
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<RegistryError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct RegistryError {
+        #[serde(default)]
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_slice::<Errors>(&body) {
+        Ok(e) if !e.errors.is_empty() => e
+            .errors
+            .iter()
+            .map(|e| format!("{} {}", e.code, e.message).trim().to_string())
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    }
+}

@@ -1,0 +1,17 @@
+//! crius: a Kubernetes node runtime. The modules, top to bottom (dependencies point down):
+//!
+//! - `cli`: the client commands (talks CRI over the socket, like crictl)
+//! - `daemon`: the daemon's lifecycle; `cri`: tonic glue for CRI runtime.v1 and `crius.v1`
+//! - `image`: references, registries, pulls, the image catalog
+//! - `content` (blobs by digest), `snapshot` (unpacked layers)
+//! - `config`, `atomic` (state files), `sys` (the only `unsafe`)
+
+pub mod atomic;
+pub mod cli;
+pub mod config;
+pub mod content;
+pub mod cri;
+pub mod daemon;
+pub mod image;
+pub mod snapshot;
+pub mod sys;

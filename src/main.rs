@@ -1,0 +1,163 @@
+//! The `crius` binary: the daemon, the client commands, and the hidden helpers the daemon
+//! re-executes. Helpers are dispatched before any tokio runtime exists, so they stay small and
+//! single-threaded.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use crius::cli::{self, Output};
+use crius::config::{self, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "crius",
+    version,
+    about = "A small, fast Kubernetes node runtime (CRI over Linux primitives)"
+)]
+struct Args {
+    /// The CRI socket of the runtime to talk to (clients) or serve on (daemon).
+    #[arg(long, global = true, env = "CRIUS_SOCKET")]
+    socket: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the CRI daemon.
+    Daemon {
+        /// Configuration file (TOML; every key optional).
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Persistent data directory (images, records).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Runtime state directory (namespace handles, mounts).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// error, warn, info, debug, trace, or a tracing filter.
+        #[arg(long)]
+        log_level: Option<String>,
+    },
+    /// Pull an image.
+    Pull {
+        image: String,
+        /// Registry credentials.
+        #[arg(long, value_name = "USER:PASS")]
+        creds: Option<String>,
+        /// No progress bar.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// List images.
+    Images {
+        /// Only this image.
+        image: Option<String>,
+        /// Only image IDs.
+        #[arg(short, long)]
+        quiet: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Remove images (all their tags).
+    Rmi {
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Show an image's status and config as JSON.
+    Inspecti { image: String },
+    /// Show the runtime's name and versions.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("crius: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn socket_of(arg: &Option<String>) -> PathBuf {
+    crius::cri::client::socket_path(arg.as_deref().unwrap_or(config::DEFAULT_SOCKET))
+}
+
+fn run(args: Args) -> Result<()> {
+    // Helper subcommands (monitor, pause) will be dispatched here, before any runtime starts.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let socket = socket_of(&args.socket);
+    match args.command {
+        Command::Daemon {
+            config: path,
+            root,
+            state,
+            log_level,
+        } => {
+            let explicit = path.as_path() != std::path::Path::new(config::DEFAULT_CONFIG);
+            let mut cfg = Config::load(&path, explicit)?;
+            if let Some(s) = &args.socket {
+                cfg.socket = crius::cri::client::socket_path(s);
+            }
+            if let Some(r) = root {
+                cfg.root = r;
+            }
+            if let Some(s) = state {
+                cfg.state = s;
+            }
+            if let Some(l) = log_level {
+                cfg.log_level = l;
+            }
+            init_logging(&cfg.log_level)?;
+            rt.block_on(crius::daemon::run(cfg))?;
+            Ok(())
+        }
+        Command::Pull {
+            image,
+            creds,
+            quiet,
+        } => rt.block_on(cli::pull(&socket, &image, creds.as_deref(), quiet)),
+        Command::Images {
+            image,
+            quiet,
+            output,
+        } => rt.block_on(cli::images(&socket, image.as_deref(), quiet, output)),
+        Command::Rmi { images } => rt.block_on(cli::remove_images(&socket, &images)),
+        Command::Inspecti { image } => rt.block_on(cli::inspect_image(&socket, &image)),
+        Command::Version => rt.block_on(version(&socket)),
+    }
+}
+
+async fn version(socket: &std::path::Path) -> Result<()> {
+    println!("Client: crius {}", env!("CARGO_PKG_VERSION"));
+    let ch = cli::connect(socket)?;
+    let v = crius::cri::client::runtime(ch)
+        .version(k8s_cri::v1::VersionRequest {
+            version: "v1".into(),
+        })
+        .await
+        .map_err(|s| cli::rpc_error("asking the runtime's version", socket, s))?
+        .into_inner();
+    println!("RuntimeName: {}", v.runtime_name);
+    println!("RuntimeVersion: {}", v.runtime_version);
+    println!("RuntimeApiVersion: {}", v.runtime_api_version);
+    Ok(())
+}
+
+fn init_logging(level: &str) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .with_context(|| format!("log level {level:?} is not a level or tracing filter"))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    Ok(())
+}
