@@ -44,6 +44,24 @@ fn make_dir(path: &Path, mode: u32) -> Result<(), Error> {
         .map_err(io_err(path))
 }
 
+/// How long in-flight RPCs may run on after SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
 /// Runs the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), Error> {
     make_dir(&cfg.root, 0o711)?;
@@ -69,20 +87,25 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
-    let shutdown = async {
-        let mut term = match signal(SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot watch SIGTERM");
-                return std::future::pending().await;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serve = cri::serve(listener, cri::Services { images }, async {
+        let _ = stop_rx.await;
+    });
+    tokio::pin!(serve);
+    let served = tokio::select! {
+        r = &mut serve => r,
+        () = termination() => {
+            let _ = stop_tx.send(());
+            // In-flight RPCs get a moment; idle client connections do not hold the daemon up.
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::info!("clients still connected after the grace period; exiting");
+                    Ok(())
+                }
             }
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
     };
-    let served = cri::serve(listener, cri::Services { images }, shutdown).await;
     let _ = fs::remove_file(&cfg.socket);
     served?;
     Ok(())

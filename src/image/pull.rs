@@ -454,10 +454,12 @@ fn unpack_layer_blob(
             let drained = io::copy(&mut tar, &mut io::sink());
             (unpacked, drained, tar.hasher)
         };
-        let drained = drained_tar.and_then(|_| io::copy(&mut buf, &mut io::sink()));
+        // The raw blob is drained even when decompression failed: its digest is the verdict.
+        // An error here is the download's own.
+        io::copy(&mut buf, &mut io::sink())?;
         match unpacked {
             Ok(stats) => {
-                drained?;
+                drained_tar?;
                 Ok(Ok((stats, Digest::from_hasher(hasher))))
             }
             Err(e) => Ok(Err(e)),

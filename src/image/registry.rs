@@ -12,6 +12,8 @@ use reqwest::header::{
 };
 use reqwest::{Response, StatusCode, Url};
 
+use sha2::{Digest as _, Sha256};
+
 use super::Error;
 use super::auth::{self, Challenge, Credentials, TokenResponse};
 use super::hosts::{self, Host};
@@ -327,8 +329,26 @@ impl Session<'_> {
         }
     }
 
+    /// Tokens are cached per registry, repository and credentials: a request must never ride
+    /// on what another request's credentials earned.
     fn token_key(&self, url: &Url) -> (String, String) {
-        (origin(url), self.repo.clone())
+        let who = match &self.creds {
+            None => "anonymous".to_string(),
+            Some(c) => {
+                let mut h = Sha256::new();
+                for part in [
+                    &c.username,
+                    &c.password,
+                    &c.identity_token,
+                    &c.registry_token,
+                ] {
+                    h.update(part.as_bytes());
+                    h.update([0u8]);
+                }
+                hex::encode(h.finalize())
+            }
+        };
+        (origin(url), format!("{}|{who}", self.repo))
     }
 
     fn cached_auth(&self, url: &Url) -> Option<String> {

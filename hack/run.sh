@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds crius and runs the daemon with its default configuration (/etc/crius/config.toml if
+# present; socket /run/crius/crius.sock, data in /var/lib/crius). Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/install-build-deps.sh
+cargo build --release --bin crius
+exec ./target/release/crius daemon "$@"

@@ -1,0 +1,695 @@
+//! Test harness shared by the integration tests: a real registry (Debian's `docker-registry` on
+//! 127.0.0.1 with a random port), images built here from busybox-static and pushed over the
+//! registry API, and the crius daemon run from the test binary with private directories.
+//! Integration tests need root; `hack/install-test-deps.sh` installs what they use.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flate2::Compression as GzLevel;
+use k8s_cri::v1 as cri;
+use sha2::{Digest as _, Sha256};
+use tonic::transport::Channel;
+
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "integration tests need root (they mount overlayfs, create namespaces): run them as root"
+    );
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+fn wait_for<F: FnMut() -> bool>(what: &str, timeout: Duration, mut ok: F) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("timed out waiting for {what}")
+}
+
+/// A running docker-registry with its own storage.
+pub struct Registry {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub creds: Option<(String, String)>,
+    child: Child,
+}
+
+impl Registry {
+    pub fn start(creds: Option<(&str, &str)>) -> Registry {
+        let bin = which("docker-registry")
+            .expect("docker-registry is not installed: run hack/install-test-deps.sh");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut auth = String::new();
+        if let Some((u, p)) = creds {
+            let htpasswd = dir.path().join("htpasswd");
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", u, p])
+                .output()
+                .expect("htpasswd (apache2-utils) is not installed: run hack/install-test-deps.sh");
+            std::fs::write(&htpasswd, out.stdout).expect("write htpasswd");
+            auth = format!(
+                "auth:\n  htpasswd:\n    realm: crius-test\n    path: {}\n",
+                htpasswd.display()
+            );
+        }
+        let config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+            dir.path().join("data").display()
+        );
+        let cfg_path = dir.path().join("config.yml");
+        std::fs::write(&cfg_path, config).expect("write registry config");
+        let log = std::fs::File::create(dir.path().join("registry.log")).expect("registry log");
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&cfg_path)
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start docker-registry");
+        let reg = Registry {
+            dir,
+            port,
+            creds: creds.map(|(u, p)| (u.to_string(), p.to_string())),
+            child,
+        };
+        wait_for("the registry to listen", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .expect("registry did not start");
+        reg
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn client(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.creds {
+            Some((u, p)) => rb.basic_auth(u, Some(p)),
+            None => rb,
+        }
+    }
+
+    /// Uploads a blob (monolithic: POST then PUT with the digest) and returns its digest.
+    pub async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<String> {
+        let digest = sha256(data);
+        let c = self.client();
+        let base = format!("http://{}", self.host());
+        let resp = self
+            .auth(c.post(format!("{base}/v2/{repo}/blobs/uploads/")))
+            .send()
+            .await?;
+        if resp.status() != 202 {
+            bail!("starting upload: {}", resp.status());
+        }
+        let loc = resp
+            .headers()
+            .get("location")
+            .context("no upload location")?
+            .to_str()?
+            .to_string();
+        let loc = if loc.starts_with("http") {
+            loc
+        } else {
+            format!("{base}{loc}")
+        };
+        let sep = if loc.contains('?') { '&' } else { '?' };
+        let resp = self
+            .auth(c.put(format!("{loc}{sep}digest={digest}")))
+            .header("content-type", "application/octet-stream")
+            .body(data.to_vec())
+            .send()
+            .await?;
+        if resp.status() != 201 {
+            bail!(
+                "finishing upload: {} {}",
+                resp.status(),
+                resp.text().await.unwrap_or_default()
+            );
+        }
+        Ok(digest)
+    }
+
+    pub async fn push_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        media_type: &str,
+        data: &[u8],
+    ) -> Result<String> {
+        let url = format!("http://{}/v2/{repo}/manifests/{reference}", self.host());
+        let resp = self
+            .auth(self.client().put(url))
+            .header("content-type", media_type)
+            .body(data.to_vec())
+            .send()
+            .await?;
+        if resp.status() != 201 {
+            bail!(
+                "pushing manifest: {} {}",
+                resp.status(),
+                resp.text().await.unwrap_or_default()
+            );
+        }
+        Ok(sha256(data))
+    }
+
+    /// The file holding a blob in the registry's storage (to corrupt it).
+    pub fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    /// Pushes every blob of an image and its manifest under `tag`; returns the manifest digest.
+    pub async fn push_image(&self, repo: &str, tag: &str, img: &TestImage) -> Result<String> {
+        for l in &img.layers {
+            self.push_blob(repo, &l.blob).await?;
+        }
+        self.push_blob(repo, &img.config).await?;
+        self.push_manifest(repo, tag, &img.manifest_type, &img.manifest)
+            .await
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Compress {
+    Gzip,
+    Zstd,
+    None,
+}
+
+/// One built layer.
+#[derive(Clone)]
+pub struct TestLayer {
+    pub blob: Vec<u8>,
+    pub digest: String,
+    pub diff_id: String,
+    pub media_type: String,
+}
+
+/// Entries of a layer tar.
+pub enum Entry {
+    Dir(String),
+    File(String, Vec<u8>, u32),
+    Symlink(String, String),
+    Whiteout(String),
+    Opaque(String),
+}
+
+pub fn layer(entries: &[Entry], compress: Compress) -> TestLayer {
+    let mut b = tar::Builder::new(Vec::new());
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(size);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h
+    };
+    for e in entries {
+        match e {
+            Entry::Dir(p) => {
+                let mut h = header(tar::EntryType::Directory, 0o755, 0);
+                b.append_data(&mut h, p, &[][..]).expect("dir entry");
+            }
+            Entry::File(p, data, mode) => {
+                let mut h = header(tar::EntryType::Regular, *mode, data.len() as u64);
+                b.append_data(&mut h, p, &data[..]).expect("file entry");
+            }
+            Entry::Symlink(p, target) => {
+                let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+                b.append_link(&mut h, p, target).expect("symlink entry");
+            }
+            Entry::Whiteout(p) => {
+                let path = Path::new(p);
+                let name = format!(
+                    ".wh.{}",
+                    path.file_name().and_then(|n| n.to_str()).expect("name")
+                );
+                let full = path
+                    .parent()
+                    .map(|d| d.join(&name))
+                    .unwrap_or_else(|| PathBuf::from(&name));
+                let mut h = header(tar::EntryType::Regular, 0o600, 0);
+                b.append_data(&mut h, full, &[][..])
+                    .expect("whiteout entry");
+            }
+            Entry::Opaque(dir) => {
+                let mut h = header(tar::EntryType::Regular, 0o600, 0);
+                b.append_data(&mut h, Path::new(dir).join(".wh..wh..opq"), &[][..])
+                    .expect("opaque entry");
+            }
+        }
+    }
+    let tar = b.into_inner().expect("tar");
+    let diff_id = sha256(&tar);
+    let (blob, media_type) = match compress {
+        Compress::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), GzLevel::fast());
+            e.write_all(&tar).expect("gzip");
+            (
+                e.finish().expect("gzip"),
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+            )
+        }
+        Compress::Zstd => (
+            zstd::encode_all(&tar[..], 1).expect("zstd"),
+            "application/vnd.oci.image.layer.v1.tar+zstd",
+        ),
+        Compress::None => (tar, "application/vnd.oci.image.layer.v1.tar"),
+    };
+    TestLayer {
+        digest: sha256(&blob),
+        blob,
+        diff_id,
+        media_type: media_type.to_string(),
+    }
+}
+
+/// A busybox-static rootfs: /bin/busybox plus a symlink per applet, /etc/passwd and /etc/group.
+pub fn busybox_layer(compress: Compress) -> TestLayer {
+    let bin = std::fs::read("/bin/busybox")
+        .expect("/bin/busybox missing: run hack/install-test-deps.sh (busybox-static)");
+    let out = Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    let mut entries = vec![
+        Entry::Dir("bin".into()),
+        Entry::Dir("etc".into()),
+        Entry::Dir("tmp".into()),
+        Entry::Dir("root".into()),
+        Entry::Dir("home".into()),
+        Entry::Dir("home/app".into()),
+        Entry::File("bin/busybox".into(), bin, 0o755),
+        Entry::File(
+            "etc/passwd".into(),
+            b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n".to_vec(),
+            0o644,
+        ),
+        Entry::File("etc/group".into(), b"root:x:0:\napp:x:1000:\nextra:x:2000:app\nnogroup:x:65534:\n".to_vec(), 0o644),
+    ];
+    for applet in String::from_utf8_lossy(&out.stdout).lines() {
+        let applet = applet.trim();
+        if !applet.is_empty() && applet != "busybox" {
+            entries.push(Entry::Symlink(format!("bin/{applet}"), "busybox".into()));
+        }
+    }
+    layer(&entries, compress)
+}
+
+/// A built image: layers, config and manifest bytes.
+#[derive(Clone)]
+pub struct TestImage {
+    pub layers: Vec<TestLayer>,
+    pub config: Vec<u8>,
+    pub config_digest: String,
+    pub manifest: Vec<u8>,
+    pub manifest_type: String,
+    pub manifest_digest: String,
+}
+
+pub struct ImageOpts<'a> {
+    pub arch: &'a str,
+    pub docker_format: bool,
+    pub cmd: &'a [&'a str],
+    pub entrypoint: &'a [&'a str],
+    pub env: &'a [&'a str],
+    pub user: &'a str,
+    pub workdir: &'a str,
+    pub stop_signal: &'a str,
+}
+
+impl Default for ImageOpts<'_> {
+    fn default() -> Self {
+        ImageOpts {
+            arch: "amd64",
+            docker_format: false,
+            cmd: &["sh"],
+            entrypoint: &[],
+            env: &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            user: "",
+            workdir: "",
+            stop_signal: "",
+        }
+    }
+}
+
+pub fn image(layers: Vec<TestLayer>, opts: &ImageOpts) -> TestImage {
+    let mut run = serde_json::json!({ "Cmd": opts.cmd, "Env": opts.env });
+    if !opts.entrypoint.is_empty() {
+        run["Entrypoint"] = serde_json::json!(opts.entrypoint);
+    }
+    if !opts.user.is_empty() {
+        run["User"] = serde_json::json!(opts.user);
+    }
+    if !opts.workdir.is_empty() {
+        run["WorkingDir"] = serde_json::json!(opts.workdir);
+    }
+    if !opts.stop_signal.is_empty() {
+        run["StopSignal"] = serde_json::json!(opts.stop_signal);
+    }
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": opts.arch,
+        "os": "linux",
+        "created": "2024-01-01T00:00:00Z",
+        "config": run,
+        "rootfs": { "type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>() },
+    }))
+    .expect("config json");
+    let (mt, ct, lt) = if opts.docker_format {
+        (
+            DOCKER_MANIFEST,
+            DOCKER_CONFIG,
+            Some("application/vnd.docker.image.rootfs.diff.tar.gzip"),
+        )
+    } else {
+        (OCI_MANIFEST, OCI_CONFIG, None)
+    };
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": mt,
+        "config": { "mediaType": ct, "digest": sha256(&config), "size": config.len() },
+        "layers": layers.iter().map(|l| serde_json::json!({
+            "mediaType": lt.unwrap_or(&l.media_type), "digest": l.digest, "size": l.blob.len()
+        })).collect::<Vec<_>>(),
+    }))
+    .expect("manifest json");
+    TestImage {
+        config_digest: sha256(&config),
+        manifest_digest: sha256(&manifest),
+        manifest_type: mt.to_string(),
+        layers,
+        config,
+        manifest,
+    }
+}
+
+/// An index over images of several platforms.
+pub fn index(images: &[(&TestImage, &str)]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": images.iter().map(|(img, arch)| serde_json::json!({
+            "mediaType": img.manifest_type, "digest": img.manifest_digest, "size": img.manifest.len(),
+            "platform": { "architecture": arch, "os": "linux" }
+        })).collect::<Vec<_>>(),
+    }))
+    .expect("index json")
+}
+
+/// A crius daemon with private root, state and socket.
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts a daemon; `tables` is extra config after the `[registry]` table (more tables only).
+    pub fn start(tables: &str) -> Daemon {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("crius-test")
+            .tempdir()
+            .expect("tempdir");
+        let root = dir.path().join("root");
+        let state = dir.path().join("state");
+        let socket = dir.path().join("crius.sock");
+        let cfg = dir.path().join("config.toml");
+        let certs = dir.path().join("certs.d");
+        std::fs::create_dir_all(&certs).expect("certs dir");
+        // Tests never read the host's registry settings or credentials.
+        let full = format!(
+            "[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
+            certs.display(),
+            dir.path().join("auth.json").display()
+        );
+        std::fs::write(&cfg, full).expect("write config");
+        let mut d = Daemon {
+            log: dir.path().join("daemon.log"),
+            root,
+            state,
+            socket,
+            config: cfg,
+            dir,
+            child: None,
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn certs_dir(&self) -> PathBuf {
+        self.dir.path().join("certs.d")
+    }
+
+    pub fn auth_file(&self) -> PathBuf {
+        self.dir.path().join("auth.json")
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("daemon log");
+        let child = Command::new(env!("CARGO_BIN_EXE_crius"))
+            .arg("daemon")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--log-level")
+            .arg(std::env::var("CRIUS_TEST_LOG").unwrap_or_else(|_| "info,crius=debug".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start crius daemon");
+        self.child = Some(child);
+        let socket = self.socket.clone();
+        let res = wait_for("the daemon socket", Duration::from_secs(30), || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
+        if res.is_err() {
+            panic!("daemon did not start; log:\n{}", self.log_text());
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let start = Instant::now();
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn channel(&self) -> Channel {
+        crius::cri::client::channel(&self.socket).expect("channel")
+    }
+
+    pub fn images(&self) -> k8s_cri::v1::image_service_client::ImageServiceClient<Channel> {
+        crius::cri::client::images(self.channel())
+    }
+
+    pub fn runtime(&self) -> k8s_cri::v1::runtime_service_client::RuntimeServiceClient<Channel> {
+        crius::cri::client::runtime(self.channel())
+    }
+
+    /// Runs the crius CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_crius"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run crius cli")
+    }
+
+    pub async fn pull(&self, image: &str) -> Result<String, tonic::Status> {
+        self.pull_with(image, None).await
+    }
+
+    pub async fn pull_with(
+        &self,
+        image: &str,
+        auth: Option<cri::AuthConfig>,
+    ) -> Result<String, tonic::Status> {
+        self.images()
+            .pull_image(cri::PullImageRequest {
+                image: Some(spec(image)),
+                auth,
+                sandbox_config: None,
+            })
+            .await
+            .map(|r| r.into_inner().image_ref)
+    }
+
+    pub async fn image_status(&self, image: &str) -> Option<cri::Image> {
+        self.images()
+            .image_status(cri::ImageStatusRequest {
+                image: Some(spec(image)),
+                verbose: false,
+            })
+            .await
+            .expect("image status")
+            .into_inner()
+            .image
+    }
+
+    pub async fn list_images(&self) -> Vec<cri::Image> {
+        self.images()
+            .list_images(cri::ListImagesRequest { filter: None })
+            .await
+            .expect("list images")
+            .into_inner()
+            .images
+    }
+
+    pub async fn remove_image(&self, image: &str) -> Result<(), tonic::Status> {
+        self.images()
+            .remove_image(cri::RemoveImageRequest {
+                image: Some(spec(image)),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Files in the content store's blob directory.
+    pub fn blobs(&self) -> Vec<String> {
+        list_names(&self.root.join("content/blobs/sha256"))
+    }
+
+    pub fn ingests(&self) -> Vec<String> {
+        list_names(&self.root.join("content/ingest"))
+    }
+
+    pub fn snapshots(&self) -> Vec<String> {
+        list_names(&self.root.join("snapshots"))
+            .into_iter()
+            .filter(|n| n != "ingest")
+            .collect()
+    }
+}
+
+pub fn list_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("---- daemon log ----\n{}", self.log_text());
+        }
+    }
+}
+
+pub fn spec(image: &str) -> cri::ImageSpec {
+    cri::ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    }
+}

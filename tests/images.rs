@@ -1,0 +1,800 @@
+//! ImageService through the CRI socket against a real registry.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::FileTypeExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::*;
+use k8s_cri::v1 as cri;
+use tonic::Code;
+
+fn busybox_image(compress: Compress) -> TestImage {
+    image(vec![busybox_layer(compress)], &ImageOpts::default())
+}
+
+#[tokio::test]
+async fn pull_by_tag_and_by_digest() {
+    let reg = Registry::start(None);
+    let img = busybox_image(Compress::Gzip);
+    let manifest = reg.push_image("busybox", "1.0", &img).await.unwrap();
+    let d = Daemon::start("");
+
+    let name = format!("{}/busybox:1.0", reg.host());
+    let id = d.pull(&name).await.unwrap();
+    assert_eq!(
+        id, img.config_digest,
+        "PullImage returns the config digest as image ref"
+    );
+
+    let st = d.image_status(&name).await.expect("image is known by tag");
+    assert_eq!(st.id, img.config_digest);
+    assert_eq!(st.repo_tags, vec![name.clone()]);
+    assert_eq!(
+        st.repo_digests,
+        vec![format!("{}/busybox@{manifest}", reg.host())]
+    );
+    assert_eq!(
+        st.size,
+        (img.config.len() + img.layers[0].blob.len()) as u64
+    );
+    // also known by ID and by repo digest
+    assert!(d.image_status(&img.config_digest).await.is_some());
+    assert!(
+        d.image_status(&format!("{}/busybox@{manifest}", reg.host()))
+            .await
+            .is_some()
+    );
+    assert!(
+        d.image_status(&format!("{}/busybox:2.0", reg.host()))
+            .await
+            .is_none()
+    );
+
+    // the unpacked snapshot holds the rootfs
+    let snaps = d.snapshots();
+    assert_eq!(snaps.len(), 1);
+    let fs = d.root.join("snapshots").join(&snaps[0]).join("fs");
+    assert!(fs.join("bin/busybox").is_file());
+    assert_eq!(
+        std::fs::read_link(fs.join("bin/sh")).unwrap().to_str(),
+        Some("busybox")
+    );
+
+    // by digest: same image, no tag added
+    let by_digest = format!("{}/busybox@{manifest}", reg.host());
+    assert_eq!(d.pull(&by_digest).await.unwrap(), img.config_digest);
+    // name:tag@digest pulls by digest
+    let both = format!("{}/busybox:ignored@{manifest}", reg.host());
+    assert_eq!(d.pull(&both).await.unwrap(), img.config_digest);
+    let list = d.list_images().await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].repo_tags, vec![name.clone()]);
+
+    // a digest the registry does not have
+    let missing = format!("{}/busybox@{}", reg.host(), sha256(b"nothing"));
+    assert_eq!(d.pull(&missing).await.unwrap_err().code(), Code::NotFound);
+
+    // verbose status carries the config
+    let verbose = d
+        .images()
+        .image_status(cri::ImageStatusRequest {
+            image: Some(spec(&name)),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&verbose.info["info"]).unwrap();
+    assert_eq!(info["imageSpec"]["architecture"], "amd64");
+
+    // image filesystem usage counts the unpacked layer
+    let fs_info = d
+        .images()
+        .image_fs_info(cri::ImageFsInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let usage = &fs_info.image_filesystems[0];
+    assert!(usage.used_bytes.as_ref().unwrap().value > 1_000_000);
+    assert!(usage.inodes_used.as_ref().unwrap().value > 100);
+    assert!(
+        usage
+            .fs_id
+            .as_ref()
+            .unwrap()
+            .mountpoint
+            .ends_with("snapshots")
+    );
+}
+
+#[tokio::test]
+async fn zstd_plain_layers_and_whiteouts() {
+    let reg = Registry::start(None);
+    let base = busybox_layer(Compress::Zstd);
+    let add = layer(
+        &[
+            Entry::Dir("data".into()),
+            Entry::File("data/keep".into(), b"keep".to_vec(), 0o644),
+            Entry::File("data/gone".into(), b"gone".to_vec(), 0o644),
+            Entry::Dir("cache".into()),
+            Entry::File("cache/old".into(), b"old".to_vec(), 0o644),
+        ],
+        Compress::None,
+    );
+    let remove = layer(
+        &[
+            Entry::Whiteout("data/gone".into()),
+            Entry::Opaque("cache".into()),
+            Entry::File("cache/new".into(), b"new".to_vec(), 0o600),
+        ],
+        Compress::Gzip,
+    );
+    let img = image(vec![base, add, remove], &ImageOpts::default());
+    reg.push_image("layered", "v1", &img).await.unwrap();
+    let d = Daemon::start("");
+    d.pull(&format!("{}/layered:v1", reg.host())).await.unwrap();
+    assert_eq!(d.snapshots().len(), 3);
+    // the top layer's snapshot has an overlay whiteout and an opaque directory
+    let chain_top = {
+        let st = d
+            .images()
+            .image_status(cri::ImageStatusRequest {
+                image: Some(spec(&img.config_digest)),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+        info["chainID"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:")
+            .to_string()
+    };
+    let top = d.root.join("snapshots").join(chain_top).join("fs");
+    let wh = std::fs::symlink_metadata(top.join("data/gone")).unwrap();
+    assert!(
+        wh.file_type().is_char_device(),
+        "whiteout is a character device"
+    );
+    let cache = std::fs::File::open(top.join("cache")).unwrap();
+    assert_eq!(
+        crius::sys::fgetxattr(&cache, b"trusted.overlay.opaque").unwrap(),
+        Some(b"y".to_vec())
+    );
+
+    // mounted as overlayfs, the stack shows the right view
+    let lowers = crius_lowers(&d, &img);
+    let mnt = tempfile::tempdir().unwrap();
+    let opts = format!("lowerdir={}", lowers.join(":"));
+    nix::mount::mount(
+        Some("overlay"),
+        mnt.path(),
+        Some("overlay"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(opts.as_str()),
+    )
+    .unwrap();
+    let view = |p: &str| mnt.path().join(p);
+    let seen = (
+        view("data/keep").exists(),
+        view("data/gone").exists(),
+        view("cache/old").exists(),
+        view("cache/new").exists(),
+        view("bin/busybox").exists(),
+    );
+    nix::mount::umount(mnt.path()).unwrap();
+    assert_eq!(seen, (true, false, false, true, true));
+}
+
+/// Lower directories of an image's rootfs, topmost first, from the snapshot records.
+fn crius_lowers(d: &Daemon, img: &TestImage) -> Vec<String> {
+    let diff_ids: Vec<String> = img.layers.iter().map(|l| l.diff_id.clone()).collect();
+    let mut chains: Vec<String> = Vec::new();
+    for diff in &diff_ids {
+        let next = match chains.last() {
+            None => diff.clone(),
+            Some(p) => sha256(format!("{p} {diff}").as_bytes()),
+        };
+        chains.push(next);
+    }
+    chains
+        .iter()
+        .rev()
+        .map(|c| {
+            d.root
+                .join("snapshots")
+                .join(c.trim_start_matches("sha256:"))
+                .join("fs")
+                .display()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn multi_platform_index_and_docker_manifests() {
+    let reg = Registry::start(None);
+    let amd = image(
+        vec![busybox_layer(Compress::Gzip)],
+        &ImageOpts {
+            docker_format: true,
+            ..Default::default()
+        },
+    );
+    let arm_layer = layer(
+        &[Entry::File("arch".into(), b"arm64".to_vec(), 0o644)],
+        Compress::Gzip,
+    );
+    let arm = image(
+        vec![arm_layer],
+        &ImageOpts {
+            arch: "arm64",
+            ..Default::default()
+        },
+    );
+    for img in [&amd, &arm] {
+        for l in &img.layers {
+            reg.push_blob("multi", &l.blob).await.unwrap();
+        }
+        reg.push_blob("multi", &img.config).await.unwrap();
+        reg.push_manifest(
+            "multi",
+            &img.manifest_digest,
+            &img.manifest_type,
+            &img.manifest,
+        )
+        .await
+        .unwrap();
+    }
+    let idx = index(&[(&arm, "arm64"), (&amd, "amd64")]);
+    let idx_digest = reg
+        .push_manifest("multi", "latest", OCI_INDEX, &idx)
+        .await
+        .unwrap();
+    let only_arm = index(&[(&arm, "arm64")]);
+    reg.push_manifest("multi", "armonly", OCI_INDEX, &only_arm)
+        .await
+        .unwrap();
+
+    let d = Daemon::start("");
+    let id = d.pull(&format!("{}/multi", reg.host())).await.unwrap();
+    assert_eq!(
+        id, amd.config_digest,
+        "the node's platform (linux/amd64) is picked from the index"
+    );
+    let st = d.image_status(&id).await.unwrap();
+    assert_eq!(
+        st.repo_digests,
+        vec![format!("{}/multi@{idx_digest}", reg.host())],
+        "repo digest is the index digest"
+    );
+    // the docker-format manifest verified like any other
+    assert!(
+        d.blobs().contains(
+            &amd.manifest_digest
+                .trim_start_matches("sha256:")
+                .to_string()
+        )
+    );
+
+    let err = d
+        .pull(&format!("{}/multi:armonly", reg.host()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("linux/amd64") && err.message().contains("linux/arm64"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn basic_auth_registry() {
+    let reg = Registry::start(Some(("alice", "wonderland")));
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("private/app", "1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let name = format!("{}/private/app:1", reg.host());
+
+    let err = d.pull(&name).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let wrong = cri::AuthConfig {
+        username: "alice".into(),
+        password: "nope".into(),
+        ..Default::default()
+    };
+    let err = d.pull_with(&name, Some(wrong)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("rejected"), "{}", err.message());
+    assert!(d.list_images().await.is_empty());
+
+    let right = cri::AuthConfig {
+        username: "alice".into(),
+        password: "wonderland".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        d.pull_with(&name, Some(right)).await.unwrap(),
+        img.config_digest
+    );
+
+    // the base64 `auth` field works too
+    d.remove_image(&name).await.unwrap();
+    let b64 = cri::AuthConfig {
+        auth: base64::engine::general_purpose::STANDARD.encode("alice:wonderland"),
+        ..Default::default()
+    };
+    assert_eq!(
+        d.pull_with(&name, Some(b64)).await.unwrap(),
+        img.config_digest
+    );
+
+    // credentials from the docker config file when the request has none
+    d.remove_image(&name).await.unwrap();
+    let auth = base64::engine::general_purpose::STANDARD.encode("alice:wonderland");
+    std::fs::write(
+        d.auth_file(),
+        format!(r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#, reg.host()),
+    )
+    .unwrap();
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+
+    // the CLI's --creds
+    d.remove_image(&name).await.unwrap();
+    std::fs::remove_file(d.auth_file()).unwrap();
+    let out = d.cli(&["pull", "--quiet", "--creds", "alice:wonderland", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = d.cli(&["pull", "--quiet", "--creds", "alice:bad", &name]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("authentication failed"));
+}
+
+#[tokio::test]
+async fn corrupted_blob_is_rejected_and_nothing_is_committed() {
+    let reg = Registry::start(None);
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("corrupt", "1", &img).await.unwrap();
+    // flip bytes in the middle of the layer in the registry's storage
+    let file = reg.blob_file(&img.layers[0].digest);
+    let mut data = std::fs::read(&file).unwrap();
+    let mid = data.len() / 2;
+    for b in &mut data[mid..mid + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&file, &data).unwrap();
+
+    let d = Daemon::start("");
+    let err = d
+        .pull(&format!("{}/corrupt:1", reg.host()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    assert!(
+        err.message().contains(&img.layers[0].digest),
+        "{}",
+        err.message()
+    );
+    let layer_hex = img.layers[0]
+        .digest
+        .trim_start_matches("sha256:")
+        .to_string();
+    assert!(
+        !d.blobs().contains(&layer_hex),
+        "the corrupt layer was not committed"
+    );
+    assert!(d.snapshots().is_empty(), "no snapshot from a corrupt layer");
+    assert!(
+        d.ingests().is_empty(),
+        "no ingest file remains for bytes proven wrong"
+    );
+    assert!(d.list_images().await.is_empty());
+
+    // a corrupt config is rejected too
+    let reg2 = Registry::start(None);
+    let img2 = busybox_image(Compress::Zstd);
+    reg2.push_image("corrupt", "2", &img2).await.unwrap();
+    let cfile = reg2.blob_file(&img2.config_digest);
+    let mut c = std::fs::read(&cfile).unwrap();
+    c[10] ^= 1;
+    std::fs::write(&cfile, c).unwrap();
+    let err = d
+        .pull(&format!("{}/corrupt:2", reg2.host()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DataLoss, "{err:?}");
+    assert!(err.message().contains("config"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn hostile_layer_fails_the_pull_cleanly() {
+    let reg = Registry::start(None);
+    // a layer whose symlink points out and then writes through it
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    b.append_link(&mut h, "escape", "/tmp").unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(4);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    // the tar crate refuses to write such names itself: write the name field by hand
+    h.as_gnu_mut().unwrap().name[..16].copy_from_slice(b"escape/pwned-by-");
+    h.set_cksum();
+    b.append(&h, &b"evil"[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    let hostile = TestLayer {
+        digest: sha256(&tar),
+        diff_id: sha256(&tar),
+        blob: tar,
+        media_type: "application/vnd.oci.image.layer.v1.tar".into(),
+    };
+    let img = image(vec![hostile], &ImageOpts::default());
+    reg.push_image("hostile", "1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let err = d
+        .pull(&format!("{}/hostile:1", reg.host()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("symlink"), "{}", err.message());
+    assert!(!std::path::Path::new("/tmp/pwned-by-").exists());
+    assert!(d.snapshots().is_empty());
+    assert!(d.ingests().is_empty());
+    assert!(
+        !d.blobs().contains(
+            &img.layers[0]
+                .digest
+                .trim_start_matches("sha256:")
+                .to_string()
+        )
+    );
+}
+
+#[tokio::test]
+async fn images_survive_restart_and_removal_collects_garbage() {
+    let reg = Registry::start(None);
+    let base = busybox_layer(Compress::Gzip);
+    let extra = layer(
+        &[Entry::File("extra".into(), b"x".to_vec(), 0o644)],
+        Compress::Gzip,
+    );
+    let a = image(vec![base.clone()], &ImageOpts::default());
+    let b = image(
+        vec![base, extra],
+        &ImageOpts {
+            cmd: &["true"],
+            ..Default::default()
+        },
+    );
+    reg.push_image("a", "1", &a).await.unwrap();
+    reg.push_image("b", "1", &b).await.unwrap();
+    let mut d = Daemon::start("");
+    let (na, nb) = (format!("{}/a:1", reg.host()), format!("{}/b:1", reg.host()));
+    d.pull(&na).await.unwrap();
+    d.pull(&nb).await.unwrap();
+    // a second tag of the same image
+    reg.push_image("a", "2", &a).await.unwrap();
+    d.pull(&format!("{}/a:2", reg.host())).await.unwrap();
+    assert_eq!(d.image_status(&na).await.unwrap().repo_tags.len(), 2);
+    assert_eq!(
+        d.snapshots().len(),
+        2,
+        "the shared base layer is unpacked once"
+    );
+
+    d.restart();
+    let list = d.list_images().await;
+    assert_eq!(list.len(), 2, "image records survive a restart");
+    assert_eq!(d.image_status(&na).await.unwrap().repo_tags.len(), 2);
+
+    // Kill -9 too: records are on disk before PullImage answers.
+    d.kill9();
+    d.spawn();
+    assert_eq!(d.list_images().await.len(), 2);
+
+    // removing b frees its own layer but keeps the shared base
+    d.remove_image(&nb).await.unwrap();
+    assert_eq!(d.snapshots().len(), 1);
+    assert!(
+        !d.blobs()
+            .contains(&b.config_digest.trim_start_matches("sha256:").to_string())
+    );
+    assert!(
+        d.blobs()
+            .contains(&a.config_digest.trim_start_matches("sha256:").to_string())
+    );
+    // removing by one tag removes the image with all its tags
+    d.remove_image(&format!("{}/a:2", reg.host()))
+        .await
+        .unwrap();
+    assert!(d.image_status(&na).await.is_none());
+    assert!(d.snapshots().is_empty());
+    assert!(d.blobs().is_empty());
+    // idempotent
+    d.remove_image(&na).await.unwrap();
+    d.remove_image(&a.config_digest).await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_references_are_rejected() {
+    let d = Daemon::start("");
+    for (bad, want) in [
+        ("UPPER/case", "lowercase"),
+        ("busybox:-x", "tag"),
+        ("busybox@sha256:12", "digest"),
+        ("", "required"),
+    ] {
+        let err = d.pull(bad).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad}: {err:?}");
+        assert!(err.message().contains(want), "{bad}: {}", err.message());
+    }
+    let long_tag = format!("busybox:{}", "a".repeat(129));
+    let err = d.pull(&long_tag).await.unwrap_err();
+    assert!(err.message().contains("128"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn mirrors_from_hosts_toml() {
+    let mirror = Registry::start(None);
+    let img = busybox_image(Compress::Gzip);
+    mirror
+        .push_image("library/busybox", "latest", &img)
+        .await
+        .unwrap();
+    let d = Daemon::start("");
+    // docker.io served by a mirror; the first mirror is down, the second answers
+    let dead = free_port();
+    let dir = d.certs_dir().join("docker.io");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"https://registry-1.docker.io\"\n\n[host.\"http://127.0.0.1:{dead}\"]\n  capabilities = [\"pull\", \"resolve\"]\n\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            mirror.host()
+        ),
+    )
+    .unwrap();
+    assert_eq!(d.pull("busybox").await.unwrap(), img.config_digest);
+    let st = d
+        .image_status("docker.io/library/busybox:latest")
+        .await
+        .unwrap();
+    assert_eq!(
+        st.repo_tags,
+        vec!["docker.io/library/busybox:latest".to_string()]
+    );
+    // and by the short name too
+    assert!(d.image_status("busybox").await.is_some());
+}
+
+#[tokio::test]
+async fn concurrent_pulls_share_the_work() {
+    let reg = Registry::start(None);
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("shared", "1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let name = format!("{}/shared:1", reg.host());
+    let pulls = (0..4).map(|_| d.pull(&name));
+    let results = futures_util::future::join_all(pulls).await;
+    for r in results {
+        assert_eq!(r.unwrap(), img.config_digest);
+    }
+    assert_eq!(d.snapshots().len(), 1);
+    assert!(d.ingests().is_empty());
+    let unpacked = d.log_text().matches("resuming").count();
+    assert_eq!(unpacked, 0);
+}
+
+/// A TCP proxy that forwards registry traffic at a limited rate: the only way to catch a pull
+/// in the middle on loopback.
+struct SlowProxy {
+    port: u16,
+    rate: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SlowProxy {
+    fn start(target: u16, bytes_per_sec: u64) -> SlowProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let rate = Arc::new(AtomicU64::new(bytes_per_sec));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, s) = (rate.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(c2, s2, None));
+                let r = r.clone();
+                std::thread::spawn(move || pipe(server, client, Some(r)));
+            }
+        });
+        SlowProxy { port, rate, stop }
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<Arc<AtomicU64>>) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if let Some(r) = &rate {
+            let bps = r.load(Ordering::Relaxed);
+            if bps > 0 {
+                std::thread::sleep(Duration::from_secs_f64(n as f64 / bps as f64));
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn killed_mid_pull_resumes_after_restart() {
+    let reg = Registry::start(None);
+    let big = layer(
+        &[Entry::File("blob.bin".into(), noise(24 << 20, 7), 0o644)],
+        Compress::Gzip,
+    );
+    let img = image(
+        vec![busybox_layer(Compress::Gzip), big.clone()],
+        &ImageOpts::default(),
+    );
+    reg.push_image("big", "1", &img).await.unwrap();
+    let proxy = SlowProxy::start(reg.port, 3 << 20);
+    let mut d = Daemon::start("");
+    let name = format!("127.0.0.1:{}/big:1", proxy.port);
+
+    let pull = {
+        let mut images = d.images();
+        let name = name.clone();
+        tokio::spawn(async move {
+            images
+                .pull_image(cri::PullImageRequest {
+                    image: Some(spec(&name)),
+                    ..Default::default()
+                })
+                .await
+        })
+    };
+    // wait until a good part of the big layer is on disk, then crash the daemon
+    let big_hex = big.digest.trim_start_matches("sha256:").to_string();
+    let ingest = d.root.join("content/ingest").join(&big_hex);
+    let start = Instant::now();
+    while std::fs::metadata(&ingest).map(|m| m.len()).unwrap_or(0) < (4 << 20) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "download did not progress"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.kill9();
+    assert!(pull.await.unwrap().is_err(), "the interrupted pull fails");
+    let partial = std::fs::metadata(&ingest).unwrap().len();
+    assert!(partial > 0 && (partial as usize) < big.blob.len());
+    assert!(
+        !d.blobs().contains(&big_hex),
+        "a partial download is never a blob"
+    );
+
+    proxy.rate.store(0, Ordering::Relaxed); // full speed now
+    d.spawn();
+    assert!(
+        d.list_images().await.is_empty(),
+        "nothing recorded from the interrupted pull"
+    );
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+    assert!(
+        d.log_text().contains("resuming layer download"),
+        "the second pull resumed the partial download"
+    );
+    assert!(d.ingests().is_empty());
+    let blob = std::fs::read(d.root.join("content/blobs/sha256").join(&big_hex)).unwrap();
+    assert_eq!(sha256(&blob), big.digest);
+    assert_eq!(d.snapshots().len(), 2);
+    assert!(
+        d.root
+            .join("snapshots/ingest")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_none(),
+        "no half-unpacked layer remains"
+    );
+}
+
+#[tokio::test]
+async fn cli_pull_images_inspect_rmi() {
+    let reg = Registry::start(None);
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("cli", "v1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let name = format!("{}/cli:v1", reg.host());
+    let out = d.cli(&["pull", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&img.config_digest));
+
+    let out = d.cli(&["images"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("IMAGE"), "{text}");
+    assert!(
+        text.contains(&format!("{}/cli", reg.host())) && text.contains("v1"),
+        "{text}"
+    );
+
+    let out = d.cli(&["images", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["images"][0]["id"], img.config_digest.as_str());
+
+    let out = d.cli(&["inspecti", &name]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["info"]["imageSpec"]["os"], "linux");
+
+    let out = d.cli(&["version"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("RuntimeName: crius"));
+
+    let out = d.cli(&["rmi", &name]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Deleted: sha256:"));
+    let out = d.cli(&["rmi", &name]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such image"));
+
+    // a bad reference is named in the error
+    let out = d.cli(&["pull", "Bad/Name"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lowercase"));
+}
