@@ -33,7 +33,21 @@ pub struct Config {
     pub log_level: String,
     pub registry: Registry,
     pub image: Image,
+    pub runtime: Runtime,
 }
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Runtime {
+    /// Named runtime handlers (RuntimeClass handlers) besides the default, empty one:
+    /// `[runtime.handlers.NAME]`.
+    pub handlers: std::collections::BTreeMap<String, Handler>,
+}
+
+/// A runtime handler. It has no settings yet: every handler runs on crius's own runtime.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Handler {}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -62,6 +76,7 @@ impl Default for Config {
             log_level: "info".to_string(),
             registry: Registry::default(),
             image: Image::default(),
+            runtime: Runtime::default(),
         }
     }
 }
@@ -140,6 +155,16 @@ mod tests {
         assert_eq!(c.root, PathBuf::from("/data/crius"));
         assert_eq!(c.registry.config_path, PathBuf::from("/x"));
         assert_eq!(c.state, PathBuf::from("/run/crius"));
+    }
+
+    #[test]
+    fn runtime_handlers() {
+        let c = Config::parse("[runtime.handlers.fast]\n[runtime.handlers.other]\n").unwrap();
+        assert_eq!(
+            c.runtime.handlers.keys().collect::<Vec<_>>(),
+            ["fast", "other"]
+        );
+        assert!(Config::parse("[runtime.handlers.fast]\nengine = \"x\"\n").is_err());
     }
 
     #[test]

@@ -12,8 +12,10 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::Config;
+use crate::container::{self, ContainerService};
 use crate::cri;
 use crate::image::{self, ImageService};
+use crate::sandbox::{self, SandboxService};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -25,6 +27,10 @@ pub enum Error {
     SocketInUse { socket: PathBuf },
     #[error("opening the image store: {0}")]
     Images(#[from] image::Error),
+    #[error("reading pod sandboxes: {0}")]
+    Sandboxes(#[from] sandbox::Error),
+    #[error("reading containers: {0}")]
+    Containers(#[from] container::Error),
     #[error("serving CRI: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -84,13 +90,26 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             })??
     };
 
+    let handlers: Vec<String> = cfg.runtime.handlers.keys().cloned().collect();
+    let sandboxes = SandboxService::open(&cfg.state, handlers)?;
+    let containers =
+        ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
+
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let serve = cri::serve(listener, cri::Services { images }, async {
-        let _ = stop_rx.await;
-    });
+    let serve = cri::serve(
+        listener,
+        cri::Services {
+            images,
+            sandboxes,
+            containers,
+        },
+        async {
+            let _ = stop_rx.await;
+        },
+    );
     tokio::pin!(serve);
     let served = tokio::select! {
         r = &mut serve => r,

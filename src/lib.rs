@@ -9,9 +9,12 @@
 pub mod atomic;
 pub mod cli;
 pub mod config;
+pub mod container;
 pub mod content;
 pub mod cri;
 pub mod daemon;
 pub mod image;
+pub mod runtime;
+pub mod sandbox;
 pub mod snapshot;
 pub mod sys;

@@ -74,6 +74,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Helpers the daemon re-executes run first, single-threaded, before clap or any runtime.
+    let mut argv = std::env::args_os().skip(1);
+    if let (Some(cmd), Some(arg)) = (argv.next(), argv.next()) {
+        let helper = match cmd.to_str() {
+            Some("monitor") => Some(crius::runtime::monitor::main(std::path::Path::new(&arg))),
+            Some("pause") => Some(crius::runtime::pause::main(&arg.to_string_lossy())),
+            Some("nsexec") => Some(crius::runtime::exec::main(&arg.to_string_lossy())),
+            _ => None,
+        };
+        if let Some(code) = helper {
+            return ExitCode::from(code.clamp(0, 255) as u8);
+        }
+    }
     let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -89,7 +102,6 @@ fn socket_of(arg: &Option<String>) -> PathBuf {
 }
 
 fn run(args: Args) -> Result<()> {
-    // Helper subcommands (monitor, pause) will be dispatched here, before any runtime starts.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -19,7 +19,9 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Code, Response, Status};
 
+use crate::container::ContainerService;
 use crate::image::ImageService;
+use crate::sandbox::SandboxService;
 
 /// Generated code for `proto/crius.proto`.
 pub mod proto {
@@ -33,6 +35,8 @@ pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
 /// What the server answers with.
 pub struct Services {
     pub images: ImageService,
+    pub sandboxes: SandboxService,
+    pub containers: ContainerService,
 }
 
 /// Serves every service on `listener` until `shutdown` resolves.
@@ -41,9 +45,12 @@ pub async fn serve(
     services: Services,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let runtime = RuntimeServiceServer::new(runtime::Runtime::new())
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let runtime = RuntimeServiceServer::new(runtime::Runtime::new(
+        services.sandboxes,
+        services.containers,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+    .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let images = ImageServiceServer::new(images::Images::new(services.images.clone()))
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);

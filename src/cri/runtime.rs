@@ -1,5 +1,6 @@
-//! CRI RuntimeService. `Version` answers now; pod and container RPCs arrive with the runtime.
+//! CRI RuntimeService: requests in, `sandbox` and `container` calls, CRI messages out.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 
 use k8s_cri::v1 as cri;
@@ -9,20 +10,31 @@ use tonic::{Request, Response, Status};
 
 use super::rpc;
 use super::status::unimplemented;
+use crate::container::ContainerService;
+use crate::sandbox::SandboxService;
 
 pub const RUNTIME_NAME: &str = "crius";
 pub const CRI_VERSION: &str = "v1";
 
-pub struct Runtime;
+pub struct Runtime {
+    sandboxes: SandboxService,
+    containers: ContainerService,
+    /// The pod CIDR kubelet last gave (there is no pod network yet to use it).
+    pod_cidr: std::sync::Mutex<String>,
+}
 
 impl Runtime {
-    pub fn new() -> Runtime {
-        Runtime
+    pub fn new(sandboxes: SandboxService, containers: ContainerService) -> Runtime {
+        Runtime {
+            sandboxes,
+            containers,
+            pod_cidr: std::sync::Mutex::new(String::new()),
+        }
     }
 }
 
 macro_rules! not_yet {
-    ($($method:ident($req:ty) -> $resp:ty = $name:literal;)*) => {
+    ($($method:ident($req:ty) -> $resp:ty = $name:literal, $why:literal;)*) => {
         $(
             // Written out as async_trait expands it: the attribute cannot see inside this macro.
             fn $method<'life0, 'async_trait>(
@@ -33,7 +45,7 @@ macro_rules! not_yet {
                 'life0: 'async_trait,
                 Self: 'async_trait,
             {
-                Box::pin(rpc($name, async { Err(unimplemented($name, "the pod runtime is not built yet")) }))
+                Box::pin(rpc($name, async { Err(unimplemented($name, $why)) }))
             }
         )*
     };
@@ -56,6 +68,300 @@ impl RuntimeService for Runtime {
         .await
     }
 
+    async fn run_pod_sandbox(
+        &self,
+        req: Request<cri::RunPodSandboxRequest>,
+    ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
+        rpc("RunPodSandbox", async {
+            let req = req.into_inner();
+            let config = req.config.ok_or_else(|| super::status::missing("config"))?;
+            let id = self.sandboxes.run(config, &req.runtime_handler).await?;
+            Ok(cri::RunPodSandboxResponse { pod_sandbox_id: id })
+        })
+        .await
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        req: Request<cri::StopPodSandboxRequest>,
+    ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
+        rpc("StopPodSandbox", async {
+            self.containers
+                .stop_sandbox(&req.into_inner().pod_sandbox_id)
+                .await?;
+            Ok(cri::StopPodSandboxResponse {})
+        })
+        .await
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        req: Request<cri::RemovePodSandboxRequest>,
+    ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
+        rpc("RemovePodSandbox", async {
+            self.containers
+                .remove_sandbox(&req.into_inner().pod_sandbox_id)
+                .await?;
+            Ok(cri::RemovePodSandboxResponse {})
+        })
+        .await
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        req: Request<cri::PodSandboxStatusRequest>,
+    ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
+        rpc("PodSandboxStatus", async {
+            let req = req.into_inner();
+            let (status, info) = self
+                .sandboxes
+                .status(&req.pod_sandbox_id, req.verbose)
+                .await?;
+            let mut containers_statuses = Vec::new();
+            for id in self.containers.in_sandbox(&status.id).await {
+                if let Ok((s, _)) = self.containers.status(&id, false).await {
+                    containers_statuses.push(s);
+                }
+            }
+            Ok(cri::PodSandboxStatusResponse {
+                status: Some(status),
+                info,
+                containers_statuses,
+                timestamp: crate::runtime::now_nanos(),
+            })
+        })
+        .await
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        req: Request<cri::ListPodSandboxRequest>,
+    ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
+        rpc("ListPodSandbox", async {
+            let filter = req.into_inner().filter;
+            Ok(cri::ListPodSandboxResponse {
+                items: self.sandboxes.list(filter.as_ref()).await,
+            })
+        })
+        .await
+    }
+
+    async fn create_container(
+        &self,
+        req: Request<cri::CreateContainerRequest>,
+    ) -> Result<Response<cri::CreateContainerResponse>, Status> {
+        rpc("CreateContainer", async {
+            let req = req.into_inner();
+            let config = req.config.ok_or_else(|| super::status::missing("config"))?;
+            let id = self
+                .containers
+                .create(&req.pod_sandbox_id, config, req.sandbox_config)
+                .await?;
+            Ok(cri::CreateContainerResponse { container_id: id })
+        })
+        .await
+    }
+
+    async fn start_container(
+        &self,
+        req: Request<cri::StartContainerRequest>,
+    ) -> Result<Response<cri::StartContainerResponse>, Status> {
+        rpc("StartContainer", async {
+            self.containers
+                .start(&req.into_inner().container_id)
+                .await?;
+            Ok(cri::StartContainerResponse {})
+        })
+        .await
+    }
+
+    async fn stop_container(
+        &self,
+        req: Request<cri::StopContainerRequest>,
+    ) -> Result<Response<cri::StopContainerResponse>, Status> {
+        rpc("StopContainer", async {
+            let req = req.into_inner();
+            self.containers.stop(&req.container_id, req.timeout).await?;
+            Ok(cri::StopContainerResponse {})
+        })
+        .await
+    }
+
+    async fn remove_container(
+        &self,
+        req: Request<cri::RemoveContainerRequest>,
+    ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
+        rpc("RemoveContainer", async {
+            self.containers
+                .remove(&req.into_inner().container_id)
+                .await?;
+            Ok(cri::RemoveContainerResponse {})
+        })
+        .await
+    }
+
+    async fn list_containers(
+        &self,
+        req: Request<cri::ListContainersRequest>,
+    ) -> Result<Response<cri::ListContainersResponse>, Status> {
+        rpc("ListContainers", async {
+            let filter = req.into_inner().filter;
+            Ok(cri::ListContainersResponse {
+                containers: self.containers.list(filter.as_ref()).await,
+            })
+        })
+        .await
+    }
+
+    async fn container_status(
+        &self,
+        req: Request<cri::ContainerStatusRequest>,
+    ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
+        rpc("ContainerStatus", async {
+            let req = req.into_inner();
+            let (status, info) = self
+                .containers
+                .status(&req.container_id, req.verbose)
+                .await?;
+            Ok(cri::ContainerStatusResponse {
+                status: Some(status),
+                info,
+            })
+        })
+        .await
+    }
+
+    async fn exec_sync(
+        &self,
+        req: Request<cri::ExecSyncRequest>,
+    ) -> Result<Response<cri::ExecSyncResponse>, Status> {
+        rpc("ExecSync", async {
+            let req = req.into_inner();
+            let (stdout, stderr, exit_code) = self
+                .containers
+                .exec_sync(&req.container_id, req.cmd, req.timeout)
+                .await?;
+            Ok(cri::ExecSyncResponse {
+                stdout,
+                stderr,
+                exit_code,
+            })
+        })
+        .await
+    }
+
+    async fn reopen_container_log(
+        &self,
+        req: Request<cri::ReopenContainerLogRequest>,
+    ) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
+        rpc("ReopenContainerLog", async {
+            self.containers
+                .reopen_log(&req.into_inner().container_id)
+                .await?;
+            Ok(cri::ReopenContainerLogResponse {})
+        })
+        .await
+    }
+
+    async fn status(
+        &self,
+        req: Request<cri::StatusRequest>,
+    ) -> Result<Response<cri::StatusResponse>, Status> {
+        rpc("Status", async {
+            let verbose = req.into_inner().verbose;
+            let conditions = vec![
+                cri::RuntimeCondition {
+                    r#type: "RuntimeReady".into(),
+                    status: true,
+                    reason: String::new(),
+                    message: String::new(),
+                },
+                cri::RuntimeCondition {
+                    r#type: "NetworkReady".into(),
+                    status: true,
+                    reason: "LoopbackOnly".into(),
+                    message:
+                        "pods get a loopback-only network namespace; no CNI network is configured"
+                            .into(),
+                },
+            ];
+            let features = || {
+                Some(cri::RuntimeHandlerFeatures {
+                    recursive_read_only_mounts: false,
+                    user_namespaces: false,
+                })
+            };
+            let mut runtime_handlers = vec![cri::RuntimeHandler {
+                name: String::new(),
+                features: features(),
+            }];
+            for h in self.sandboxes.handlers() {
+                runtime_handlers.push(cri::RuntimeHandler {
+                    name: h.clone(),
+                    features: features(),
+                });
+            }
+            let mut info = HashMap::new();
+            if verbose {
+                info.insert(
+                    "info".to_string(),
+                    serde_json::json!({
+                        "runtime": RUNTIME_NAME,
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "podCIDR": *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()),
+                    })
+                    .to_string(),
+                );
+            }
+            Ok(cri::StatusResponse {
+                status: Some(cri::RuntimeStatus { conditions }),
+                info,
+                runtime_handlers,
+                features: Some(cri::RuntimeFeatures {
+                    supplemental_groups_policy: true,
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn update_runtime_config(
+        &self,
+        req: Request<cri::UpdateRuntimeConfigRequest>,
+    ) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
+        rpc("UpdateRuntimeConfig", async {
+            let cidr = req
+                .into_inner()
+                .runtime_config
+                .and_then(|c| c.network_config)
+                .map(|n| n.pod_cidr)
+                .unwrap_or_default();
+            if !cidr.is_empty() {
+                tracing::info!(
+                    pod_cidr = cidr,
+                    "pod CIDR updated (no pod network uses it yet)"
+                );
+                *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()) = cidr;
+            }
+            Ok(cri::UpdateRuntimeConfigResponse {})
+        })
+        .await
+    }
+
+    async fn runtime_config(
+        &self,
+        _req: Request<cri::RuntimeConfigRequest>,
+    ) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
+        rpc("RuntimeConfig", async {
+            Ok(cri::RuntimeConfigResponse {
+                linux: Some(cri::LinuxRuntimeConfiguration {
+                    cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
+                }),
+            })
+        })
+        .await
+    }
+
     type GetContainerEventsStream =
         Pin<Box<dyn Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
 
@@ -73,32 +379,16 @@ impl RuntimeService for Runtime {
     }
 
     not_yet! {
-        run_pod_sandbox(cri::RunPodSandboxRequest) -> cri::RunPodSandboxResponse = "RunPodSandbox";
-        stop_pod_sandbox(cri::StopPodSandboxRequest) -> cri::StopPodSandboxResponse = "StopPodSandbox";
-        remove_pod_sandbox(cri::RemovePodSandboxRequest) -> cri::RemovePodSandboxResponse = "RemovePodSandbox";
-        pod_sandbox_status(cri::PodSandboxStatusRequest) -> cri::PodSandboxStatusResponse = "PodSandboxStatus";
-        list_pod_sandbox(cri::ListPodSandboxRequest) -> cri::ListPodSandboxResponse = "ListPodSandbox";
-        create_container(cri::CreateContainerRequest) -> cri::CreateContainerResponse = "CreateContainer";
-        start_container(cri::StartContainerRequest) -> cri::StartContainerResponse = "StartContainer";
-        stop_container(cri::StopContainerRequest) -> cri::StopContainerResponse = "StopContainer";
-        remove_container(cri::RemoveContainerRequest) -> cri::RemoveContainerResponse = "RemoveContainer";
-        list_containers(cri::ListContainersRequest) -> cri::ListContainersResponse = "ListContainers";
-        container_status(cri::ContainerStatusRequest) -> cri::ContainerStatusResponse = "ContainerStatus";
-        update_container_resources(cri::UpdateContainerResourcesRequest) -> cri::UpdateContainerResourcesResponse = "UpdateContainerResources";
-        reopen_container_log(cri::ReopenContainerLogRequest) -> cri::ReopenContainerLogResponse = "ReopenContainerLog";
-        exec_sync(cri::ExecSyncRequest) -> cri::ExecSyncResponse = "ExecSync";
-        exec(cri::ExecRequest) -> cri::ExecResponse = "Exec";
-        attach(cri::AttachRequest) -> cri::AttachResponse = "Attach";
-        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse = "PortForward";
-        container_stats(cri::ContainerStatsRequest) -> cri::ContainerStatsResponse = "ContainerStats";
-        list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse = "ListContainerStats";
-        pod_sandbox_stats(cri::PodSandboxStatsRequest) -> cri::PodSandboxStatsResponse = "PodSandboxStats";
-        list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest) -> cri::ListPodSandboxStatsResponse = "ListPodSandboxStats";
-        update_runtime_config(cri::UpdateRuntimeConfigRequest) -> cri::UpdateRuntimeConfigResponse = "UpdateRuntimeConfig";
-        status(cri::StatusRequest) -> cri::StatusResponse = "Status";
-        checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer";
-        list_metric_descriptors(cri::ListMetricDescriptorsRequest) -> cri::ListMetricDescriptorsResponse = "ListMetricDescriptors";
-        list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest) -> cri::ListPodSandboxMetricsResponse = "ListPodSandboxMetrics";
-        runtime_config(cri::RuntimeConfigRequest) -> cri::RuntimeConfigResponse = "RuntimeConfig";
+        exec(cri::ExecRequest) -> cri::ExecResponse = "Exec", "the streaming server is not built yet";
+        attach(cri::AttachRequest) -> cri::AttachResponse = "Attach", "the streaming server is not built yet";
+        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse = "PortForward", "the streaming server is not built yet";
+        update_container_resources(cri::UpdateContainerResourcesRequest) -> cri::UpdateContainerResourcesResponse = "UpdateContainerResources", "cgroup limits are not built yet";
+        container_stats(cri::ContainerStatsRequest) -> cri::ContainerStatsResponse = "ContainerStats", "stats need the cgroup work";
+        list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse = "ListContainerStats", "stats need the cgroup work";
+        pod_sandbox_stats(cri::PodSandboxStatsRequest) -> cri::PodSandboxStatsResponse = "PodSandboxStats", "stats need the cgroup work";
+        list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest) -> cri::ListPodSandboxStatsResponse = "ListPodSandboxStats", "stats need the cgroup work";
+        checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer", "checkpointing is not supported";
+        list_metric_descriptors(cri::ListMetricDescriptorsRequest) -> cri::ListMetricDescriptorsResponse = "ListMetricDescriptors", "metrics need the cgroup work";
+        list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest) -> cri::ListPodSandboxMetricsResponse = "ListPodSandboxMetrics", "metrics need the cgroup work";
     }
 }

@@ -4,7 +4,7 @@
 
 use tonic::{Code, Status};
 
-use crate::{content, image, snapshot};
+use crate::{container, content, image, sandbox, snapshot};
 
 /// Errors that can answer an RPC.
 pub trait ToStatus: std::error::Error {
@@ -86,8 +86,45 @@ pub fn unimplemented(rpc: &str, until: &str) -> Status {
     Status::unimplemented(format!("{rpc} is not implemented yet ({until})"))
 }
 
-impl From<image::Error> for Status {
-    fn from(e: image::Error) -> Status {
-        e.to_status()
+impl ToStatus for sandbox::Error {
+    fn code(&self) -> Code {
+        use sandbox::Error as E;
+        match self {
+            E::Invalid { .. } | E::Ambiguous { .. } | E::UnknownHandler { .. } => {
+                Code::InvalidArgument
+            }
+            E::NotFound { .. } => Code::NotFound,
+            E::NameReserved { .. } => Code::AlreadyExists,
+            E::NotReady { .. } => Code::FailedPrecondition,
+            E::Pause { .. } | E::Io { .. } => Code::Internal,
+        }
     }
 }
+
+impl ToStatus for container::Error {
+    fn code(&self) -> Code {
+        use container::Error as E;
+        match self {
+            E::Invalid { .. } | E::Ambiguous { .. } => Code::InvalidArgument,
+            E::NotFound { .. } | E::ImageNotFound { .. } => Code::NotFound,
+            E::NameReserved { .. } => Code::AlreadyExists,
+            E::WrongState { .. } => Code::FailedPrecondition,
+            E::ExecTimeout { .. } => Code::DeadlineExceeded,
+            E::Start { .. } | E::Exec { .. } | E::Io { .. } => Code::Internal,
+            E::Sandbox(e) => e.code(),
+            E::Image(e) => e.code(),
+        }
+    }
+}
+
+macro_rules! into_status {
+    ($($t:ty),*) => {
+        $(impl From<$t> for Status {
+            fn from(e: $t) -> Status {
+                e.to_status()
+            }
+        })*
+    };
+}
+
+into_status!(image::Error, sandbox::Error, container::Error);

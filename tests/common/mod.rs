@@ -693,3 +693,207 @@ pub fn spec(image: &str) -> cri::ImageSpec {
         ..Default::default()
     }
 }
+
+/// A daemon with busybox pulled from a fresh registry: the starting point of pod tests.
+pub struct PodEnv {
+    pub reg: Registry,
+    pub d: Daemon,
+    pub image: String,
+    pub logs: tempfile::TempDir,
+}
+
+impl PodEnv {
+    pub async fn start() -> PodEnv {
+        Self::start_with("").await
+    }
+
+    pub async fn start_with(tables: &str) -> PodEnv {
+        let reg = Registry::start(None);
+        let img = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+        reg.push_image("busybox", "test", &img)
+            .await
+            .expect("push busybox");
+        let d = Daemon::start(tables);
+        let image = format!("{}/busybox:test", reg.host());
+        d.pull(&image).await.expect("pull busybox");
+        PodEnv {
+            reg,
+            d,
+            image,
+            logs: tempfile::tempdir().expect("log dir"),
+        }
+    }
+
+    pub fn sandbox_config(&self, name: &str) -> cri::PodSandboxConfig {
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: self.logs.path().join(name).display().to_string(),
+            labels: [("app".to_string(), name.to_string())].into(),
+            linux: Some(cri::LinuxPodSandboxConfig::default()),
+            ..Default::default()
+        }
+    }
+
+    pub fn container_config(&self, name: &str, cmd: &[&str]) -> cri::ContainerConfig {
+        cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(spec(&self.image)),
+            command: cmd.iter().map(|s| s.to_string()).collect(),
+            log_path: format!("{name}.log"),
+            linux: Some(cri::LinuxContainerConfig::default()),
+            ..Default::default()
+        }
+    }
+
+    pub async fn run_pod(&self, cfg: &cri::PodSandboxConfig) -> Result<String, tonic::Status> {
+        std::fs::create_dir_all(&cfg.log_directory).expect("log directory");
+        self.d
+            .runtime()
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner().pod_sandbox_id)
+    }
+
+    pub async fn create(
+        &self,
+        pod: &str,
+        sb: &cri::PodSandboxConfig,
+        cfg: cri::ContainerConfig,
+    ) -> Result<String, tonic::Status> {
+        self.d
+            .runtime()
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(cfg),
+                sandbox_config: Some(sb.clone()),
+            })
+            .await
+            .map(|r| r.into_inner().container_id)
+    }
+
+    pub async fn start_container(&self, id: &str) -> Result<(), tonic::Status> {
+        self.d
+            .runtime()
+            .start_container(cri::StartContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates and starts a container; returns its ID.
+    pub async fn run(
+        &self,
+        pod: &str,
+        sb: &cri::PodSandboxConfig,
+        cfg: cri::ContainerConfig,
+    ) -> String {
+        let id = self.create(pod, sb, cfg).await.expect("create container");
+        self.start_container(&id).await.expect("start container");
+        id
+    }
+
+    pub async fn status(&self, id: &str) -> cri::ContainerStatus {
+        self.d
+            .runtime()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: false,
+            })
+            .await
+            .expect("container status")
+            .into_inner()
+            .status
+            .expect("status")
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        cmd: &[&str],
+        timeout: i64,
+    ) -> Result<(String, String, i32), tonic::Status> {
+        self.d
+            .runtime()
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout,
+            })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                (
+                    String::from_utf8_lossy(&r.stdout).into_owned(),
+                    String::from_utf8_lossy(&r.stderr).into_owned(),
+                    r.exit_code,
+                )
+            })
+    }
+
+    /// Waits until a container has exited; returns its status.
+    pub async fn wait_exit(&self, id: &str, timeout: Duration) -> cri::ContainerStatus {
+        let start = Instant::now();
+        loop {
+            let s = self.status(id).await;
+            if s.state == cri::ContainerState::ContainerExited as i32 {
+                return s;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "container {id} did not exit in {timeout:?}: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log(&self, sb: &cri::PodSandboxConfig, name: &str) -> String {
+        std::fs::read_to_string(Path::new(&sb.log_directory).join(format!("{name}.log")))
+            .unwrap_or_default()
+    }
+
+    pub async fn stop_pod(&self, id: &str) {
+        self.d
+            .runtime()
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .expect("stop pod");
+    }
+
+    pub async fn remove_pod(&self, id: &str) {
+        self.d
+            .runtime()
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .expect("remove pod");
+    }
+}
+
+/// Contents of log lines (the part after `<time> <stream> <tag> `), per stream.
+pub fn log_lines(log: &str, stream: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            let mut p = l.splitn(4, ' ');
+            let _ts = p.next()?;
+            let s = p.next()?;
+            let _tag = p.next()?;
+            (s == stream).then(|| p.next().unwrap_or("").to_string())
+        })
+        .collect()
+}

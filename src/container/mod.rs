@@ -1,0 +1,1126 @@
+//! container: containers of pod sandboxes. CreateContainer resolves the image and user, mounts the
+//! rootfs (overlay of the image's snapshots plus a fresh writable layer under
+//! `<root>/containers/<id>`) and writes the bundle (`config.json`, the OCI spec; `monitor.json`)
+//! under `<state>/containers/<id>`. StartContainer runs `crius monitor` on the bundle; the
+//! monitor owns the container from then on and leaves `exit.json` when it ends, which is the one
+//! source of exit truth for this daemon and any later one. Stop, remove, status, list, ExecSync
+//! (through `crius nsexec`) and log reopening are here too. Uses `image`, `sandbox`, `runtime`.
+
+pub mod spec;
+pub mod user;
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+use crate::atomic;
+use crate::content::Digest;
+use crate::image::{self, ImageService};
+use crate::runtime::{
+    self, ExecConfig, ExecReport, ExitRecord, JoinNamespace, MonitorConfig, ProcessId, StartReport,
+    logs,
+};
+use crate::sandbox::{self, NS_CONTAINER, NS_NODE, NS_POD, SandboxService, wait_for_exit};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("container {id:?} not found")]
+    NotFound { id: String },
+    #[error("container {id:?} is ambiguous: {count} containers start with it")]
+    Ambiguous { id: String, count: usize },
+    #[error("container name {name:?} is already used by container {id}")]
+    NameReserved { name: String, id: String },
+    #[error("image {image:?} is not present; pull it first")]
+    ImageNotFound { image: String },
+    #[error("container {id} is {state}, not {want}")]
+    WrongState {
+        id: String,
+        state: &'static str,
+        want: &'static str,
+    },
+    #[error("starting container {id}: {message}")]
+    Start { id: String, message: String },
+    #[error("exec in container {id}: {message}")]
+    Exec { id: String, message: String },
+    #[error("exec in container {id}: timed out after {seconds} s")]
+    ExecTimeout { id: String, seconds: i64 },
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::Error),
+    #[error(transparent)]
+    Image(#[from] image::Error),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl From<spec::Invalid> for Error {
+    fn from(i: spec::Invalid) -> Error {
+        Error::Invalid {
+            field: i.field,
+            reason: i.reason,
+        }
+    }
+}
+
+const CREATED: i32 = cri::ContainerState::ContainerCreated as i32;
+const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
+const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
+
+fn state_name(s: i32) -> &'static str {
+    match s {
+        CREATED => "created",
+        RUNNING => "running",
+        EXITED => "exited",
+        _ => "unknown",
+    }
+}
+
+/// Exec output beyond this is dropped (probes read 10 KiB; this protects the daemon).
+const MAX_EXEC_OUTPUT: usize = 16 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    pub sandbox_id: String,
+    pub config: cri::ContainerConfig,
+    pub image_ref: String,
+    pub image_id: String,
+    pub top_chain: Option<Digest>,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub state: i32,
+    pub exit_code: i32,
+    pub reason: String,
+    pub message: String,
+    pub init: Option<ProcessId>,
+    pub monitor: Option<ProcessId>,
+    /// The init's mount namespace inode: every process of the container shares it.
+    pub mnt_ns: Option<u64>,
+    pub own_pid_ns: bool,
+    pub log_path: Option<PathBuf>,
+    pub stop_signal: String,
+    pub user: (u32, u32, Vec<u32>),
+}
+
+impl Record {
+    fn name_key(&self) -> String {
+        let m = self.config.metadata.clone().unwrap_or_default();
+        format!("{}/{}/{}", self.sandbox_id, m.name, m.attempt)
+    }
+}
+
+struct Inner {
+    state: PathBuf,
+    layers: PathBuf,
+    images: ImageService,
+    sandboxes: SandboxService,
+    containers: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
+    names: std::sync::Mutex<HashMap<String, String>>,
+}
+
+#[derive(Clone)]
+pub struct ContainerService {
+    inner: Arc<Inner>,
+}
+
+/// Files of one container.
+struct Bundle {
+    dir: PathBuf,
+    layer: PathBuf,
+}
+
+impl Bundle {
+    fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+    fn record(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+    fn exit(&self) -> PathBuf {
+        self.dir.join("exit.json")
+    }
+}
+
+fn random_id() -> Result<String, Error> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| io_err(Path::new("getrandom"))(io::Error::other(e)))?;
+    Ok(hex::encode(b))
+}
+
+/// `SIGTERM`, `TERM`, `15`, `SIGRTMIN+3`.
+pub fn parse_signal(s: &str) -> Option<i32> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(n) = s.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let name = s.to_ascii_uppercase();
+    let name = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    if let Some(rest) = name.strip_prefix("SIGRTMIN") {
+        let off: i32 = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('+')?.parse().ok()?
+        };
+        let n = libc::SIGRTMIN() + off;
+        return (n <= libc::SIGRTMAX()).then_some(n);
+    }
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
+impl ContainerService {
+    pub fn open(
+        root: &Path,
+        state: &Path,
+        images: ImageService,
+        sandboxes: SandboxService,
+    ) -> Result<ContainerService, Error> {
+        let svc = ContainerService {
+            inner: Arc::new(Inner {
+                state: state.join("containers"),
+                layers: root.join("containers"),
+                images,
+                sandboxes,
+                containers: RwLock::new(HashMap::new()),
+                names: std::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        for d in [&svc.inner.state, &svc.inner.layers] {
+            std::fs::create_dir_all(d).map_err(io_err(d))?;
+        }
+        svc.recover()?;
+        Ok(svc)
+    }
+
+    fn bundle(&self, id: &str) -> Bundle {
+        Bundle {
+            dir: self.inner.state.join(id),
+            layer: self.inner.layers.join(id),
+        }
+    }
+
+    fn map_read(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
+        self.inner
+            .containers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map_write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
+        self.inner
+            .containers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.inner.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads back every container; exits that happened while no daemon ran are picked up from
+    /// their exit records. Writable layers without a record (after a reboot) are removed.
+    fn recover(&self) -> Result<(), Error> {
+        let dir = &self.inner.state;
+        let mut known = std::collections::HashSet::new();
+        for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let b = self.bundle(&id);
+            let record = atomic::read_json::<Record>(&b.record()).ok().flatten();
+            let Some(mut r) = record else {
+                tracing::info!(id, "removing an incomplete container");
+                remove_files(&b);
+                continue;
+            };
+            if r.state == RUNNING {
+                self.sync_exit(&mut r);
+                if r.state == RUNNING {
+                    let watched = r
+                        .monitor
+                        .filter(|m| m.alive())
+                        .or(r.init.filter(|i| i.alive()));
+                    match watched {
+                        Some(p) => self.watch(r.id.clone(), p),
+                        None => {
+                            r.state = EXITED;
+                            r.exit_code = 255;
+                            r.finished_at = runtime::now_nanos();
+                            r.reason = "Unknown".into();
+                            r.message =
+                                "the container's monitor ended without an exit record".into();
+                            let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
+                            let _ = atomic::write_json(&b.record(), &r);
+                        }
+                    }
+                }
+            }
+            if let Some(c) = &r.top_chain {
+                self.inner.images.hold(c);
+            }
+            known.insert(r.id.clone());
+            self.names().insert(r.name_key(), r.id.clone());
+            self.map_write()
+                .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
+        }
+        let layers = &self.inner.layers;
+        for entry in std::fs::read_dir(layers).map_err(io_err(layers))? {
+            let entry = entry.map_err(io_err(layers))?;
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if !known.contains(&id) {
+                tracing::info!(id, "removing the writable layer of a forgotten container");
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn resolve(&self, id: &str) -> Result<String, Error> {
+        if id.is_empty() {
+            return Err(invalid("container_id", "is required"));
+        }
+        let map = self.map_read();
+        if map.contains_key(id) {
+            return Ok(id.to_string());
+        }
+        let matches: Vec<&String> = map.keys().filter(|k| k.starts_with(id)).collect();
+        match matches.len() {
+            0 => Err(Error::NotFound { id: id.to_string() }),
+            1 => Ok(matches[0].clone()),
+            n => Err(Error::Ambiguous {
+                id: id.to_string(),
+                count: n,
+            }),
+        }
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<Record>>, Error> {
+        let id = self.resolve(id)?;
+        self.map_read()
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NotFound { id })
+    }
+
+    /// Applies `exit.json` to a running container's record (and unmounts its rootfs).
+    fn sync_exit(&self, r: &mut Record) {
+        if r.state != RUNNING {
+            return;
+        }
+        let b = self.bundle(&r.id);
+        let Ok(Some(exit)) = atomic::read_json::<ExitRecord>(&b.exit()) else {
+            return;
+        };
+        r.state = EXITED;
+        r.exit_code = exit.exit_code;
+        r.finished_at = exit.finished_at;
+        r.reason = if exit.oom_killed {
+            "OOMKilled".into()
+        } else if exit.exit_code == 0 {
+            "Completed".into()
+        } else {
+            "Error".into()
+        };
+        if let Err(e) = umount2(&b.rootfs(), MntFlags::MNT_DETACH)
+            && e != nix::errno::Errno::EINVAL
+            && e != nix::errno::Errno::ENOENT
+        {
+            tracing::warn!(id = r.id, error = %e, "unmounting rootfs");
+        }
+        if let Err(e) = atomic::write_json(&b.record(), &*r) {
+            tracing::warn!(id = r.id, error = %e, "saving container record");
+        }
+    }
+
+    /// Records the exit as soon as the monitor (or, without one, the init) ends.
+    fn watch(&self, id: String, process: ProcessId) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            while !wait_for_exit(process, Duration::from_secs(3600)).await {}
+            if let Ok(entry) = me.entry(&id) {
+                let mut r = entry.lock().await;
+                me.sync_exit(&mut r);
+                if r.state == RUNNING && r.monitor == Some(process) {
+                    // A monitor that died without a record: the container's end is unknown.
+                    r.state = EXITED;
+                    r.exit_code = 255;
+                    r.finished_at = runtime::now_nanos();
+                    r.reason = "Unknown".into();
+                    r.message = "the container's monitor ended without an exit record".into();
+                    let b = me.bundle(&r.id);
+                    let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
+                    let _ = atomic::write_json(&b.record(), &*r);
+                }
+            }
+        });
+    }
+
+    pub async fn create(
+        &self,
+        sandbox_id: &str,
+        config: cri::ContainerConfig,
+        _sandbox_config: Option<cri::PodSandboxConfig>,
+    ) -> Result<String, Error> {
+        let meta = config
+            .metadata
+            .as_ref()
+            .ok_or_else(|| invalid("config.metadata", "is required"))?;
+        if meta.name.is_empty() {
+            return Err(invalid("config.metadata.name", "is required"));
+        }
+        let sandbox = self.inner.sandboxes.get(sandbox_id).await?;
+        if !sandbox.ready {
+            return Err(sandbox::Error::NotReady {
+                id: sandbox.id.clone(),
+            }
+            .into());
+        }
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if image_name.is_empty() {
+            return Err(invalid("config.image.image", "is required"));
+        }
+        let image = self
+            .inner
+            .images
+            .lookup(&image_name)?
+            .ok_or_else(|| Error::ImageNotFound {
+                image: image_name.clone(),
+            })?;
+        let log_path = if config.log_path.is_empty() || sandbox.config.log_directory.is_empty() {
+            None
+        } else {
+            let dir = Path::new(&sandbox.config.log_directory);
+            if !dir.is_absolute() {
+                return Err(invalid(
+                    "sandbox_config.log_directory",
+                    format!("{:?} must be absolute", sandbox.config.log_directory),
+                ));
+            }
+            logs::check_relative(Path::new(&config.log_path))
+                .map_err(|e| invalid("config.log_path", format!("{:?} {e}", config.log_path)))?;
+            Some(dir.join(&config.log_path))
+        };
+        spec::cri_mounts(&config)?;
+        let sc = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref());
+        let ns = sc
+            .and_then(|s| s.namespace_options.clone())
+            .unwrap_or_default();
+        if ns.pid == cri::NamespaceMode::Target as i32 {
+            return Err(invalid(
+                "config.linux.security_context.namespace_options.pid",
+                "TARGET mode is not supported yet",
+            ));
+        }
+
+        let id = random_id()?;
+        let key = format!("{}/{}/{}", sandbox.id, meta.name, meta.attempt);
+        {
+            let mut names = self.names();
+            if let Some(existing) = names.get(&key) {
+                return Err(Error::NameReserved {
+                    name: format!(
+                        "{} (attempt {}) in pod {}",
+                        meta.name, meta.attempt, sandbox.id
+                    ),
+                    id: existing.clone(),
+                });
+            }
+            names.insert(key.clone(), id.clone());
+        }
+        let b = self.bundle(&id);
+        let hold = image.top_chain().cloned();
+        if let Some(c) = &hold {
+            self.inner.images.hold(c);
+        }
+        let result = self
+            .prepare(&id, &b, &config, &sandbox, &image, log_path)
+            .await;
+        match result {
+            Ok(record) => {
+                self.map_write()
+                    .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(record)));
+                Ok(id)
+            }
+            Err(e) => {
+                remove_files(&b);
+                if let Some(c) = &hold {
+                    self.inner.images.release(c);
+                }
+                self.names().remove(&key);
+                Err(e)
+            }
+        }
+    }
+
+    async fn prepare(
+        &self,
+        id: &str,
+        b: &Bundle,
+        config: &cri::ContainerConfig,
+        sandbox: &sandbox::Record,
+        image: &image::Image,
+        log_path: Option<PathBuf>,
+    ) -> Result<Record, Error> {
+        for d in [
+            b.dir.clone(),
+            b.rootfs(),
+            b.layer.join("upper"),
+            b.layer.join("work"),
+        ] {
+            std::fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
+        let mut lowers = match image.top_chain() {
+            Some(c) => self.inner.images.lowerdirs(c)?,
+            None => Vec::new(),
+        };
+        if lowers.is_empty() {
+            let empty = b.layer.join("empty");
+            std::fs::create_dir_all(&empty).map_err(io_err(&empty))?;
+            lowers.push(empty);
+        }
+        let lower = lowers
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        let opts = format!(
+            "lowerdir={lower},upperdir={},workdir={}",
+            b.layer.join("upper").display(),
+            b.layer.join("work").display()
+        );
+        let rootfs = b.rootfs();
+        mount(
+            Some("overlay"),
+            &rootfs,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(opts.as_str()),
+        )
+        .map_err(|e| io_err(&rootfs)(io::Error::other(format!("mounting overlay: {e}"))))?;
+
+        let sc = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref());
+        let user = user::resolve(&rootfs, sc, &image.config.config.user)
+            .map_err(|r| invalid("config.linux.security_context", r))?;
+        let sandbox_paths = self.inner.sandboxes.paths(&sandbox.id);
+        let oci = spec::build(&spec::Context {
+            config,
+            sandbox,
+            sandbox_paths: &sandbox_paths,
+            image,
+            rootfs: &rootfs,
+            user: &user,
+        })?;
+        let ns = sc
+            .and_then(|s| s.namespace_options.clone())
+            .unwrap_or_default();
+        let mut join = Vec::new();
+        for (kind, mode_known) in [
+            ("net", sandbox.network),
+            ("ipc", sandbox.ipc),
+            ("uts", sandbox.network),
+        ] {
+            if mode_known != NS_NODE && sandbox.namespaces.iter().any(|n| n == kind) {
+                join.push(JoinNamespace {
+                    kind: kind.into(),
+                    path: sandbox_paths.ns(kind),
+                });
+            }
+        }
+        let pid_mode = if ns.pid == NS_NODE || sandbox.pid == NS_NODE {
+            NS_NODE
+        } else if ns.pid == NS_POD || sandbox.pid == NS_POD {
+            NS_POD
+        } else {
+            NS_CONTAINER
+        };
+        if pid_mode == NS_POD {
+            if !sandbox.namespaces.iter().any(|n| n == "pid") {
+                return Err(invalid(
+                    "config.linux.security_context.namespace_options.pid",
+                    "POD mode needs a pod sandbox that shares its PID namespace",
+                ));
+            }
+            join.push(JoinNamespace {
+                kind: "pid".into(),
+                path: sandbox_paths.ns("pid"),
+            });
+        }
+        let (log_dir, log_rel) = match &log_path {
+            Some(_) => (
+                Some(PathBuf::from(&sandbox.config.log_directory)),
+                Some(PathBuf::from(&config.log_path)),
+            ),
+            None => (None, None),
+        };
+        let monitor = MonitorConfig {
+            id: id.to_string(),
+            log_dir,
+            log_path: log_rel,
+            stdin: config.stdin,
+            stdin_once: config.stdin_once,
+            tty: config.tty,
+            join,
+            new_pid_ns: pid_mode == NS_CONTAINER,
+            exit_file: b.exit(),
+        };
+        let cfg_path = b.dir.join("config.json");
+        atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
+        let mon_path = b.dir.join("monitor.json");
+        atomic::write_json(&mon_path, &monitor).map_err(io_err(&mon_path))?;
+        let record = Record {
+            id: id.to_string(),
+            sandbox_id: sandbox.id.clone(),
+            config: config.clone(),
+            image_ref: image
+                .record
+                .repo_digests
+                .first()
+                .cloned()
+                .unwrap_or_else(|| image.record.id.to_string()),
+            image_id: image.record.id.to_string(),
+            top_chain: image.top_chain().cloned(),
+            created_at: runtime::now_nanos(),
+            started_at: 0,
+            finished_at: 0,
+            state: CREATED,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            init: None,
+            monitor: None,
+            mnt_ns: None,
+            own_pid_ns: pid_mode == NS_CONTAINER,
+            log_path,
+            stop_signal: image.config.config.stop_signal.clone(),
+            user: (user.uid, user.gid, user.additional_gids.clone()),
+        };
+        atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
+        Ok(record)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        if r.state != CREATED {
+            return Err(Error::WrongState {
+                id: r.id.clone(),
+                state: state_name(r.state),
+                want: "created",
+            });
+        }
+        let b = self.bundle(&r.id);
+        let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
+        let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+            .arg("monitor")
+            .arg(&b.dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| Error::Start {
+                id: r.id.clone(),
+                message: format!("spawning the monitor: {e}"),
+            })?;
+        let monitor = child.id().and_then(|pid| ProcessId::of(pid as i32).ok());
+        let stdout = child.stdout.take();
+        let mut line = String::new();
+        if let Some(out) = stdout {
+            let read = tokio::time::timeout(
+                Duration::from_secs(60),
+                tokio::io::BufReader::new(out).read_line(&mut line),
+            )
+            .await;
+            if read.is_err() {
+                let _ = child.start_kill();
+            }
+        }
+        // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
+        drop(child);
+        let report: Result<StartReport, String> = serde_json::from_str(line.trim()).map_err(|_| {
+            let log = std::fs::read_to_string(b.dir.join("monitor.log")).unwrap_or_default();
+            format!("the monitor gave no start report ({})", log.trim())
+        });
+        match report {
+            Ok(StartReport::Started {
+                pid,
+                start_time,
+                started_at,
+            }) => {
+                let init = ProcessId { pid, start_time };
+                r.state = RUNNING;
+                r.init = Some(init);
+                r.monitor = monitor;
+                r.started_at = started_at;
+                r.mnt_ns = init.namespace("mnt").ok();
+                atomic::write_json(&b.record(), &*r).map_err(io_err(&b.record()))?;
+                self.watch(r.id.clone(), monitor.unwrap_or(init));
+                Ok(())
+            }
+            Ok(StartReport::Failed { message }) | Err(message) => {
+                r.state = EXITED;
+                r.exit_code = 128;
+                r.reason = "StartError".into();
+                r.message = message.clone();
+                r.started_at = runtime::now_nanos();
+                r.finished_at = r.started_at;
+                let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
+                let _ = atomic::write_json(&b.record(), &*r);
+                Err(Error::Start {
+                    id: r.id.clone(),
+                    message,
+                })
+            }
+        }
+    }
+
+    /// Sends the stop signal, waits `timeout` seconds, then kills the whole container.
+    pub async fn stop(&self, id: &str, timeout: i64) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let (init, monitor, signal, own_pid_ns, mnt_ns) = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                return Ok(());
+            }
+            let Some(init) = r.init else { return Ok(()) };
+            (
+                init,
+                r.monitor,
+                parse_signal(&r.stop_signal).unwrap_or(libc::SIGTERM),
+                r.own_pid_ns,
+                r.mnt_ns,
+            )
+        };
+        let ended = monitor.filter(|m| m.alive()).unwrap_or(init);
+        if timeout > 0 {
+            let _ = init.signal(signal);
+            wait_for_exit(ended, Duration::from_secs(timeout as u64)).await;
+        }
+        if ended.alive() {
+            kill_all(init, own_pid_ns, mnt_ns);
+            wait_for_exit(ended, Duration::from_secs(10)).await;
+        }
+        let mut r = entry.lock().await;
+        self.sync_exit(&mut r);
+        Ok(())
+    }
+
+    /// Removes a container, killing it first if it runs. Idempotent.
+    pub async fn remove(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.stop(id, 0).await?;
+        let r = entry.lock().await;
+        let b = self.bundle(&r.id);
+        remove_files(&b);
+        if let Some(c) = &r.top_chain {
+            self.inner.images.release(c);
+        }
+        self.map_write().remove(&r.id);
+        self.names().remove(&r.name_key());
+        Ok(())
+    }
+
+    /// IDs of a sandbox's containers.
+    pub async fn in_sandbox(&self, sandbox_id: &str) -> Vec<String> {
+        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        let mut out = Vec::new();
+        for e in entries {
+            let r = e.lock().await;
+            if r.sandbox_id == sandbox_id {
+                out.push(r.id.clone());
+            }
+        }
+        out
+    }
+
+    /// StopPodSandbox: every container is killed, then the pause process stops.
+    pub async fn stop_sandbox(&self, sandbox_id: &str) -> Result<(), Error> {
+        let id = match self.inner.sandboxes.resolve(sandbox_id) {
+            Ok(id) => id,
+            Err(sandbox::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let stops = self.in_sandbox(&id).await.into_iter().map(|c| {
+            let me = self.clone();
+            async move { me.stop(&c, 0).await }
+        });
+        for r in futures_util::future::join_all(stops).await {
+            r?;
+        }
+        Ok(self.inner.sandboxes.stop(&id).await?)
+    }
+
+    /// RemovePodSandbox: containers, then the sandbox's namespaces and files.
+    pub async fn remove_sandbox(&self, sandbox_id: &str) -> Result<(), Error> {
+        let id = match self.inner.sandboxes.resolve(sandbox_id) {
+            Ok(id) => id,
+            Err(sandbox::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        for c in self.in_sandbox(&id).await {
+            self.remove(&c).await?;
+        }
+        Ok(self.inner.sandboxes.remove(&id).await?)
+    }
+
+    fn to_cri(r: &Record) -> cri::Container {
+        cri::Container {
+            id: r.id.clone(),
+            pod_sandbox_id: r.sandbox_id.clone(),
+            metadata: r.config.metadata.clone(),
+            image: r.config.image.clone(),
+            image_ref: r.image_ref.clone(),
+            state: r.state,
+            created_at: r.created_at,
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            image_id: r.image_id.clone(),
+        }
+    }
+
+    pub async fn list(&self, filter: Option<&cri::ContainerFilter>) -> Vec<cri::Container> {
+        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        let mut out = Vec::new();
+        for e in entries {
+            let mut r = e.lock().await;
+            self.sync_exit(&mut r);
+            if let Some(f) = filter {
+                if !f.id.is_empty() && !r.id.starts_with(&f.id) {
+                    continue;
+                }
+                if !f.pod_sandbox_id.is_empty() && !r.sandbox_id.starts_with(&f.pod_sandbox_id) {
+                    continue;
+                }
+                if let Some(s) = &f.state
+                    && s.state != r.state
+                {
+                    continue;
+                }
+                if !sandbox::labels_match(&r.config.labels, &f.label_selector) {
+                    continue;
+                }
+            }
+            out.push(Self::to_cri(&r));
+        }
+        out.sort_by_key(|c| c.created_at);
+        out
+    }
+
+    pub async fn status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<(cri::ContainerStatus, HashMap<String, String>), Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        self.sync_exit(&mut r);
+        let (uid, gid, groups) = r.user.clone();
+        let status = cri::ContainerStatus {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            state: r.state,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            exit_code: r.exit_code,
+            image: r.config.image.clone(),
+            image_ref: r.image_ref.clone(),
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            mounts: r.config.mounts.clone(),
+            log_path: r
+                .log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            resources: r
+                .config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.clone())
+                .map(|res| cri::ContainerResources {
+                    linux: Some(res),
+                    ..Default::default()
+                }),
+            image_id: r.image_id.clone(),
+            user: Some(cri::ContainerUser {
+                linux: Some(cri::LinuxContainerUser {
+                    uid: uid.into(),
+                    gid: gid.into(),
+                    supplemental_groups: groups.iter().map(|g| i64::from(*g)).collect(),
+                }),
+            }),
+        };
+        let mut info = HashMap::new();
+        if verbose {
+            let b = self.bundle(&r.id);
+            let spec: serde_json::Value = std::fs::read(b.dir.join("config.json"))
+                .ok()
+                .and_then(|d| serde_json::from_slice(&d).ok())
+                .unwrap_or(serde_json::Value::Null);
+            let v = serde_json::json!({
+                "sandboxID": r.sandbox_id,
+                "pid": r.init.map(|p| p.pid),
+                "monitorPid": r.monitor.map(|p| p.pid),
+                "bundle": b.dir,
+                "rootfs": b.rootfs(),
+                "writableLayer": b.layer,
+                "runtimeSpec": spec,
+            });
+            info.insert("info".to_string(), v.to_string());
+        }
+        Ok((status, info))
+    }
+
+    /// Runs a command in a running container and collects its output.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: i64,
+    ) -> Result<(Vec<u8>, Vec<u8>, i32), Error> {
+        if cmd.is_empty() {
+            return Err(invalid("cmd", "is required"));
+        }
+        let entry = self.entry(id)?;
+        let (cid, init) = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            match (r.state, r.init) {
+                (RUNNING, Some(init)) => (r.id.clone(), init),
+                (s, _) => {
+                    return Err(Error::WrongState {
+                        id: r.id.clone(),
+                        state: state_name(s),
+                        want: "running",
+                    });
+                }
+            }
+        };
+        let b = self.bundle(&cid);
+        let cfg = ExecConfig {
+            bundle: b.dir.clone(),
+            init,
+            args: cmd,
+            timeout_ms: if timeout > 0 {
+                timeout as u64 * 1000
+            } else {
+                0
+            },
+        };
+        let json = serde_json::to_string(&cfg).map_err(|e| Error::Exec {
+            id: cid.clone(),
+            message: e.to_string(),
+        })?;
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err(Path::new("socketpair")))?;
+        let exec_err = |message: String| Error::Exec {
+            id: cid.clone(),
+            message,
+        };
+        let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+            .arg("nsexec")
+            .arg(json)
+            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+                theirs,
+            )))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| exec_err(format!("spawning: {e}")))?;
+        let mut out = child
+            .stdout
+            .take()
+            .ok_or_else(|| exec_err("no stdout".into()))?;
+        let mut err = child
+            .stderr
+            .take()
+            .ok_or_else(|| exec_err("no stderr".into()))?;
+        let collect = async {
+            let (o, e) = tokio::join!(read_capped(&mut out), read_capped(&mut err));
+            let status = child.wait().await;
+            (o, e, status)
+        };
+        // The helper enforces the timeout; this guard only catches a helper that hangs.
+        let guard = if timeout > 0 {
+            Duration::from_secs(timeout as u64 + 10)
+        } else {
+            Duration::from_secs(u64::MAX / 4)
+        };
+        let (o, e, _status) =
+            tokio::time::timeout(guard, collect)
+                .await
+                .map_err(|_| Error::ExecTimeout {
+                    id: cid.clone(),
+                    seconds: timeout,
+                })?;
+        ours.set_nonblocking(true)
+            .map_err(io_err(Path::new("socketpair")))?;
+        let mut sock =
+            tokio::net::UnixStream::from_std(ours).map_err(io_err(Path::new("socketpair")))?;
+        let mut report = Vec::new();
+        let _ = sock.read_to_end(&mut report).await;
+        let report: ExecReport = serde_json::from_slice(&report)
+            .map_err(|_| exec_err("the exec helper gave no report".into()))?;
+        if let Some(message) = report.error {
+            return Err(exec_err(message));
+        }
+        if report.timed_out {
+            return Err(Error::ExecTimeout {
+                id: cid,
+                seconds: timeout,
+            });
+        }
+        Ok((o, e, report.exit_code))
+    }
+
+    /// Has the monitor open the log path again (kubelet rotated the file).
+    pub async fn reopen_log(&self, id: &str) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let (monitor, path) = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                return Err(Error::WrongState {
+                    id: r.id.clone(),
+                    state: state_name(r.state),
+                    want: "running",
+                });
+            }
+            (r.monitor, r.log_path.clone())
+        };
+        let (Some(monitor), Some(path)) = (monitor, path) else {
+            return Ok(());
+        };
+        monitor.signal(libc::SIGUSR1).map_err(io_err(&path))?;
+        for _ in 0..200 {
+            if path.exists() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Err(io_err(&path)(io::Error::other(
+            "the log file was not reopened within 2 s",
+        )))
+    }
+}
+
+/// Reads a stream to its end, keeping the first MAX_EXEC_OUTPUT bytes (the rest is drained so
+/// the writer never blocks).
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                let room = MAX_EXEC_OUTPUT.saturating_sub(out.len());
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+/// SIGKILL to every process of the container: the init alone suffices with its own PID
+/// namespace; otherwise every process sharing its mount namespace.
+fn kill_all(init: ProcessId, own_pid_ns: bool, mnt_ns: Option<u64>) {
+    let _ = init.signal(libc::SIGKILL);
+    if own_pid_ns {
+        return;
+    }
+    if let Some(ns) = mnt_ns {
+        for pid in runtime::process::pids_in_namespace("mnt", ns) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn remove_files(b: &Bundle) {
+    let rootfs = b.rootfs();
+    if rootfs.exists() {
+        let _ = umount2(&rootfs, MntFlags::MNT_DETACH);
+    }
+    for d in [&b.dir, &b.layer] {
+        if let Err(e) = std::fs::remove_dir_all(d)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %d.display(), error = %e, "removing container files");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals() {
+        assert_eq!(parse_signal("SIGTERM"), Some(15));
+        assert_eq!(parse_signal("quit"), Some(3));
+        assert_eq!(parse_signal("9"), Some(9));
+        assert_eq!(parse_signal("SIGRTMIN+3"), Some(libc::SIGRTMIN() + 3));
+        assert_eq!(parse_signal(""), None);
+        assert_eq!(parse_signal("SIGNOPE"), None);
+        assert_eq!(parse_signal("99"), None);
+    }
+}

@@ -1,0 +1,611 @@
+//! The OCI runtime spec of a container, built from its CRI config, its pod and its image the way
+//! kubelet and containerd agree on: command/args against the image's entrypoint/cmd, environment
+//! merged over the image's, the default mounts (`/proc`, a minimal `/dev`, `/dev/pts`, `/dev/shm`
+//! of the pod, `/dev/mqueue`, `/sys`), the pod's hosts/resolv.conf/hostname files, CRI bind mounts
+//! with their propagation, devices, and containerd's default capability set.
+
+use std::collections::HashSet;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use k8s_cri::v1 as cri;
+use oci_spec::runtime::{
+    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDevice,
+    LinuxDeviceBuilder, LinuxDeviceType, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec,
+    SpecBuilder, UserBuilder,
+};
+
+use super::user::User;
+use crate::image::Image;
+use crate::sandbox::{self, NS_NODE};
+
+/// A bad field of the request.
+#[derive(Debug)]
+pub struct Invalid {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// containerd's default capabilities for CRI containers.
+pub const DEFAULT_CAPS: [Capability; 14] = [
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fsetid,
+    Capability::Fowner,
+    Capability::Mknod,
+    Capability::NetRaw,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::Setfcap,
+    Capability::Setpcap,
+    Capability::NetBindService,
+    Capability::SysChroot,
+    Capability::Kill,
+    Capability::AuditWrite,
+];
+
+pub struct Context<'a> {
+    pub config: &'a cri::ContainerConfig,
+    pub sandbox: &'a sandbox::Record,
+    pub sandbox_paths: &'a sandbox::Paths,
+    pub image: &'a Image,
+    pub rootfs: &'a Path,
+    pub user: &'a User,
+}
+
+/// The command line: `command` replaces the entrypoint and `args` the cmd; with a command but no
+/// args, the image's cmd is not used.
+pub fn command_line(config: &cri::ContainerConfig, image: &Image) -> Vec<String> {
+    let rc = &image.config.config;
+    let mut out: Vec<String>;
+    if config.command.is_empty() {
+        out = rc.entrypoint.clone().unwrap_or_default();
+        if config.args.is_empty() {
+            out.extend(rc.cmd.clone().unwrap_or_default());
+        } else {
+            out.extend(config.args.iter().cloned());
+        }
+    } else {
+        out = config.command.clone();
+        out.extend(config.args.iter().cloned());
+    }
+    out
+}
+
+/// The image's environment with the container's on top (a later key replaces an earlier one),
+/// plus HOME from the user's passwd entry when nothing set it.
+pub fn environment(config: &cri::ContainerConfig, image: &Image, user: &User) -> Vec<String> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: &str| match env.iter_mut().find(|(key, _)| key == k) {
+        Some(e) => e.1 = v.to_string(),
+        None => env.push((k.to_string(), v.to_string())),
+    };
+    for e in image.config.config.env.as_deref().unwrap_or_default() {
+        let (k, v) = e.split_once('=').unwrap_or((e, ""));
+        set(k, v);
+    }
+    for kv in &config.envs {
+        set(&kv.key, &kv.value);
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.insert(
+            0,
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+        );
+    }
+    if !env.iter().any(|(k, _)| k == "HOME") {
+        env.push(("HOME".into(), user.home.clone()));
+    }
+    env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+fn cap_name(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
+}
+
+fn parse_cap(name: &str, field: &str) -> Result<Capability, Invalid> {
+    let n = cap_name(name);
+    n.parse::<Capability>()
+        .map_err(|_| invalid(field, format!("unknown capability {name:?}")))
+}
+
+fn all_caps() -> Capabilities {
+    caps::all()
+        .into_iter()
+        .filter_map(|c| {
+            c.to_string()
+                .strip_prefix("CAP_")
+                .and_then(|n| n.parse::<Capability>().ok())
+        })
+        .collect()
+}
+
+/// The capability set: containerd's default, or all when privileged, then adds and drops (`ALL`
+/// accepted in both, with or without the `CAP_` prefix).
+pub fn capabilities(
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+) -> Result<(Capabilities, Capabilities), Invalid> {
+    let privileged = sc.is_some_and(|s| s.privileged);
+    let mut set: Capabilities = if privileged {
+        all_caps()
+    } else {
+        DEFAULT_CAPS.into_iter().collect()
+    };
+    let mut ambient = Capabilities::new();
+    if let Some(c) = sc.and_then(|s| s.capabilities.as_ref()) {
+        let is_all = |v: &Vec<String>| v.iter().any(|x| cap_name(x) == "ALL");
+        if is_all(&c.add_capabilities) {
+            set = all_caps();
+        }
+        if is_all(&c.drop_capabilities) {
+            set.clear();
+        }
+        for a in c.add_capabilities.iter().filter(|x| cap_name(x) != "ALL") {
+            set.insert(parse_cap(
+                a,
+                "linux.security_context.capabilities.add_capabilities",
+            )?);
+        }
+        for d in c.drop_capabilities.iter().filter(|x| cap_name(x) != "ALL") {
+            set.remove(&parse_cap(
+                d,
+                "linux.security_context.capabilities.drop_capabilities",
+            )?);
+        }
+        for a in &c.add_ambient_capabilities {
+            let cap = parse_cap(
+                a,
+                "linux.security_context.capabilities.add_ambient_capabilities",
+            )?;
+            set.insert(cap);
+            ambient.insert(cap);
+        }
+    }
+    Ok((set, ambient))
+}
+
+/// `/a/b/../c` is fine as long as it stays absolute; relative paths are not.
+fn check_abs(path: &str, field: &str) -> Result<(), Invalid> {
+    if path.is_empty() {
+        return Err(invalid(field, "is required"));
+    }
+    if !Path::new(path).is_absolute() {
+        return Err(invalid(field, format!("{path:?} must be an absolute path")));
+    }
+    if path.contains('\0') {
+        return Err(invalid(field, "contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// A container path with `..` resolved lexically, refusing one that climbs above `/`.
+fn clean_container_path(path: &str, field: &str) -> Result<String, Invalid> {
+    check_abs(path, field)?;
+    let mut parts: Vec<&str> = Vec::new();
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(s) => parts.push(s.to_str().unwrap_or("")),
+            Component::ParentDir if parts.pop().is_none() => {
+                return Err(invalid(
+                    field,
+                    format!("{path:?} escapes the container's root"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> Result<Mount, Invalid> {
+    MountBuilder::default()
+        .destination(PathBuf::from(dest))
+        .typ(kind)
+        .source(PathBuf::from(source))
+        .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .build()
+        .map_err(|e| invalid("mounts", e.to_string()))
+}
+
+fn propagation(p: i32) -> &'static str {
+    match cri::MountPropagation::try_from(p) {
+        Ok(cri::MountPropagation::PropagationHostToContainer) => "rslave",
+        Ok(cri::MountPropagation::PropagationBidirectional) => "rshared",
+        _ => "rprivate",
+    }
+}
+
+/// Validates the CRI mounts and turns them into OCI bind mounts, parents before children.
+pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> {
+    let mut seen = HashSet::new();
+    let mut out: Vec<(usize, Mount)> = Vec::new();
+    for (i, m) in config.mounts.iter().enumerate() {
+        let field = format!("mounts[{i}]");
+        let dest = clean_container_path(&m.container_path, &format!("{field}.container_path"))?;
+        check_abs(&m.host_path, &format!("{field}.host_path"))?;
+        if !seen.insert(dest.clone()) {
+            return Err(invalid(
+                format!("{field}.container_path"),
+                format!("{dest:?} is mounted twice"),
+            ));
+        }
+        if cri::MountPropagation::try_from(m.propagation).is_err() {
+            return Err(invalid(
+                format!("{field}.propagation"),
+                format!("unknown propagation {}", m.propagation),
+            ));
+        }
+        if m.recursive_read_only {
+            if !m.readonly {
+                return Err(invalid(
+                    format!("{field}.recursive_read_only"),
+                    "needs readonly",
+                ));
+            }
+            if m.propagation != cri::MountPropagation::PropagationPrivate as i32 {
+                return Err(invalid(
+                    format!("{field}.recursive_read_only"),
+                    "needs private propagation",
+                ));
+            }
+        }
+        let mut opts = vec!["rbind", propagation(m.propagation)];
+        opts.push(if m.recursive_read_only {
+            "rro"
+        } else if m.readonly {
+            "ro"
+        } else {
+            "rw"
+        });
+        let depth = Path::new(&dest).components().count();
+        out.push((depth, mount(&dest, "bind", &m.host_path, &opts)?));
+    }
+    out.sort_by_key(|(d, _)| *d);
+    Ok(out.into_iter().map(|(_, m)| m).collect())
+}
+
+fn devices(config: &cri::ContainerConfig) -> Result<Vec<LinuxDevice>, Invalid> {
+    let mut out = Vec::new();
+    for (i, d) in config.devices.iter().enumerate() {
+        let field = format!("devices[{i}]");
+        check_abs(&d.host_path, &format!("{field}.host_path"))?;
+        let dest = clean_container_path(&d.container_path, &format!("{field}.container_path"))?;
+        let meta = std::fs::metadata(&d.host_path).map_err(|e| {
+            invalid(
+                format!("{field}.host_path"),
+                format!("{}: {e}", d.host_path),
+            )
+        })?;
+        let ft = meta.file_type();
+        let kind = if ft.is_char_device() {
+            LinuxDeviceType::C
+        } else if ft.is_block_device() {
+            LinuxDeviceType::B
+        } else {
+            return Err(invalid(
+                format!("{field}.host_path"),
+                format!("{} is not a device", d.host_path),
+            ));
+        };
+        let rdev = meta.rdev();
+        let dev = LinuxDeviceBuilder::default()
+            .path(PathBuf::from(dest))
+            .typ(kind)
+            .major(nix::sys::stat::major(rdev) as i64)
+            .minor(nix::sys::stat::minor(rdev) as i64)
+            .file_mode(meta.mode() & 0o777)
+            .uid(0u32)
+            .gid(0u32)
+            .build()
+            .map_err(|e| invalid(&field, e.to_string()))?;
+        out.push(dev);
+    }
+    Ok(out)
+}
+
+pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
+    let config = ctx.config;
+    let sc = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref());
+    let privileged = sc.is_some_and(|s| s.privileged);
+    if privileged
+        && !ctx
+            .sandbox
+            .config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.privileged)
+    {
+        return Err(invalid(
+            "linux.security_context.privileged",
+            "a privileged container needs a privileged pod sandbox",
+        ));
+    }
+    let args = command_line(config, ctx.image);
+    if args.is_empty() {
+        return Err(invalid(
+            "command",
+            "neither the container nor its image gives a command",
+        ));
+    }
+    let cwd = if !config.working_dir.is_empty() {
+        clean_container_path(&config.working_dir, "working_dir")?
+    } else if !ctx.image.config.config.working_dir.is_empty() {
+        ctx.image.config.config.working_dir.clone()
+    } else {
+        "/".to_string()
+    };
+    let (caps, ambient) = capabilities(sc)?;
+    let mut inheritable = Capabilities::new();
+    inheritable.extend(ambient.iter().copied());
+    let user = UserBuilder::default()
+        .uid(ctx.user.uid)
+        .gid(ctx.user.gid)
+        .additional_gids(ctx.user.additional_gids.clone())
+        .build()
+        .map_err(|e| invalid("user", e.to_string()))?;
+    let mut process = ProcessBuilder::default()
+        .args(args)
+        .env(environment(config, ctx.image, ctx.user))
+        .cwd(PathBuf::from(cwd))
+        .terminal(config.tty)
+        .user(user)
+        .no_new_privileges(sc.is_some_and(|s| s.no_new_privs))
+        .capabilities(
+            LinuxCapabilitiesBuilder::default()
+                .bounding(caps.clone())
+                .effective(caps.clone())
+                .permitted(caps)
+                .inheritable(inheritable)
+                .ambient(ambient)
+                .build()
+                .map_err(|e| invalid("capabilities", e.to_string()))?,
+        )
+        .build()
+        .map_err(|e| invalid("process", e.to_string()))?;
+    if let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref()) {
+        process.set_oom_score_adj(Some(r.oom_score_adj as i32));
+    }
+
+    let paths = ctx.sandbox_paths;
+    let host_ipc = ctx.sandbox.ipc == NS_NODE;
+    let shm = if host_ipc {
+        PathBuf::from("/dev/shm")
+    } else {
+        paths.shm()
+    };
+    let sys_opts: &[&str] = if privileged {
+        &["nosuid", "noexec", "nodev", "rw"]
+    } else {
+        &["nosuid", "noexec", "nodev", "ro"]
+    };
+    let ro = sc.is_some_and(|s| s.readonly_rootfs);
+    let file_opts: &[&str] = if ro {
+        &["rbind", "rprivate", "ro"]
+    } else {
+        &["rbind", "rprivate", "rw"]
+    };
+    let user_mounts = cri_mounts(config)?;
+    let given = |p: &str| user_mounts.iter().any(|m| m.destination() == Path::new(p));
+    let mut mounts = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        )?,
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        )?,
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        )?,
+        mount("/sys", "sysfs", "sysfs", sys_opts)?,
+    ];
+    if !given("/dev/shm") {
+        mounts.push(mount(
+            "/dev/shm",
+            "bind",
+            &shm.display().to_string(),
+            &["rbind", "rprivate", "nosuid", "nodev", "noexec"],
+        )?);
+    }
+    for (dest, file) in [
+        ("/etc/hostname", paths.hostname()),
+        ("/etc/resolv.conf", paths.resolv()),
+        ("/etc/hosts", paths.hosts()),
+    ] {
+        if !given(dest) {
+            mounts.push(mount(dest, "bind", &file.display().to_string(), file_opts)?);
+        }
+    }
+    let shared = user_mounts.iter().any(|m| {
+        m.options()
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|x| x == "rshared"))
+    });
+    mounts.extend(user_mounts);
+
+    let mut linux = LinuxBuilder::default()
+        .rootfs_propagation(if shared { "rshared" } else { "rslave" })
+        .devices(devices(config)?);
+    if let Some(s) = sc
+        && !privileged
+    {
+        linux = linux
+            .masked_paths(s.masked_paths.clone())
+            .readonly_paths(s.readonly_paths.clone());
+    }
+    let linux = linux.build().map_err(|e| invalid("linux", e.to_string()))?;
+    let root = RootBuilder::default()
+        .path(ctx.rootfs.to_path_buf())
+        .readonly(ro)
+        .build()
+        .map_err(|e| invalid("root", e.to_string()))?;
+    let hostname = std::fs::read_to_string(paths.hostname())
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    SpecBuilder::default()
+        .version("1.0.2")
+        .process(process)
+        .root(root)
+        .hostname(hostname)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .map_err(|e| invalid("spec", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::manifest::{ImageConfig, RunConfig};
+
+    fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str]) -> Image {
+        let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+        Image {
+            record: serde_json::from_value(serde_json::json!({
+                "id": crate::content::Digest::of(b"x"), "repo_tags": [], "repo_digests": [],
+                "manifest": crate::content::Digest::of(b"m"), "index": null, "config_size": 1,
+                "layers": [], "size": 1, "pulled_at": 0
+            }))
+            .unwrap(),
+            config: ImageConfig {
+                config: RunConfig {
+                    entrypoint: v(entrypoint),
+                    cmd: v(cmd),
+                    env: v(env),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        }
+    }
+
+    fn cfg(command: &[&str], args: &[&str]) -> cri::ContainerConfig {
+        cri::ContainerConfig {
+            command: command.iter().map(|s| s.to_string()).collect(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn command_resolution_as_kubelet_expects() {
+        let img = image(&["/entry"], &["default", "cmd"], &[]);
+        assert_eq!(
+            command_line(&cfg(&[], &[]), &img),
+            ["/entry", "default", "cmd"]
+        );
+        assert_eq!(command_line(&cfg(&[], &["x"]), &img), ["/entry", "x"]);
+        assert_eq!(command_line(&cfg(&["/bin/sh"], &[]), &img), ["/bin/sh"]);
+        assert_eq!(
+            command_line(&cfg(&["/bin/sh"], &["-c", "true"]), &img),
+            ["/bin/sh", "-c", "true"]
+        );
+        let no_entry = image(&[], &["sh"], &[]);
+        assert_eq!(command_line(&cfg(&[], &["echo"]), &no_entry), ["echo"]);
+    }
+
+    #[test]
+    fn environment_merge() {
+        let img = image(&[], &["sh"], &["PATH=/bin", "A=image", "B=keep"]);
+        let mut c = cfg(&[], &[]);
+        c.envs = vec![
+            cri::KeyValue {
+                key: "A".into(),
+                value: "cri".into(),
+            },
+            cri::KeyValue {
+                key: "C".into(),
+                value: "new=x".into(),
+            },
+        ];
+        let user = User {
+            uid: 0,
+            gid: 0,
+            additional_gids: vec![],
+            home: "/root".into(),
+            name: None,
+        };
+        assert_eq!(
+            environment(&c, &img, &user),
+            ["PATH=/bin", "A=cri", "B=keep", "C=new=x", "HOME=/root"]
+        );
+    }
+
+    #[test]
+    fn capability_sets() {
+        let (set, _) = capabilities(None).unwrap();
+        assert_eq!(set.len(), 14);
+        let sc = |add: &[&str], drop: &[&str]| cri::LinuxContainerSecurityContext {
+            capabilities: Some(cri::Capability {
+                add_capabilities: add.iter().map(|s| s.to_string()).collect(),
+                drop_capabilities: drop.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (set, _) = capabilities(Some(&sc(&["NET_ADMIN"], &["CAP_KILL"]))).unwrap();
+        assert!(set.contains(&Capability::NetAdmin) && !set.contains(&Capability::Kill));
+        let (set, _) = capabilities(Some(&sc(&["CHOWN"], &["ALL"]))).unwrap();
+        assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![Capability::Chown]);
+        let (set, _) = capabilities(Some(&sc(&["ALL"], &[]))).unwrap();
+        assert!(set.len() > 30);
+        assert!(capabilities(Some(&sc(&["FLY"], &[]))).is_err());
+    }
+
+    #[test]
+    fn mount_validation() {
+        let m = |c: &str, h: &str| cri::Mount {
+            container_path: c.into(),
+            host_path: h.into(),
+            ..Default::default()
+        };
+        let mut c = cfg(&[], &[]);
+        c.mounts = vec![m("relative", "/tmp")];
+        assert!(cri_mounts(&c).unwrap_err().reason.contains("absolute"));
+        c.mounts = vec![m("/data", "tmp")];
+        assert!(cri_mounts(&c).unwrap_err().field.contains("host_path"));
+        c.mounts = vec![m("/../../etc", "/tmp")];
+        assert!(cri_mounts(&c).unwrap_err().reason.contains("escapes"));
+        c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp"), m("/a/./b/", "/x")];
+        assert!(cri_mounts(&c).unwrap_err().reason.contains("twice"));
+        c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp")];
+        let ms = cri_mounts(&c).unwrap();
+        assert_eq!(ms[0].destination(), Path::new("/a"), "parents first");
+        let mut rro = m("/r", "/tmp");
+        rro.recursive_read_only = true;
+        c.mounts = vec![rro];
+        assert!(cri_mounts(&c).unwrap_err().reason.contains("readonly"));
+    }
+}

@@ -1,0 +1,274 @@
+//! Who a container runs as: the CRI security context's user, name and group, else the image's
+//! `User`, resolved against the image's own `/etc/passwd` and `/etc/group` (read inside the rootfs,
+//! never through a symlink that leaves it), with supplementary groups merged as kubelet expects.
+
+use std::io::Read;
+use std::path::Path;
+
+use k8s_cri::v1 as cri;
+
+use crate::runtime::init::open_in_root;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+    pub home: String,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Passwd {
+    name: String,
+    uid: u32,
+    gid: u32,
+    home: String,
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    name: String,
+    gid: u32,
+    members: Vec<String>,
+}
+
+fn read_in_root(root: &Path, path: &str) -> String {
+    let mut s = String::new();
+    if let Ok(fd) = open_in_root(root, path) {
+        // A hostile image could make this huge; a megabyte is plenty for passwd and group.
+        let _ = std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s);
+    }
+    s
+}
+
+fn passwd(root: &Path) -> Vec<Passwd> {
+    read_in_root(root, "/etc/passwd")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            if f.len() < 7 {
+                return None;
+            }
+            Some(Passwd {
+                name: f[0].to_string(),
+                uid: f[2].parse().ok()?,
+                gid: f[3].parse().ok()?,
+                home: f[5].to_string(),
+            })
+        })
+        .collect()
+}
+
+fn groups(root: &Path) -> Vec<Group> {
+    read_in_root(root, "/etc/group")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            if f.len() < 4 {
+                return None;
+            }
+            Some(Group {
+                name: f[0].to_string(),
+                gid: f[2].parse().ok()?,
+                members: f[3]
+                    .split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Resolves the container's user. `image_user` is the image config's `User` (`user[:group]`).
+pub fn resolve(
+    root: &Path,
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+    image_user: &str,
+) -> Result<User, String> {
+    let users = passwd(root);
+    let groups = groups(root);
+    let run_as_user = sc.and_then(|s| s.run_as_user.as_ref()).map(|v| v.value);
+    let run_as_name = sc
+        .map(|s| s.run_as_username.as_str())
+        .filter(|s| !s.is_empty());
+    let run_as_group = sc.and_then(|s| s.run_as_group.as_ref()).map(|v| v.value);
+    if run_as_group.is_some() && run_as_user.is_none() && run_as_name.is_none() {
+        return Err("run_as_group is set without run_as_user or run_as_username".into());
+    }
+    let (user_part, group_part) = match (run_as_user, run_as_name) {
+        (Some(uid), _) => (uid.to_string(), None),
+        (None, Some(name)) => (name.to_string(), None),
+        (None, None) => match image_user.split_once(':') {
+            Some((u, g)) => (u.to_string(), Some(g.to_string())),
+            None => (image_user.to_string(), None),
+        },
+    };
+    let entry_for = |u: &str| -> Result<Option<Passwd>, String> {
+        if u.is_empty() {
+            return Ok(users.iter().find(|p| p.uid == 0).cloned());
+        }
+        match u.parse::<u32>() {
+            Ok(uid) => Ok(users.iter().find(|p| p.uid == uid).cloned()),
+            Err(_) => users
+                .iter()
+                .find(|p| p.name == u)
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| format!("user {u:?} is not in the image's /etc/passwd")),
+        }
+    };
+    let entry = entry_for(&user_part)?;
+    let uid = match (&entry, user_part.parse::<u32>()) {
+        (_, Ok(uid)) => uid,
+        (Some(p), _) => p.uid,
+        (None, _) => 0,
+    };
+    let gid = match (run_as_group, &group_part) {
+        (Some(g), _) => {
+            u32::try_from(g).map_err(|_| format!("run_as_group {g} is out of range"))?
+        }
+        (None, Some(g)) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => groups
+                .iter()
+                .find(|x| &x.name == g)
+                .map(|x| x.gid)
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        },
+        (None, None) => entry.as_ref().map(|p| p.gid).unwrap_or(0),
+    };
+    let strict = sc.is_some_and(|s| {
+        s.supplemental_groups_policy == cri::SupplementalGroupsPolicy::Strict as i32
+    });
+    let mut additional: Vec<u32> = Vec::new();
+    // Merge (the default): the groups the image's /etc/group gives the user, then the pod's.
+    if !strict && let Some(p) = &entry {
+        for g in &groups {
+            if g.members.iter().any(|m| m == &p.name)
+                && g.gid != gid
+                && !additional.contains(&g.gid)
+            {
+                additional.push(g.gid);
+            }
+        }
+    }
+    for g in sc
+        .map(|s| s.supplemental_groups.as_slice())
+        .unwrap_or_default()
+    {
+        let g = u32::try_from(*g).map_err(|_| format!("supplemental group {g} is out of range"))?;
+        if !additional.contains(&g) {
+            additional.push(g);
+        }
+    }
+    Ok(User {
+        uid,
+        gid,
+        additional_gids: additional,
+        home: entry
+            .as_ref()
+            .map(|p| p.home.clone())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "/".into()),
+        name: entry.map(|p| p.name),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("etc")).unwrap();
+        std::fs::write(
+            d.path().join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("etc/group"),
+            "root:x:0:\napp:x:1000:\nextra:x:2000:app\nwww:x:33:\n",
+        )
+        .unwrap();
+        d
+    }
+
+    fn sc(
+        uid: Option<i64>,
+        name: &str,
+        gid: Option<i64>,
+        groups: &[i64],
+        strict: bool,
+    ) -> cri::LinuxContainerSecurityContext {
+        cri::LinuxContainerSecurityContext {
+            run_as_user: uid.map(|value| cri::Int64Value { value }),
+            run_as_username: name.into(),
+            run_as_group: gid.map(|value| cri::Int64Value { value }),
+            supplemental_groups: groups.to_vec(),
+            supplemental_groups_policy: if strict {
+                cri::SupplementalGroupsPolicy::Strict as i32
+            } else {
+                0
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn image_user_and_overrides() {
+        let r = root();
+        let u = resolve(r.path(), None, "").unwrap();
+        assert_eq!((u.uid, u.gid, u.home.as_str()), (0, 0, "/root"));
+        let u = resolve(r.path(), None, "app").unwrap();
+        assert_eq!(
+            (u.uid, u.gid, u.additional_gids.clone(), u.home.as_str()),
+            (1000, 1000, vec![2000], "/home/app")
+        );
+        let u = resolve(r.path(), None, "1000:www").unwrap();
+        assert_eq!((u.uid, u.gid), (1000, 33));
+        let u = resolve(
+            r.path(),
+            Some(&sc(Some(1234), "", None, &[5], false)),
+            "app",
+        )
+        .unwrap();
+        assert_eq!(
+            (u.uid, u.gid, u.additional_gids.clone(), u.home.as_str()),
+            (1234, 0, vec![5], "/")
+        );
+        let u = resolve(r.path(), Some(&sc(None, "app", Some(7), &[9], false)), "").unwrap();
+        assert_eq!(
+            (u.uid, u.gid, u.additional_gids.clone()),
+            (1000, 7, vec![2000, 9])
+        );
+        let u = resolve(r.path(), Some(&sc(None, "app", None, &[9], true)), "").unwrap();
+        assert_eq!(
+            u.additional_gids,
+            vec![9],
+            "Strict leaves out the image's groups"
+        );
+    }
+
+    #[test]
+    fn errors() {
+        let r = root();
+        assert!(
+            resolve(r.path(), Some(&sc(None, "", Some(5), &[], false)), "")
+                .unwrap_err()
+                .contains("without")
+        );
+        assert!(
+            resolve(r.path(), None, "nobody")
+                .unwrap_err()
+                .contains("nobody")
+        );
+        assert!(
+            resolve(r.path(), None, "app:nogroup")
+                .unwrap_err()
+                .contains("nogroup")
+        );
+    }
+}

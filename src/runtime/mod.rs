@@ -1,0 +1,130 @@
+//! runtime: the synchronous process side of crius: no tokio, no threads. It holds the helpers the
+//! daemon re-executes (`crius pause`, `crius monitor`, `crius nsexec`), the container init that
+//! runs between fork and exec (namespaces, mounts, pivot_root, credentials, capabilities), the CRI
+//! log writer, and process identities that survive pid reuse. It reads OCI runtime specs
+//! (`oci-spec`) and small JSON records; it uses `sys` for the few raw system calls and `atomic`
+//! for the exit record.
+
+pub mod exec;
+pub mod init;
+pub mod logs;
+pub mod monitor;
+pub mod mounts;
+pub mod pause;
+pub mod process;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use process::ProcessId;
+
+/// The binary the helpers run from: this very executable, even if the file was replaced since.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
+/// A namespace to join, by kind (`net`, `ipc`, `uts`, `pid`) and handle path.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JoinNamespace {
+    pub kind: String,
+    pub path: PathBuf,
+}
+
+/// What `crius monitor` needs beyond the OCI spec (`<bundle>/config.json`); in
+/// `<bundle>/monitor.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MonitorConfig {
+    pub id: String,
+    /// The pod's log directory and the container's log path relative to it; no log when absent.
+    pub log_dir: Option<PathBuf>,
+    pub log_path: Option<PathBuf>,
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
+    /// Namespaces of the pod (or the host) the container joins.
+    pub join: Vec<JoinNamespace>,
+    /// Whether the container gets its own PID namespace.
+    pub new_pid_ns: bool,
+    /// Where the exit record is written.
+    pub exit_file: PathBuf,
+}
+
+/// The first line `crius monitor` writes to its stdout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartReport {
+    Started {
+        pid: i32,
+        start_time: u64,
+        started_at: i64,
+    },
+    Failed {
+        message: String,
+    },
+}
+
+/// How a container ended, written atomically by its monitor.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExitRecord {
+    /// The exit status as kubelet reports it: the code, or 128 + the signal.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub finished_at: i64,
+    pub oom_killed: bool,
+}
+
+/// What `crius pause` is asked to set up.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PauseConfig {
+    pub new_net: bool,
+    pub new_ipc: bool,
+    pub new_uts: bool,
+    pub new_pid: bool,
+    pub hostname: Option<String>,
+    /// Sysctls applied inside the new namespaces, `key` with dots or slashes.
+    pub sysctls: Vec<(String, String)>,
+}
+
+/// The line `crius pause` writes when its namespaces are ready.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseReport {
+    Ready { pid: i32, start_time: u64 },
+    Failed { message: String },
+}
+
+/// What `crius nsexec` runs: a command inside a running container, with the container's own
+/// process settings (user, capabilities, environment) from its bundle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecConfig {
+    pub bundle: PathBuf,
+    pub init: ProcessId,
+    pub args: Vec<String>,
+    /// Kill the command after this long (0: no limit).
+    pub timeout_ms: u64,
+}
+
+/// The report `crius nsexec` writes on its status socket.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecReport {
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub error: Option<String>,
+}
+
+/// Unix time in nanoseconds.
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// The exit status kubelet expects: the code, or 128 + signal number.
+pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<(i32, Option<i32>)> {
+    use nix::sys::wait::WaitStatus;
+    match status {
+        WaitStatus::Exited(_, code) => Some((code, None)),
+        WaitStatus::Signaled(_, sig, _) => Some((128 + sig as i32, Some(sig as i32))),
+        _ => None,
+    }
+}

@@ -1,0 +1,315 @@
+//! Mounting inside a container's rootfs before `pivot_root`, safely: every destination is
+//! resolved with `openat2(RESOLVE_IN_ROOT)`, so a symlink in the image (`/etc/hosts -> /etc/shadow`
+//! or `-> ../../host`) resolves inside the rootfs, never on the host; the mount then goes onto the
+//! resolved file through `/proc/self/fd/N`. Also parses OCI mount options into flags.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2};
+use nix::mount::{MsFlags, mount};
+use nix::sys::stat::{Mode, mkdirat};
+
+/// Mount flags, propagation and filesystem data parsed from OCI mount options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub flags: MsFlags,
+    pub propagation: MsFlags,
+    pub data: Vec<String>,
+    /// `rro`: read-only recursively (mount_setattr).
+    pub recursive_ro: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            flags: MsFlags::empty(),
+            propagation: MsFlags::empty(),
+            data: Vec::new(),
+            recursive_ro: false,
+        }
+    }
+}
+
+impl Options {
+    pub fn parse<S: AsRef<str>>(opts: &[S]) -> Options {
+        let mut o = Options::default();
+        for opt in opts {
+            let opt = opt.as_ref();
+            let (set, clear) = match opt {
+                "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+                "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+                "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+                "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+                "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+                "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+                "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+                "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+                "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+                "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
+                "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
+                "remount" => (MsFlags::MS_REMOUNT, MsFlags::empty()),
+                "mand" => (MsFlags::MS_MANDLOCK, MsFlags::empty()),
+                "nomand" => (MsFlags::empty(), MsFlags::MS_MANDLOCK),
+                "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
+                "noatime" => (MsFlags::MS_NOATIME, MsFlags::empty()),
+                "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
+                "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+                "bind" => (MsFlags::MS_BIND, MsFlags::empty()),
+                "rbind" => (MsFlags::MS_BIND | MsFlags::MS_REC, MsFlags::empty()),
+                "relatime" => (MsFlags::MS_RELATIME, MsFlags::empty()),
+                "norelatime" => (MsFlags::empty(), MsFlags::MS_RELATIME),
+                "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::empty()),
+                "nostrictatime" => (MsFlags::empty(), MsFlags::MS_STRICTATIME),
+                "private" | "rprivate" | "shared" | "rshared" | "slave" | "rslave"
+                | "unbindable" | "runbindable" => {
+                    o.propagation = propagation(opt).unwrap_or(MsFlags::empty());
+                    continue;
+                }
+                "rro" => {
+                    o.recursive_ro = true;
+                    (MsFlags::MS_RDONLY, MsFlags::empty())
+                }
+                "rrw" => continue,
+                other => {
+                    o.data.push(other.to_string());
+                    continue;
+                }
+            };
+            o.flags.insert(set);
+            o.flags.remove(clear);
+        }
+        o
+    }
+}
+
+/// `rslave` and friends as flags.
+pub fn propagation(name: &str) -> Option<MsFlags> {
+    Some(match name {
+        "private" => MsFlags::MS_PRIVATE,
+        "rprivate" => MsFlags::MS_PRIVATE | MsFlags::MS_REC,
+        "shared" => MsFlags::MS_SHARED,
+        "rshared" => MsFlags::MS_SHARED | MsFlags::MS_REC,
+        "slave" => MsFlags::MS_SLAVE,
+        "rslave" => MsFlags::MS_SLAVE | MsFlags::MS_REC,
+        "unbindable" => MsFlags::MS_UNBINDABLE,
+        "runbindable" => MsFlags::MS_UNBINDABLE | MsFlags::MS_REC,
+        _ => return None,
+    })
+}
+
+fn in_root() -> ResolveFlag {
+    ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// The normal components of an absolute container path (`..` is resolved by the kernel inside
+/// the root, so it cannot climb out).
+fn rel(path: &str) -> PathBuf {
+    Path::new(path)
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::Prefix(_)))
+        .collect()
+}
+
+/// Opens `path` inside `root` (symlinks resolved within the root) as an `O_PATH` handle,
+/// creating missing directories, and the last component as a directory (`dir`) or an empty file.
+pub fn target(root: &OwnedFd, path: &str, dir: bool) -> io::Result<OwnedFd> {
+    let rel = rel(path);
+    let how = || {
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(in_root())
+    };
+    if rel.as_os_str().is_empty() {
+        return Ok(openat2(root.as_fd(), ".", how())?);
+    }
+    match openat2(root.as_fd(), &rel, how()) {
+        Ok(fd) => return Ok(fd),
+        Err(Errno::ENOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Create what is missing, one component at a time, each resolved inside the root.
+    let comps: Vec<&OsStr> = rel.iter().collect();
+    let mut prefix = PathBuf::new();
+    for (i, comp) in comps.iter().enumerate() {
+        let parent = if prefix.as_os_str().is_empty() {
+            openat2(root.as_fd(), ".", how())?
+        } else {
+            openat2(root.as_fd(), &prefix, how())?
+        };
+        prefix.push(comp);
+        match openat2(root.as_fd(), &prefix, how()) {
+            Ok(_) => continue,
+            Err(Errno::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let last = i + 1 == comps.len();
+        let parent_dir = openat2(
+            parent.as_fd(),
+            ".",
+            OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC),
+        )?;
+        if last && !dir {
+            match openat(
+                parent_dir.as_fd(),
+                *comp,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_WRONLY
+                    | OFlag::O_CLOEXEC
+                    | OFlag::O_NOFOLLOW,
+                Mode::from_bits_truncate(0o644),
+            ) {
+                Ok(_) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            match mkdirat(parent_dir.as_fd(), *comp, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    openat2(root.as_fd(), &rel, how()).map_err(|e| match e {
+        // Created, yet still missing: a dangling symlink in the image is in the way.
+        Errno::ENOENT => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{path}: a dangling symlink in the image is in the way"),
+        ),
+        e => e.into(),
+    })
+}
+
+/// The path that reaches an open handle.
+pub fn fd_path<F: AsRawFd>(fd: &F) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Mounts a filesystem (`proc`, `tmpfs`, ...) on an open target.
+pub fn mount_fs(kind: &str, source: &str, target: &OwnedFd, opts: &Options) -> io::Result<()> {
+    let data = opts.data.join(",");
+    let flags = opts.flags & !MsFlags::MS_BIND & !MsFlags::MS_REC;
+    mount(
+        Some(source),
+        &fd_path(target),
+        Some(kind),
+        flags,
+        if data.is_empty() {
+            None
+        } else {
+            Some(data.as_str())
+        },
+    )?;
+    if !opts.propagation.is_empty() {
+        // The handle reaches the covered directory; walking its path reaches the new mount.
+        let real = std::fs::read_link(fd_path(target))?;
+        mount(
+            None::<&str>,
+            &real,
+            None::<&str>,
+            opts.propagation,
+            None::<&str>,
+        )?;
+    }
+    Ok(())
+}
+
+/// Bind-mounts `source` (a host path) on an open target; read-only and other flags need a
+/// remount, which is done here.
+pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
+    let rec = opts.flags & MsFlags::MS_REC;
+    mount(
+        Some(source),
+        &fd_path(target),
+        None::<&str>,
+        MsFlags::MS_BIND | rec,
+        None::<&str>,
+    )?;
+    // The mount now sits on the target: reach it through the same handle's path again.
+    let extra = opts.flags & !(MsFlags::MS_BIND | MsFlags::MS_REC | MsFlags::MS_REMOUNT);
+    if !extra.is_empty() {
+        let path = fd_path(target);
+        // Re-resolve: the handle points at the covered inode; the path walks to the new mount.
+        let real = std::fs::read_link(&path)?;
+        mount(
+            None::<&str>,
+            &real,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra,
+            None::<&str>,
+        )?;
+        if !opts.propagation.is_empty() {
+            mount(
+                None::<&str>,
+                &real,
+                None::<&str>,
+                opts.propagation,
+                None::<&str>,
+            )?;
+        }
+    } else if !opts.propagation.is_empty() {
+        let real = std::fs::read_link(fd_path(target))?;
+        mount(
+            None::<&str>,
+            &real,
+            None::<&str>,
+            opts.propagation,
+            None::<&str>,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn option_parsing() {
+        let o = Options::parse(&["rbind", "ro", "nosuid", "rslave", "mode=755", "size=64k"]);
+        assert!(o.flags.contains(
+            MsFlags::MS_BIND | MsFlags::MS_REC | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID
+        ));
+        assert_eq!(o.propagation, MsFlags::MS_SLAVE | MsFlags::MS_REC);
+        assert_eq!(o.data, vec!["mode=755", "size=64k"]);
+        let o = Options::parse(&["ro", "rw"]);
+        assert!(!o.flags.contains(MsFlags::MS_RDONLY));
+        assert!(Options::parse(&["rro"]).recursive_ro);
+    }
+
+    #[test]
+    fn targets_stay_inside_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        // absolute and relative symlinks that would escape on the host
+        std::os::unix::fs::symlink(&outside, root.join("etc/abs")).unwrap();
+        std::os::unix::fs::symlink("../../outside", root.join("etc/rel")).unwrap();
+        let rootfd: OwnedFd =
+            nix::fcntl::open(&root, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        target(&rootfd, "/etc/abs/hosts", false).unwrap();
+        target(&rootfd, "/etc/rel/x/y", true).unwrap();
+        target(&rootfd, "/../../escape", true).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing was created outside"
+        );
+        // the symlinks were resolved inside the root instead
+        assert!(
+            root.join(outside.strip_prefix("/").unwrap())
+                .join("hosts")
+                .is_file()
+        );
+        assert!(root.join("escape").is_dir());
+        // an existing file is opened, not recreated
+        std::fs::write(root.join("etc/hostname"), "x").unwrap();
+        target(&rootfd, "/etc/hostname", false).unwrap();
+        assert_eq!(std::fs::read(root.join("etc/hostname")).unwrap(), b"x");
+    }
+}

@@ -1,0 +1,813 @@
+//! sandbox: pod sandboxes. A sandbox is a `crius pause` process holding the pod's namespaces
+//! (network with loopback up, IPC, UTS, and PID when shared), bind-mounted handles to those
+//! namespaces under `<state>/sandboxes/<id>/ns` so they outlive any process, the pod's
+//! `/etc/hosts`, `/etc/resolv.conf`, `/etc/hostname` and a per-pod `/dev/shm` tmpfs, and a record
+//! (`state.json`, written atomically) that a restarted daemon reads back. It uses `runtime` (the
+//! pause helper, process identities) and `atomic`; CRI messages are its inputs and outputs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncBufReadExt;
+
+use crate::atomic;
+use crate::runtime::{self, PauseConfig, PauseReport, ProcessId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("pod sandbox {id:?} not found")]
+    NotFound { id: String },
+    #[error("pod sandbox {id:?} is ambiguous: {count} sandboxes start with it")]
+    Ambiguous { id: String, count: usize },
+    #[error("pod sandbox name {name:?} is already used by sandbox {id}")]
+    NameReserved { name: String, id: String },
+    #[error("runtime handler {handler:?} is not configured (configured: {known})")]
+    UnknownHandler { handler: String, known: String },
+    #[error("pod sandbox {id} is not ready")]
+    NotReady { id: String },
+    #[error("starting the pause process: {message}")]
+    Pause { message: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> Error {
+    Error::Invalid {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Namespace modes as CRI numbers them.
+pub const NS_POD: i32 = cri::NamespaceMode::Pod as i32;
+pub const NS_CONTAINER: i32 = cri::NamespaceMode::Container as i32;
+pub const NS_NODE: i32 = cri::NamespaceMode::Node as i32;
+
+/// What is kept per sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    pub config: cri::PodSandboxConfig,
+    pub runtime_handler: String,
+    pub created_at: i64,
+    pub ready: bool,
+    /// The process holding the namespaces.
+    pub pause: Option<ProcessId>,
+    pub network: i32,
+    pub pid: i32,
+    pub ipc: i32,
+    /// Namespace kinds with a handle under `ns/` (the ones this pod created).
+    pub namespaces: Vec<String>,
+}
+
+impl Record {
+    pub fn name_key(&self) -> String {
+        name_key(self.config.metadata.as_ref())
+    }
+
+    /// Whether the pod's network namespace is the host's.
+    pub fn host_network(&self) -> bool {
+        self.network == NS_NODE
+    }
+}
+
+fn name_key(m: Option<&cri::PodSandboxMetadata>) -> String {
+    match m {
+        Some(m) => format!("{}_{}_{}_{}", m.name, m.namespace, m.uid, m.attempt),
+        None => String::new(),
+    }
+}
+
+/// Paths of one sandbox's files.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub dir: PathBuf,
+}
+
+impl Paths {
+    pub fn ns(&self, kind: &str) -> PathBuf {
+        self.dir.join("ns").join(kind)
+    }
+    pub fn hosts(&self) -> PathBuf {
+        self.dir.join("hosts")
+    }
+    pub fn resolv(&self) -> PathBuf {
+        self.dir.join("resolv.conf")
+    }
+    pub fn hostname(&self) -> PathBuf {
+        self.dir.join("hostname")
+    }
+    pub fn shm(&self) -> PathBuf {
+        self.dir.join("shm")
+    }
+    fn state(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    handlers: Vec<String>,
+    sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
+    names: std::sync::Mutex<HashMap<String, String>>,
+}
+
+#[derive(Clone)]
+pub struct SandboxService {
+    inner: Arc<Inner>,
+}
+
+fn random_id() -> Result<String, Error> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| Error::Io {
+        path: PathBuf::from("getrandom"),
+        source: io::Error::other(e),
+    })?;
+    Ok(hex::encode(b))
+}
+
+pub fn now_nanos() -> i64 {
+    runtime::now_nanos()
+}
+
+/// Waits until `pid` has exited, at most `timeout`; true if it did.
+pub async fn wait_for_exit(pid: ProcessId, timeout: Duration) -> bool {
+    let Ok(fd) = pid.pidfd() else {
+        return true; // already gone
+    };
+    let Ok(afd) = crate::sys::async_fd(fd, tokio::io::Interest::READABLE) else {
+        // Fall back to polling the identity.
+        let deadline = tokio::time::Instant::now() + timeout;
+        while pid.alive() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        return true;
+    };
+    matches!(
+        tokio::time::timeout(timeout, afd.readable()).await,
+        Ok(Ok(_))
+    )
+}
+
+impl SandboxService {
+    /// Opens the sandbox store and reads back every record; pods whose pause process is gone are
+    /// not ready.
+    pub fn open(state: &Path, handlers: Vec<String>) -> Result<SandboxService, Error> {
+        let dir = state.join("sandboxes");
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let svc = SandboxService {
+            inner: Arc::new(Inner {
+                dir,
+                handlers,
+                sandboxes: RwLock::new(HashMap::new()),
+                names: std::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        svc.recover()?;
+        Ok(svc)
+    }
+
+    fn recover(&self) -> Result<(), Error> {
+        let dir = &self.inner.dir;
+        for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let paths = Paths { dir: entry.path() };
+            match atomic::read_json::<Record>(&paths.state()) {
+                Ok(Some(mut r)) => {
+                    if r.ready && !r.pause.is_some_and(|p| p.alive()) {
+                        r.ready = false;
+                        let _ = atomic::write_json(&paths.state(), &r);
+                    }
+                    self.names().insert(r.name_key(), r.id.clone());
+                    self.map_write()
+                        .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
+                }
+                Ok(None) | Err(_) => {
+                    // A sandbox that never finished starting: take down what it left.
+                    tracing::info!(dir = %paths.dir.display(), "removing an incomplete pod sandbox");
+                    remove_files(&paths);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn map_read(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
+        self.inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map_write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
+        self.inner
+            .sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.inner.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn paths(&self, id: &str) -> Paths {
+        Paths {
+            dir: self.inner.dir.join(id),
+        }
+    }
+
+    pub fn handlers(&self) -> &[String] {
+        &self.inner.handlers
+    }
+
+    /// Full ID from an ID or a unique prefix of one.
+    pub fn resolve(&self, id: &str) -> Result<String, Error> {
+        if id.is_empty() {
+            return Err(invalid("pod_sandbox_id", "is required"));
+        }
+        let map = self.map_read();
+        if map.contains_key(id) {
+            return Ok(id.to_string());
+        }
+        let matches: Vec<&String> = map.keys().filter(|k| k.starts_with(id)).collect();
+        match matches.len() {
+            0 => Err(Error::NotFound { id: id.to_string() }),
+            1 => Ok(matches[0].clone()),
+            n => Err(Error::Ambiguous {
+                id: id.to_string(),
+                count: n,
+            }),
+        }
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<Record>>, Error> {
+        let id = self.resolve(id)?;
+        self.map_read()
+            .get(&id)
+            .cloned()
+            .ok_or(Error::NotFound { id })
+    }
+
+    /// A copy of a sandbox's record.
+    pub async fn get(&self, id: &str) -> Result<Record, Error> {
+        Ok(self.entry(id)?.lock().await.clone())
+    }
+
+    /// Creates the pod's namespaces and files and starts its pause process.
+    pub async fn run(&self, config: cri::PodSandboxConfig, handler: &str) -> Result<String, Error> {
+        let meta = config
+            .metadata
+            .as_ref()
+            .ok_or_else(|| invalid("config.metadata", "is required"))?;
+        for (field, v) in [
+            ("config.metadata.name", &meta.name),
+            ("config.metadata.namespace", &meta.namespace),
+            ("config.metadata.uid", &meta.uid),
+        ] {
+            if v.is_empty() {
+                return Err(invalid(field, "is required"));
+            }
+        }
+        if !handler.is_empty() && !self.inner.handlers.iter().any(|h| h == handler) {
+            let mut known: Vec<String> = self
+                .inner
+                .handlers
+                .iter()
+                .map(|h| format!("{h:?}"))
+                .collect();
+            known.insert(0, "\"\" (default)".into());
+            return Err(Error::UnknownHandler {
+                handler: handler.to_string(),
+                known: known.join(", "),
+            });
+        }
+        let ns = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.clone())
+            .unwrap_or_default();
+        if ns
+            .userns_options
+            .as_ref()
+            .is_some_and(|u| u.mode != NS_NODE)
+        {
+            return Err(invalid(
+                "config.linux.security_context.namespace_options.userns_options",
+                "user namespaces are not supported yet",
+            ));
+        }
+        if ns.pid == cri::NamespaceMode::Target as i32
+            || ns.network == cri::NamespaceMode::Target as i32
+            || ns.ipc == cri::NamespaceMode::Target as i32
+        {
+            return Err(invalid(
+                "config.linux.security_context.namespace_options",
+                "TARGET mode is only for containers",
+            ));
+        }
+        let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
+        let sysctls = sysctls(&config, network, ipc)?;
+
+        let key = name_key(Some(meta));
+        let id = random_id()?;
+        {
+            let mut names = self.names();
+            if let Some(existing) = names.get(&key) {
+                return Err(Error::NameReserved {
+                    name: key,
+                    id: existing.clone(),
+                });
+            }
+            names.insert(key.clone(), id.clone());
+        }
+        let paths = self.paths(&id);
+        let result = self
+            .create(&id, &paths, config, handler, network, pid, ipc, sysctls)
+            .await;
+        match result {
+            Ok(record) => {
+                self.map_write()
+                    .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(record)));
+                Ok(id)
+            }
+            Err(e) => {
+                remove_files(&paths);
+                self.names().remove(&key);
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        id: &str,
+        paths: &Paths,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        network: i32,
+        pid: i32,
+        ipc: i32,
+        sysctls: Vec<(String, String)>,
+    ) -> Result<Record, Error> {
+        std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
+        let host_net = network == NS_NODE;
+        let meta_name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        let hostname = if host_net {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else if config.hostname.is_empty() {
+            meta_name
+        } else {
+            config.hostname.clone()
+        };
+        write_file(&paths.hostname(), format!("{hostname}\n").as_bytes())?;
+        let hosts = if host_net {
+            std::fs::read("/etc/hosts").unwrap_or_default()
+        } else {
+            default_hosts().into_bytes()
+        };
+        write_file(&paths.hosts(), &hosts)?;
+        let resolv = match &config.dns_config {
+            Some(dns) if !host_net => resolv_conf(dns),
+            _ => std::fs::read("/etc/resolv.conf").unwrap_or_default(),
+        };
+        write_file(&paths.resolv(), &resolv)?;
+        if ipc != NS_NODE {
+            let shm = paths.shm();
+            std::fs::create_dir_all(&shm).map_err(io_err(&shm))?;
+            mount(
+                Some("shm"),
+                &shm,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("mode=1777,size=65536k"),
+            )
+            .map_err(|e| io_err(&shm)(e.into()))?;
+        }
+
+        let pause_cfg = PauseConfig {
+            new_net: !host_net,
+            new_ipc: ipc != NS_NODE,
+            // A pod on the host network keeps the host's name too, as containerd does.
+            new_uts: !host_net,
+            new_pid: pid == NS_POD,
+            hostname: (!host_net).then(|| hostname.clone()),
+            sysctls,
+        };
+        let pause = spawn_pause(&pause_cfg).await?;
+        let mut namespaces = Vec::new();
+        for (kind, created) in [
+            ("net", pause_cfg.new_net),
+            ("ipc", pause_cfg.new_ipc),
+            ("uts", pause_cfg.new_uts),
+            ("pid", pause_cfg.new_pid),
+        ] {
+            if !created {
+                continue;
+            }
+            let target = paths.ns(kind);
+            std::fs::File::create(&target).map_err(io_err(&target))?;
+            let source = format!("/proc/{}/ns/{kind}", pause.pid);
+            if let Err(e) = mount(
+                Some(source.as_str()),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            ) {
+                let _ = pause.signal(libc::SIGKILL);
+                return Err(io_err(&target)(e.into()));
+            }
+            namespaces.push(kind.to_string());
+        }
+        let record = Record {
+            id: id.to_string(),
+            config,
+            runtime_handler: handler.to_string(),
+            created_at: now_nanos(),
+            ready: true,
+            pause: Some(pause),
+            network,
+            pid,
+            ipc,
+            namespaces,
+        };
+        if let Err(e) = atomic::write_json(&paths.state(), &record) {
+            let _ = pause.signal(libc::SIGKILL);
+            return Err(io_err(&paths.state())(e));
+        }
+        Ok(record)
+    }
+
+    /// Stops the pause process (its containers must be stopped first). Idempotent.
+    pub async fn stop(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut r = entry.lock().await;
+        if let Some(p) = r.pause {
+            let _ = p.signal(libc::SIGTERM);
+            if !wait_for_exit(p, Duration::from_secs(2)).await {
+                let _ = p.signal(libc::SIGKILL);
+                wait_for_exit(p, Duration::from_secs(5)).await;
+            }
+        }
+        if r.ready {
+            r.ready = false;
+            let path = self.paths(&r.id).state();
+            atomic::write_json(&path, &*r).map_err(io_err(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Removes everything the sandbox left: namespace handles, the shm mount, files, the record.
+    /// Idempotent.
+    pub async fn remove(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.stop(id).await?;
+        let r = entry.lock().await;
+        remove_files(&self.paths(&r.id));
+        self.map_write().remove(&r.id);
+        self.names().remove(&r.name_key());
+        Ok(())
+    }
+
+    /// Whether the sandbox is ready right now (its pause process lives).
+    fn ready(r: &Record) -> bool {
+        r.ready && r.pause.is_some_and(|p| p.alive())
+    }
+
+    pub async fn status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<(cri::PodSandboxStatus, HashMap<String, String>), Error> {
+        let r = self.get(id).await?;
+        let ready = Self::ready(&r);
+        let status = cri::PodSandboxStatus {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            state: if ready {
+                cri::PodSandboxState::SandboxReady
+            } else {
+                cri::PodSandboxState::SandboxNotready
+            } as i32,
+            created_at: r.created_at,
+            network: Some(cri::PodSandboxNetworkStatus::default()),
+            linux: Some(cri::LinuxPodSandboxStatus {
+                namespaces: Some(cri::Namespace {
+                    options: Some(cri::NamespaceOption {
+                        network: r.network,
+                        pid: r.pid,
+                        ipc: r.ipc,
+                        ..Default::default()
+                    }),
+                }),
+            }),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            runtime_handler: r.runtime_handler.clone(),
+        };
+        let mut info = HashMap::new();
+        if verbose {
+            let paths = self.paths(&r.id);
+            let v = serde_json::json!({
+                "pid": r.pause.map(|p| p.pid),
+                "netNamespacePath": r.namespaces.iter().any(|n| n == "net").then(|| paths.ns("net")),
+                "namespaces": r.namespaces.iter().map(|k| (k.clone(), paths.ns(k))).collect::<BTreeMap<_, _>>(),
+                "runtimeHandler": r.runtime_handler,
+                "network": "loopback only",
+                "config": r.config,
+            });
+            info.insert("info".to_string(), v.to_string());
+        }
+        Ok((status, info))
+    }
+
+    pub async fn list(&self, filter: Option<&cri::PodSandboxFilter>) -> Vec<cri::PodSandbox> {
+        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        let mut out = Vec::new();
+        for e in entries {
+            let r = e.lock().await;
+            let state = if Self::ready(&r) {
+                cri::PodSandboxState::SandboxReady
+            } else {
+                cri::PodSandboxState::SandboxNotready
+            } as i32;
+            if let Some(f) = filter {
+                if !f.id.is_empty() && !r.id.starts_with(&f.id) {
+                    continue;
+                }
+                if let Some(s) = &f.state
+                    && s.state != state
+                {
+                    continue;
+                }
+                if !labels_match(&r.config.labels, &f.label_selector) {
+                    continue;
+                }
+            }
+            out.push(cri::PodSandbox {
+                id: r.id.clone(),
+                metadata: r.config.metadata.clone(),
+                state,
+                created_at: r.created_at,
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+                runtime_handler: r.runtime_handler.clone(),
+            });
+        }
+        out.sort_by_key(|s| s.created_at);
+        out
+    }
+}
+
+/// Every selector pair must be among the labels.
+pub fn labels_match(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn write_file(path: &Path, data: &[u8]) -> Result<(), Error> {
+    atomic::write(path, data, 0o644).map_err(io_err(path))
+}
+
+fn default_hosts() -> String {
+    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n".to_string()
+}
+
+fn resolv_conf(dns: &cri::DnsConfig) -> Vec<u8> {
+    let mut s = String::new();
+    if !dns.searches.is_empty() {
+        s.push_str(&format!("search {}\n", dns.searches.join(" ")));
+    }
+    for ns in &dns.servers {
+        s.push_str(&format!("nameserver {ns}\n"));
+    }
+    if !dns.options.is_empty() {
+        s.push_str(&format!("options {}\n", dns.options.join(" ")));
+    }
+    s.into_bytes()
+}
+
+/// Validates the pod's sysctls: only namespaced ones, and only for namespaces the pod owns.
+fn sysctls(
+    config: &cri::PodSandboxConfig,
+    network: i32,
+    ipc: i32,
+) -> Result<Vec<(String, String)>, Error> {
+    let Some(linux) = &config.linux else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (key, value) in &linux.sysctls {
+        let field = format!("config.linux.sysctls[{key:?}]");
+        let k = key.replace('/', ".");
+        if k.is_empty() || k.split('.').any(|c| c.is_empty() || c == "..") || value.contains('\n') {
+            return Err(invalid(&field, "is not a valid sysctl"));
+        }
+        let ipc_key = k.starts_with("kernel.shm")
+            || k.starts_with("kernel.msg")
+            || k == "kernel.sem"
+            || k.starts_with("fs.mqueue.");
+        if k.starts_with("net.") {
+            if network == NS_NODE {
+                return Err(invalid(
+                    &field,
+                    "a pod on the host network cannot set network sysctls",
+                ));
+            }
+        } else if ipc_key {
+            if ipc == NS_NODE {
+                return Err(invalid(
+                    &field,
+                    "a pod in the host IPC namespace cannot set IPC sysctls",
+                ));
+            }
+        } else {
+            return Err(invalid(
+                &field,
+                "is not a namespaced sysctl (only net.*, kernel.shm*, kernel.msg*, kernel.sem and fs.mqueue.* are)",
+            ));
+        }
+        out.push((k, value.clone()));
+    }
+    out.sort();
+    Ok(out)
+}
+
+async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
+    let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
+        message: e.to_string(),
+    })?;
+    let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+        .arg("pause")
+        .arg(json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| Error::Pause {
+            message: format!("spawn: {e}"),
+        })?;
+    let stdout = child.stdout.take().ok_or_else(|| Error::Pause {
+        message: "no stdout".into(),
+    })?;
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await;
+    // The child is left to tokio, which reaps it when it exits.
+    drop(child);
+    match read {
+        Err(_) => {
+            return Err(Error::Pause {
+                message: "no answer within 30 s".into(),
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(Error::Pause {
+                message: e.to_string(),
+            });
+        }
+        Ok(Ok(_)) => {}
+    }
+    match serde_json::from_str::<PauseReport>(line.trim()) {
+        Ok(PauseReport::Ready { pid, start_time }) => Ok(ProcessId { pid, start_time }),
+        Ok(PauseReport::Failed { message }) => Err(Error::Pause { message }),
+        Err(_) => Err(Error::Pause {
+            message: format!("unexpected answer {:?}", line.trim()),
+        }),
+    }
+}
+
+/// Unmounts and deletes a sandbox directory; tolerant of anything already gone.
+fn remove_files(paths: &Paths) {
+    for kind in ["net", "ipc", "uts", "pid"] {
+        let p = paths.ns(kind);
+        if p.exists() {
+            let _ = umount2(&p, MntFlags::MNT_DETACH);
+        }
+    }
+    let shm = paths.shm();
+    if shm.exists() {
+        let _ = umount2(&shm, MntFlags::MNT_DETACH);
+    }
+    if let Err(e) = std::fs::remove_dir_all(&paths.dir)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %paths.dir.display(), error = %e, "removing sandbox directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(sysctls: &[(&str, &str)]) -> cri::PodSandboxConfig {
+        cri::PodSandboxConfig {
+            linux: Some(cri::LinuxPodSandboxConfig {
+                sysctls: sysctls
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sysctl_validation() {
+        assert!(
+            sysctls(
+                &config(&[("net.ipv4.ip_forward", "1"), ("kernel.shmmax", "1")]),
+                NS_POD,
+                NS_POD
+            )
+            .is_ok()
+        );
+        assert!(
+            sysctls(
+                &config(&[("net/ipv4/ping_group_range", "0 1")]),
+                NS_POD,
+                NS_POD
+            )
+            .is_ok()
+        );
+        let e = sysctls(&config(&[("vm.swappiness", "1")]), NS_POD, NS_POD)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vm.swappiness") && e.contains("namespaced"),
+            "{e}"
+        );
+        assert!(sysctls(&config(&[("net.ipv4.ip_forward", "1")]), NS_NODE, NS_POD).is_err());
+        assert!(sysctls(&config(&[("kernel.msgmax", "1")]), NS_POD, NS_NODE).is_err());
+        assert!(sysctls(&config(&[("net..x", "1")]), NS_POD, NS_POD).is_err());
+    }
+
+    #[test]
+    fn resolv_and_labels() {
+        let dns = cri::DnsConfig {
+            servers: vec!["10.0.0.10".into()],
+            searches: vec!["ns.svc.cluster.local".into(), "cluster.local".into()],
+            options: vec!["ndots:5".into()],
+        };
+        assert_eq!(
+            String::from_utf8(resolv_conf(&dns)).unwrap(),
+            "search ns.svc.cluster.local cluster.local\nnameserver 10.0.0.10\noptions ndots:5\n"
+        );
+        let labels: HashMap<String, String> = [
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "fe".to_string()),
+        ]
+        .into();
+        assert!(labels_match(
+            &labels,
+            &[("app".to_string(), "web".to_string())].into()
+        ));
+        assert!(!labels_match(
+            &labels,
+            &[("app".to_string(), "db".to_string())].into()
+        ));
+        assert!(labels_match(&labels, &HashMap::new()));
+    }
+}
