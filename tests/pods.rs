@@ -2,9 +2,14 @@
 
 mod common;
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::*;
+use k8s_cri::v1 as cri;
+use tonic::Code;
+
+const LONG: &[&str] = &["sleep", "100000"];
 
 #[tokio::test]
 async fn pod_lifecycle_basics() {
@@ -24,9 +29,1218 @@ async fn pod_lifecycle_basics() {
     let st = env.wait_exit(&c, Duration::from_secs(20)).await;
     assert_eq!(st.exit_code, 3, "{st:?}");
     assert_eq!(st.reason, "Error");
+    assert!(st.finished_at >= st.started_at && st.started_at >= st.created_at);
     let log = env.log(&sb, "hello");
     assert_eq!(log_lines(&log, "stdout"), vec!["hello", "web"], "{log}");
     assert_eq!(log_lines(&log, "stderr"), vec!["oops"], "{log}");
+    // every line is "<RFC3339Nano> <stream> <F|P> <content>"
+    for line in log.lines() {
+        let ts = line.split(' ').next().unwrap();
+        assert!(humantime::parse_rfc3339(ts).is_ok(), "{line}");
+        assert_eq!(line.split(' ').nth(2), Some("F"), "{line}");
+    }
+    let ok = env
+        .run(&pod, &sb, env.container_config("ok", &["true"]))
+        .await;
+    let st = env.wait_exit(&ok, Duration::from_secs(20)).await;
+    assert_eq!((st.exit_code, st.reason.as_str()), (0, "Completed"));
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
+}
+
+fn readlink_host(p: &str) -> String {
+    std::fs::read_link(p).unwrap().display().to_string()
+}
+
+#[tokio::test]
+async fn two_containers_share_the_pods_namespaces() {
+    let env = PodEnv::start().await;
+    let mut sb = env.sandbox_config("shared");
+    sb.dns_config = Some(cri::DnsConfig {
+        servers: vec!["10.96.0.10".into()],
+        searches: vec!["default.svc.cluster.local".into()],
+        options: vec!["ndots:5".into()],
+    });
+    let pod = env.run_pod(&sb).await.unwrap();
+    let a = env.run(&pod, &sb, env.container_config("a", LONG)).await;
+    let b = env.run(&pod, &sb, env.container_config("b", LONG)).await;
+    let ns = |id: String, kind: &'static str| {
+        let env = &env;
+        async move {
+            env.exec(&id, &["readlink", &format!("/proc/self/ns/{kind}")], 10)
+                .await
+                .unwrap()
+                .0
+        }
+    };
+    for kind in ["net", "ipc", "uts"] {
+        let (na, nb) = (ns(a.clone(), kind).await, ns(b.clone(), kind).await);
+        assert_eq!(na, nb, "{kind} namespace is shared");
+        assert_ne!(
+            na.trim(),
+            readlink_host(&format!("/proc/self/ns/{kind}")),
+            "{kind} namespace is the pod's own"
+        );
+    }
+    for kind in ["mnt", "pid"] {
+        assert_ne!(
+            ns(a.clone(), kind).await,
+            ns(b.clone(), kind).await,
+            "each container has its own {kind} namespace"
+        );
+    }
+    // the same hostname, files and /dev/shm
+    for id in [&a, &b] {
+        assert_eq!(env.exec(id, &["hostname"], 10).await.unwrap().0, "shared\n");
+        assert_eq!(
+            env.exec(id, &["cat", "/etc/hostname"], 10).await.unwrap().0,
+            "shared\n"
+        );
+        let resolv = env
+            .exec(id, &["cat", "/etc/resolv.conf"], 10)
+            .await
+            .unwrap()
+            .0;
+        assert!(
+            resolv.contains("nameserver 10.96.0.10")
+                && resolv.contains("search default.svc.cluster.local"),
+            "{resolv}"
+        );
+        assert!(
+            env.exec(id, &["cat", "/etc/hosts"], 10)
+                .await
+                .unwrap()
+                .0
+                .contains("localhost")
+        );
+        // PID 1 of the container is its own command
+        assert_eq!(
+            env.exec(id, &["cat", "/proc/1/comm"], 10).await.unwrap().0,
+            "sleep\n"
+        );
+    }
+    env.exec(&a, &["sh", "-c", "echo from-a > /dev/shm/note"], 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.exec(&b, &["cat", "/dev/shm/note"], 10).await.unwrap().0,
+        "from-a\n"
+    );
+    // only loopback, and it is up
+    let dev = env.exec(&a, &["cat", "/proc/net/dev"], 10).await.unwrap().0;
+    let ifaces: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(ifaces, vec!["lo"], "{dev}");
+    let flags = env
+        .exec(&a, &["cat", "/sys/class/net/lo/flags"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(
+        u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap() & 1,
+        1,
+        "lo is up"
+    );
+    // a minimal /dev
+    let devs = env.exec(&a, &["ls", "/dev"], 10).await.unwrap().0;
+    for d in [
+        "null", "zero", "random", "urandom", "tty", "full", "pts", "shm", "mqueue", "ptmx",
+    ] {
+        assert!(
+            devs.split_whitespace().any(|x| x == d),
+            "/dev/{d} missing: {devs}"
+        );
+    }
+    assert!(
+        !devs.split_whitespace().any(|x| x == "sda" || x == "vda"),
+        "no host disks: {devs}"
+    );
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn exec_sync_output_exit_codes_and_timeout() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("exec");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", LONG);
+    cfg.envs = vec![cri::KeyValue {
+        key: "GREETING".into(),
+        value: "hej".into(),
+    }];
+    cfg.working_dir = "/tmp".into();
+    let c = env.run(&pod, &sb, cfg).await;
+    assert_eq!(
+        env.exec(&c, &["sh", "-c", "echo out; echo err >&2; exit 7"], 10)
+            .await
+            .unwrap(),
+        ("out\n".into(), "err\n".into(), 7)
+    );
+    // the container's environment and working directory
+    assert_eq!(
+        env.exec(&c, &["sh", "-c", "echo $GREETING $PWD"], 10)
+            .await
+            .unwrap()
+            .0,
+        "hej /tmp\n"
+    );
+    let err = env.exec(&c, &["no-such-binary"], 10).await.unwrap_err();
+    assert!(err.message().contains("not found"), "{err:?}");
+    // the timeout kills the command and is reported
+    let start = Instant::now();
+    let err = env.exec(&c, &["sleep", "30"], 1).await.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let ps = env
+        .exec(&c, &["ps", "-o", "pid,stat,args"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert!(
+        !ps.contains("sleep 30"),
+        "the timed-out command is gone: {ps}"
+    );
+    assert!(
+        !ps.lines().any(|l| l
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|s| s.starts_with('Z'))),
+        "no zombies: {ps}"
+    );
+    // no zombie children of the daemon either
+    let daemon = env.d.pid().unwrap() as i32;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() > 1 && f[1].parse::<i32>().ok() == Some(daemon) {
+            assert_ne!(f[0], "Z", "zombie child of the daemon: {stat}");
+        }
+    }
+    // a stopped container cannot be exec'd into
+    env.d
+        .runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: c.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    let err = env.exec(&c, &["true"], 10).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    env.remove_pod(&pod).await;
+}
+
+async fn stop(env: &PodEnv, id: &str, timeout: i64) -> Duration {
+    let start = Instant::now();
+    env.d
+        .runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: id.into(),
+            timeout,
+        })
+        .await
+        .unwrap();
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn stop_honours_signal_and_grace_period() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("stop");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let polite = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "polite",
+                &[
+                    "sh",
+                    "-c",
+                    "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done",
+                ],
+            ),
+        )
+        .await;
+    let stubborn = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "stubborn",
+                &[
+                    "sh",
+                    "-c",
+                    "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+                ],
+            ),
+        )
+        .await;
+    // wait until both have installed their traps
+    for name in ["polite", "stubborn"] {
+        let t = Instant::now();
+        while !env.log(&sb, name).contains("ready") {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let took = stop(&env, &polite, 10).await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let st = env.status(&polite).await;
+    assert_eq!(
+        (st.state, st.exit_code),
+        (cri::ContainerState::ContainerExited as i32, 0),
+        "{st:?}"
+    );
+    assert!(env.log(&sb, "polite").contains("got-term"));
+
+    let took = stop(&env, &stubborn, 2).await;
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        "grace period then SIGKILL: {took:?}"
+    );
+    assert_eq!(env.status(&stubborn).await.exit_code, 137);
+    // stopping again is fine
+    stop(&env, &stubborn, 2).await;
+
+    // timeout 0 kills at once
+    let now = env.run(&pod, &sb, env.container_config("now", LONG)).await;
+    let took = stop(&env, &now, 0).await;
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(env.status(&now).await.exit_code, 137);
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn image_stop_signal_is_used() {
+    let env = PodEnv::start().await;
+    let img = image(
+        vec![busybox_layer(Compress::Gzip)],
+        &ImageOpts {
+            stop_signal: "SIGUSR1",
+            ..Default::default()
+        },
+    );
+    env.reg.push_image("usr1", "1", &img).await.unwrap();
+    let name = format!("{}/usr1:1", env.reg.host());
+    env.d.pull(&name).await.unwrap();
+    let sb = env.sandbox_config("sig");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config(
+        "usr1",
+        &[
+            "sh",
+            "-c",
+            "trap 'echo got-usr1; exit 0' USR1; echo ready; while :; do sleep 0.05; done",
+        ],
+    );
+    cfg.image = Some(spec(&name));
+    let c = env.run(&pod, &sb, cfg).await;
+    let t = Instant::now();
+    while !env.log(&sb, "usr1").contains("ready") {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop(&env, &c, 10).await;
+    assert_eq!(env.status(&c).await.exit_code, 0);
+    assert!(env.log(&sb, "usr1").contains("got-usr1"));
+    env.remove_pod(&pod).await;
+}
+
+fn mount_shared(dir: &Path) {
+    use nix::mount::{MsFlags, mount};
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .unwrap();
+}
+
+fn umount(dir: &Path) {
+    let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+}
+
+#[tokio::test]
+async fn bind_mounts_and_propagation() {
+    let env = PodEnv::start().await;
+    let host = tempfile::tempdir().unwrap();
+    let dir = |n: &str| {
+        let p = host.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (ro, rw, private, slave, bidi) = (
+        dir("ro"),
+        dir("rw"),
+        dir("private"),
+        dir("slave"),
+        dir("bidi"),
+    );
+    std::fs::write(ro.join("file"), "read me").unwrap();
+    for d in [&private, &slave, &bidi] {
+        mount_shared(d);
+    }
+    let m = |c: &str, h: &Path, readonly: bool, p: cri::MountPropagation| cri::Mount {
+        container_path: c.into(),
+        host_path: h.display().to_string(),
+        readonly,
+        propagation: p as i32,
+        ..Default::default()
+    };
+    let mut sb = env.sandbox_config("mounts");
+    sb.linux = Some(cri::LinuxPodSandboxConfig {
+        security_context: Some(cri::LinuxSandboxSecurityContext {
+            privileged: true,
+            namespace_options: Some(container_pid()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", LONG);
+    cfg.mounts = vec![
+        m(
+            "/data",
+            &ro,
+            true,
+            cri::MountPropagation::PropagationPrivate,
+        ),
+        m("/rw", &rw, false, cri::MountPropagation::PropagationPrivate),
+        m(
+            "/private",
+            &private,
+            false,
+            cri::MountPropagation::PropagationPrivate,
+        ),
+        m(
+            "/slave",
+            &slave,
+            false,
+            cri::MountPropagation::PropagationHostToContainer,
+        ),
+        m(
+            "/bidi",
+            &bidi,
+            false,
+            cri::MountPropagation::PropagationBidirectional,
+        ),
+    ];
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            privileged: true,
+            namespace_options: Some(container_pid()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+
+    assert_eq!(
+        env.exec(&c, &["cat", "/data/file"], 10).await.unwrap().0,
+        "read me"
+    );
+    let (_, err, code) = env.exec(&c, &["touch", "/data/new"], 10).await.unwrap();
+    assert_ne!(code, 0, "a read-only mount refuses writes");
+    assert!(err.contains("Read-only"), "{err}");
+    assert_eq!(env.exec(&c, &["touch", "/rw/new"], 10).await.unwrap().2, 0);
+    assert!(rw.join("new").exists(), "writes reach the host");
+
+    // host mounts after start: seen through rslave, not through rprivate
+    for d in [&private, &slave] {
+        let sub = d.join("sub");
+        std::fs::create_dir_all(&sub).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &sub,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        std::fs::write(sub.join("f"), "hostmount").unwrap();
+    }
+    assert_eq!(
+        env.exec(&c, &["cat", "/slave/sub/f"], 10).await.unwrap().0,
+        "hostmount"
+    );
+    assert_ne!(
+        env.exec(&c, &["cat", "/private/sub/f"], 10)
+            .await
+            .unwrap()
+            .2,
+        0
+    );
+    // a mount made in the container reaches the host through rshared
+    let (_, err, code) = env
+        .exec(
+            &c,
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /bidi/in && mount -t tmpfs none /bidi/in && echo inside > /bidi/in/f",
+            ],
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(bidi.join("in/f")).unwrap_or_default(),
+        "inside\n"
+    );
+
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    for d in [
+        bidi.join("in"),
+        private.join("sub"),
+        slave.join("sub"),
+        private.clone(),
+        slave.clone(),
+        bidi.clone(),
+    ] {
+        umount(&d);
+    }
+}
+
+/// Everything the daemon mounted under its directories.
+fn mounts_under(prefixes: &[&Path]) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| {
+            prefixes
+                .iter()
+                .any(|p| m.starts_with(&p.display().to_string()))
+        })
+        .collect()
+}
+
+/// Live (not zombie) processes whose command line mentions `needle`.
+fn live_processes_mentioning(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let state = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim().chars().next().unwrap_or('?'))
+            });
+        if cmd.contains(needle) && state != Some('Z') {
+            out.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn daemon_killed_while_pods_run_then_restarted() {
+    let mut env = PodEnv::start().await;
+    let sb = env.sandbox_config("survivor");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let long = env.run(&pod, &sb, env.container_config("long", LONG)).await;
+    let short = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config("short", &["sh", "-c", "sleep 2; echo bye; exit 5"]),
+        )
+        .await;
+    let pause_pid = {
+        let st = env
+            .d
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod.clone(),
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+        info["pid"].as_i64().unwrap()
+    };
+    env.d.kill9();
+    // the short container ends while no daemon runs
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.d.spawn();
+
+    let pods = env
+        .d
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].state, cri::PodSandboxState::SandboxReady as i32);
+    let st = env.status(&long).await;
+    assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    let st = env.status(&short).await;
+    assert_eq!(
+        (st.state, st.exit_code),
+        (cri::ContainerState::ContainerExited as i32, 5),
+        "exit recorded while the daemon was down: {st:?}"
+    );
+    assert!(env.log(&sb, "short").contains("bye"));
+    // still fully operable
+    assert_eq!(
+        env.exec(&long, &["echo", "alive"], 10).await.unwrap().0,
+        "alive\n"
+    );
+    stop(&env, &long, 1).await;
+    assert_eq!(
+        env.status(&long).await.state,
+        cri::ContainerState::ContainerExited as i32
+    );
+
+    // a later exit is noticed by the restarted daemon too
+    let again = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config("again", &["sh", "-c", "exit 9"]),
+        )
+        .await;
+    assert_eq!(
+        env.wait_exit(&again, Duration::from_secs(10))
+            .await
+            .exit_code,
+        9
+    );
+
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    let state = env.d.state.clone();
+    let root = env.d.root.clone();
+    assert!(
+        mounts_under(&[&state, &root]).is_empty(),
+        "mounts left: {:?}",
+        mounts_under(&[&state, &root])
+    );
+    let daemon = format!("{}: ", env.d.pid().unwrap());
+    let left: Vec<String> = live_processes_mentioning(&state.display().to_string())
+        .into_iter()
+        .filter(|p| !p.starts_with(&daemon))
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+    let pause = format!("/proc/{pause_pid}/stat");
+    let alive = std::fs::read_to_string(&pause)
+        .ok()
+        .is_some_and(|s| !s.contains(") Z "));
+    assert!(!alive, "the pause process is gone");
+    assert!(common::list_names(&state.join("sandboxes")).is_empty());
+    assert!(common::list_names(&state.join("containers")).is_empty());
+    assert!(common::list_names(&root.join("containers")).is_empty());
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors() {
+    let env = PodEnv::start().await;
+    let rt = || env.d.runtime();
+    let sb = env.sandbox_config("bad");
+    let pod = env.run_pod(&sb).await.unwrap();
+
+    // unknown IDs
+    let err = env
+        .create("nope", &sb, env.container_config("x", LONG))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let err = env.start_container("nope").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = rt()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: "nope".into(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = rt()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: "nope".into(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    // stop and remove of unknown things are fine
+    rt().stop_container(cri::StopContainerRequest {
+        container_id: "nope".into(),
+        timeout: 0,
+    })
+    .await
+    .unwrap();
+    rt().remove_container(cri::RemoveContainerRequest {
+        container_id: "nope".into(),
+    })
+    .await
+    .unwrap();
+    rt().stop_pod_sandbox(cri::StopPodSandboxRequest {
+        pod_sandbox_id: "nope".into(),
+    })
+    .await
+    .unwrap();
+    rt().remove_pod_sandbox(cri::RemovePodSandboxRequest {
+        pod_sandbox_id: "nope".into(),
+    })
+    .await
+    .unwrap();
+
+    let bad = |f: &dyn Fn(&mut cri::ContainerConfig)| {
+        let mut c = env.container_config("bad", LONG);
+        f(&mut c);
+        c
+    };
+    let cases: Vec<(cri::ContainerConfig, &str)> = vec![
+        (
+            bad(&|c| {
+                c.mounts = vec![cri::Mount {
+                    container_path: "relative/x".into(),
+                    host_path: "/tmp".into(),
+                    ..Default::default()
+                }]
+            }),
+            "mounts[0].container_path",
+        ),
+        (
+            bad(&|c| {
+                c.mounts = vec![cri::Mount {
+                    container_path: "/x".into(),
+                    host_path: "tmp".into(),
+                    ..Default::default()
+                }]
+            }),
+            "mounts[0].host_path",
+        ),
+        (
+            bad(&|c| {
+                c.mounts = vec![cri::Mount {
+                    container_path: "/../../x".into(),
+                    host_path: "/tmp".into(),
+                    ..Default::default()
+                }]
+            }),
+            "escapes",
+        ),
+        (bad(&|c| c.log_path = "../escape.log".into()), "log_path"),
+        (bad(&|c| c.log_path = "/var/log/abs.log".into()), "log_path"),
+        (
+            bad(&|c| {
+                c.metadata = Some(cri::ContainerMetadata {
+                    name: String::new(),
+                    attempt: 0,
+                })
+            }),
+            "metadata.name",
+        ),
+        (
+            bad(&|c| c.image = Some(spec("127.0.0.1:1/not-pulled:1"))),
+            "pull it first",
+        ),
+        (bad(&|c| c.working_dir = "relative".into()), "working_dir"),
+    ];
+    for (cfg, want) in cases {
+        let err = env.create(&pod, &sb, cfg).await.unwrap_err();
+        assert!(
+            matches!(err.code(), Code::InvalidArgument | Code::NotFound),
+            "{want}: {err:?}"
+        );
+        assert!(err.message().contains(want), "{want}: {}", err.message());
+    }
+    // duplicate names
+    env.create(&pod, &sb, env.container_config("dup", LONG))
+        .await
+        .unwrap();
+    let err = env
+        .create(&pod, &sb, env.container_config("dup", LONG))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    let err = env.run_pod(&sb).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    // runtime handlers
+    let err = rt()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(env.sandbox_config("h")),
+            runtime_handler: "kata".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("kata"), "{err:?}");
+    // sysctls that are not namespaced
+    let mut s = env.sandbox_config("sysctl");
+    s.linux.as_mut().unwrap().sysctls = [("vm.swappiness".to_string(), "1".to_string())].into();
+    let err = env.run_pod(&s).await.unwrap_err();
+    assert!(err.message().contains("vm.swappiness"), "{err:?}");
+    // a start that cannot exec is reported, and the container shows why
+    let c = env
+        .create(
+            &pod,
+            &sb,
+            env.container_config("noexec", &["/no/such/binary"]),
+        )
+        .await
+        .unwrap();
+    let err = env.start_container(&c).await.unwrap_err();
+    assert!(err.message().contains("/no/such/binary"), "{err:?}");
+    let st = env.status(&c).await;
+    assert_eq!(
+        (st.state, st.reason.as_str()),
+        (cri::ContainerState::ContainerExited as i32, "StartError")
+    );
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn list_filters_and_status_fields() {
+    let env = PodEnv::start().await;
+    let sa = env.sandbox_config("alpha");
+    let sbeta = env.sandbox_config("beta");
+    let pa = env.run_pod(&sa).await.unwrap();
+    let pb = env.run_pod(&sbeta).await.unwrap();
+    let mut cfg = env.container_config("one", LONG);
+    cfg.labels = [("role".to_string(), "main".to_string())].into();
+    cfg.annotations = [("note".to_string(), "x".to_string())].into();
+    let c1 = env.run(&pa, &sa, cfg).await;
+    let c2 = env
+        .create(&pb, &sbeta, env.container_config("two", LONG))
+        .await
+        .unwrap();
+    env.stop_pod(&pb).await;
+
+    let list = |f: Option<cri::PodSandboxFilter>| {
+        let env = &env;
+        async move {
+            env.d
+                .runtime()
+                .list_pod_sandbox(cri::ListPodSandboxRequest { filter: f })
+                .await
+                .unwrap()
+                .into_inner()
+                .items
+        }
+    };
+    assert_eq!(list(None).await.len(), 2);
+    let ready = cri::PodSandboxStateValue {
+        state: cri::PodSandboxState::SandboxReady as i32,
+    };
+    let only = list(Some(cri::PodSandboxFilter {
+        state: Some(ready),
+        ..Default::default()
+    }))
+    .await;
+    assert_eq!(
+        only.iter().map(|p| p.id.clone()).collect::<Vec<_>>(),
+        vec![pa.clone()]
+    );
+    let by_id = list(Some(cri::PodSandboxFilter {
+        id: pb[..12].to_string(),
+        ..Default::default()
+    }))
+    .await;
+    assert_eq!(by_id.len(), 1);
+    assert_eq!(by_id[0].state, cri::PodSandboxState::SandboxNotready as i32);
+    let by_label = list(Some(cri::PodSandboxFilter {
+        label_selector: [("app".to_string(), "beta".to_string())].into(),
+        ..Default::default()
+    }))
+    .await;
+    assert_eq!(by_label.len(), 1);
+    assert_eq!(by_label[0].metadata.as_ref().unwrap().name, "beta");
+
+    let containers = |f: cri::ContainerFilter| {
+        let env = &env;
+        async move {
+            env.d
+                .runtime()
+                .list_containers(cri::ListContainersRequest { filter: Some(f) })
+                .await
+                .unwrap()
+                .into_inner()
+                .containers
+        }
+    };
+    assert_eq!(containers(cri::ContainerFilter::default()).await.len(), 2);
+    let by_pod = containers(cri::ContainerFilter {
+        pod_sandbox_id: pa.clone(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        by_pod.iter().map(|c| c.id.clone()).collect::<Vec<_>>(),
+        vec![c1.clone()]
+    );
+    let created = containers(cri::ContainerFilter {
+        state: Some(cri::ContainerStateValue {
+            state: cri::ContainerState::ContainerCreated as i32,
+        }),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        created.iter().map(|c| c.id.clone()).collect::<Vec<_>>(),
+        vec![c2.clone()]
+    );
+    let labelled = containers(cri::ContainerFilter {
+        label_selector: [("role".to_string(), "main".to_string())].into(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(labelled.len(), 1);
+
+    let st = env
+        .d
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: pa.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = st.status.unwrap();
+    assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
+    assert!(s.created_at > 0);
+    assert_eq!(s.labels["app"], "alpha");
+    assert_eq!(st.containers_statuses.len(), 1);
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let netns = info["netNamespacePath"].as_str().unwrap();
+    assert!(Path::new(netns).exists(), "{netns}");
+
+    let cs = env.status(&c1).await;
+    assert_eq!(cs.metadata.as_ref().unwrap().name, "one");
+    assert_eq!(cs.state, cri::ContainerState::ContainerRunning as i32);
+    assert!(cs.image_ref.contains("busybox@sha256:"), "{}", cs.image_ref);
+    assert_eq!(cs.annotations["note"], "x");
+    assert!(cs.log_path.ends_with("one.log"));
+    assert!(cs.started_at > 0);
+    env.remove_pod(&pa).await;
+    env.remove_pod(&pb).await;
+}
+
+#[tokio::test]
+async fn users_from_image_and_security_context() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("users");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("root", LONG)).await;
+    assert_eq!(
+        env.exec(&c, &["id"], 10)
+            .await
+            .unwrap()
+            .0
+            .split_whitespace()
+            .next(),
+        Some("uid=0(root)")
+    );
+    let mut cfg = env.container_config("app", LONG);
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            run_as_username: "app".into(),
+            namespace_options: Some(container_pid()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let id = env.exec(&c, &["id"], 10).await.unwrap().0;
+    assert!(
+        id.starts_with("uid=1000(app) gid=1000(app)") && id.contains("2000(extra)"),
+        "{id}"
+    );
+    assert_eq!(
+        env.exec(&c, &["sh", "-c", "echo $HOME"], 10)
+            .await
+            .unwrap()
+            .0,
+        "/home/app\n"
+    );
+    let st = env.status(&c).await;
+    let user = st.user.unwrap().linux.unwrap();
+    assert_eq!(
+        (user.uid, user.gid, user.supplemental_groups),
+        (1000, 1000, vec![2000])
+    );
+    let mut cfg = env.container_config("numeric", LONG);
+    cfg.linux = Some(cri::LinuxContainerConfig {
+        security_context: Some(cri::LinuxContainerSecurityContext {
+            run_as_user: Some(cri::Int64Value { value: 4321 }),
+            run_as_group: Some(cri::Int64Value { value: 8765 }),
+            supplemental_groups: vec![55],
+            namespace_options: Some(container_pid()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let id = env.exec(&c, &["id"], 10).await.unwrap().0;
+    assert!(id.starts_with("uid=4321 gid=8765 groups=55"), "{id}");
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn shared_pid_and_host_network_pods() {
+    let env = PodEnv::start().await;
+    let mut sb = env.sandbox_config("pidshare");
+    sb.linux = Some(cri::LinuxPodSandboxConfig {
+        security_context: Some(cri::LinuxSandboxSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                pid: cri::NamespaceMode::Pod as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let pod = env.run_pod(&sb).await.unwrap();
+    let with_pod_pid = |name: &str, cmd: &[&str]| {
+        let mut c = env.container_config(name, cmd);
+        c.linux = Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        c
+    };
+    let a = env
+        .run(&pod, &sb, with_pod_pid("a", &["sleep", "4242"]))
+        .await;
+    let b = env.run(&pod, &sb, with_pod_pid("b", LONG)).await;
+    let ps = env.exec(&b, &["ps", "-o", "pid,args"], 10).await.unwrap().0;
+    assert!(ps.contains("sleep 4242"), "b sees a's processes: {ps}");
+    let one = env.exec(&a, &["cat", "/proc/1/comm"], 10).await.unwrap().0;
+    assert_eq!(one, "pause\n", "PID 1 is the pod's pause process");
+    // stopping a container in a shared PID namespace kills all of its processes
+    env.exec(&a, &["sh", "-c", "sleep 5151 & true"], 10)
+        .await
+        .unwrap();
+    stop(&env, &a, 0).await;
+    let ps = env.exec(&b, &["ps", "-o", "pid,args"], 10).await.unwrap().0;
+    assert!(!ps.contains("sleep 4242"), "{ps}");
+    env.remove_pod(&pod).await;
+
+    let mut host = env.sandbox_config("hostnet");
+    host.linux = Some(cri::LinuxPodSandboxConfig {
+        security_context: Some(cri::LinuxSandboxSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                network: cri::NamespaceMode::Node as i32,
+                ..container_pid()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let pod = env.run_pod(&host).await.unwrap();
+    let c = env.run(&pod, &host, env.container_config("c", LONG)).await;
+    let net = env
+        .exec(&c, &["readlink", "/proc/self/ns/net"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(
+        net.trim(),
+        readlink_host("/proc/self/ns/net"),
+        "host network"
+    );
+    let name = env.exec(&c, &["hostname"], 10).await.unwrap().0;
+    assert_eq!(
+        name.trim(),
+        nix::unistd::gethostname().unwrap().to_string_lossy(),
+        "host name on the host network"
+    );
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn sysctls_oom_score_adj_tty_and_log_reopen() {
+    let env = PodEnv::start().await;
+    let mut sb = env.sandbox_config("misc");
+    sb.linux.as_mut().unwrap().sysctls = [
+        (
+            "net.ipv4.ip_unprivileged_port_start".to_string(),
+            "81".to_string(),
+        ),
+        ("kernel.shmmni".to_string(), "1234".to_string()),
+    ]
+    .into();
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", LONG);
+    cfg.linux.as_mut().unwrap().resources = Some(cri::LinuxContainerResources {
+        oom_score_adj: -998,
+        ..Default::default()
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    assert_eq!(
+        env.exec(
+            &c,
+            &["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"],
+            10
+        )
+        .await
+        .unwrap()
+        .0,
+        "81\n"
+    );
+    assert_eq!(
+        env.exec(&c, &["cat", "/proc/sys/kernel/shmmni"], 10)
+            .await
+            .unwrap()
+            .0,
+        "1234\n"
+    );
+    assert_ne!(
+        std::fs::read_to_string("/proc/sys/kernel/shmmni").unwrap(),
+        "1234\n",
+        "the host is untouched"
+    );
+    // -998 is below what this node lets the daemon set: clamped, not fatal
+    let adj: i32 = env
+        .exec(&c, &["cat", "/proc/self/oom_score_adj"], 10)
+        .await
+        .unwrap()
+        .0
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(adj >= -998);
+
+    let mut tty = env.container_config("tty", &["sh", "-c", "test -t 1 && echo on-a-tty"]);
+    tty.tty = true;
+    let t = env.run(&pod, &sb, tty).await;
+    env.wait_exit(&t, Duration::from_secs(10)).await;
+    assert!(
+        env.log(&sb, "tty").contains("on-a-tty"),
+        "{}",
+        env.log(&sb, "tty")
+    );
+
+    // kubelet's rotation: rename, reopen, and new lines go to the new file
+    let chatty = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "chatty",
+                &["sh", "-c", "while :; do echo tick; sleep 0.05; done"],
+            ),
+        )
+        .await;
+    let log = Path::new(&sb.log_directory).join("chatty.log");
+    let t0 = Instant::now();
+    while !env.log(&sb, "chatty").contains("tick") {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::rename(&log, log.with_extension("log.1")).unwrap();
+    env.d
+        .runtime()
+        .reopen_container_log(cri::ReopenContainerLogRequest {
+            container_id: chatty.clone(),
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        env.log(&sb, "chatty").contains("tick"),
+        "new lines land in the reopened file"
+    );
+    assert!(
+        std::fs::read_to_string(log.with_extension("log.1"))
+            .unwrap()
+            .contains("tick")
+    );
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn status_and_runtime_config() {
+    let env = PodEnv::start_with("[runtime.handlers.fast]\n").await;
+    let st = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: true })
+        .await
+        .unwrap()
+        .into_inner();
+    let conds = st.status.unwrap().conditions;
+    let ready = conds.iter().find(|c| c.r#type == "RuntimeReady").unwrap();
+    assert!(ready.status);
+    let net = conds.iter().find(|c| c.r#type == "NetworkReady").unwrap();
+    assert!(net.status && net.reason == "LoopbackOnly", "{net:?}");
+    let handlers: Vec<String> = st.runtime_handlers.iter().map(|h| h.name.clone()).collect();
+    assert_eq!(handlers, vec!["".to_string(), "fast".to_string()]);
+    let cfg = env
+        .d
+        .runtime()
+        .runtime_config(cri::RuntimeConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        cfg.linux.unwrap().cgroup_driver,
+        cri::CgroupDriver::Cgroupfs as i32
+    );
+    // the named handler runs pods
+    let sb = env.sandbox_config("fast");
+    std::fs::create_dir_all(&sb.log_directory).unwrap();
+    let pod = env
+        .d
+        .runtime()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sb.clone()),
+            runtime_handler: "fast".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    env.remove_pod(&pod).await;
+    let err = env
+        .d
+        .runtime()
+        .exec(cri::ExecRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    env.d
+        .runtime()
+        .update_runtime_config(cri::UpdateRuntimeConfigRequest {
+            runtime_config: Some(cri::RuntimeConfig {
+                network_config: Some(cri::NetworkConfig {
+                    pod_cidr: "10.244.0.0/24".into(),
+                }),
+            }),
+        })
+        .await
+        .unwrap();
 }

@@ -99,6 +99,8 @@ fn state_name(s: i32) -> &'static str {
 
 /// Exec output beyond this is dropped (probes read 10 KiB; this protects the daemon).
 const MAX_EXEC_OUTPUT: usize = 16 << 20;
+/// How long output is still read after an exec'd command ended.
+const EXEC_DRAIN: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
@@ -655,6 +657,7 @@ impl ContainerService {
         let b = self.bundle(&r.id);
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
         let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+            .arg0("crius")
             .arg("monitor")
             .arg(&b.dir)
             .stdin(std::process::Stdio::null())
@@ -975,6 +978,7 @@ impl ContainerService {
             message,
         };
         let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+            .arg0("crius")
             .arg("nsexec")
             .arg(json)
             .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
@@ -994,9 +998,36 @@ impl ContainerService {
             .take()
             .ok_or_else(|| exec_err("no stderr".into()))?;
         let collect = async {
-            let (o, e) = tokio::join!(read_capped(&mut out), read_capped(&mut err));
-            let status = child.wait().await;
-            (o, e, status)
+            let (mut o, mut e) = (Vec::new(), Vec::new());
+            let (mut bo, mut be) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+            let (mut o_done, mut e_done) = (false, false);
+            // Once the command has ended, what it wrote is already in the pipes; a background
+            // child may hold them open forever, so reading stops shortly after.
+            let mut exited: Option<tokio::time::Instant> = None;
+            loop {
+                if o_done && e_done && exited.is_some() {
+                    break;
+                }
+                let drain = async {
+                    match exited {
+                        Some(t) => tokio::time::sleep_until(t + EXEC_DRAIN).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = out.read(&mut bo), if !o_done => match r {
+                        Ok(0) | Err(_) => o_done = true,
+                        Ok(n) => push_capped(&mut o, &bo[..n]),
+                    },
+                    r = err.read(&mut be), if !e_done => match r {
+                        Ok(0) | Err(_) => e_done = true,
+                        Ok(n) => push_capped(&mut e, &be[..n]),
+                    },
+                    _ = child.wait(), if exited.is_none() => exited = Some(tokio::time::Instant::now()),
+                    () = drain => break,
+                }
+            }
+            (o, e)
         };
         // The helper enforces the timeout; this guard only catches a helper that hangs.
         let guard = if timeout > 0 {
@@ -1004,7 +1035,7 @@ impl ContainerService {
         } else {
             Duration::from_secs(u64::MAX / 4)
         };
-        let (o, e, _status) =
+        let (o, e) =
             tokio::time::timeout(guard, collect)
                 .await
                 .map_err(|_| Error::ExecTimeout {
@@ -1062,20 +1093,11 @@ impl ContainerService {
     }
 }
 
-/// Reads a stream to its end, keeping the first MAX_EXEC_OUTPUT bytes (the rest is drained so
-/// the writer never blocks).
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => {
-                let room = MAX_EXEC_OUTPUT.saturating_sub(out.len());
-                out.extend_from_slice(&buf[..n.min(room)]);
-            }
-        }
-    }
+/// Appends output, keeping at most MAX_EXEC_OUTPUT bytes (the rest is read and dropped so the
+/// writer never blocks).
+fn push_capped(buf: &mut Vec<u8>, data: &[u8]) {
+    let room = MAX_EXEC_OUTPUT.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
 }
 
 /// SIGKILL to every process of the container: the init alone suffices with its own PID

@@ -120,9 +120,11 @@ fn parse_cap(name: &str, field: &str) -> Result<Capability, Invalid> {
         .map_err(|_| invalid(field, format!("unknown capability {name:?}")))
 }
 
+/// Every capability this node grants the runtime (its bounding set): "all" for a privileged
+/// container. On some nodes even root lacks one (CAP_SYS_RESOURCE in some VMs).
 fn all_caps() -> Capabilities {
-    caps::all()
-        .into_iter()
+    let node = caps::read(None, caps::CapSet::Bounding).unwrap_or_else(|_| caps::all());
+    node.into_iter()
         .filter_map(|c| {
             c.to_string()
                 .strip_prefix("CAP_")
@@ -151,11 +153,22 @@ pub fn capabilities(
         if is_all(&c.drop_capabilities) {
             set.clear();
         }
+        let node = all_caps();
+        let available = |cap: Capability, name: &str, field: &str| {
+            if node.contains(&cap) {
+                Ok(cap)
+            } else {
+                Err(invalid(
+                    field,
+                    format!(
+                        "{name:?} is not available on this node (not in the runtime's bounding set)"
+                    ),
+                ))
+            }
+        };
         for a in c.add_capabilities.iter().filter(|x| cap_name(x) != "ALL") {
-            set.insert(parse_cap(
-                a,
-                "linux.security_context.capabilities.add_capabilities",
-            )?);
+            let field = "linux.security_context.capabilities.add_capabilities";
+            set.insert(available(parse_cap(a, field)?, a, field)?);
         }
         for d in c.drop_capabilities.iter().filter(|x| cap_name(x) != "ALL") {
             set.remove(&parse_cap(
@@ -164,10 +177,8 @@ pub fn capabilities(
             )?);
         }
         for a in &c.add_ambient_capabilities {
-            let cap = parse_cap(
-                a,
-                "linux.security_context.capabilities.add_ambient_capabilities",
-            )?;
+            let field = "linux.security_context.capabilities.add_ambient_capabilities";
+            let cap = available(parse_cap(a, field)?, a, field)?;
             set.insert(cap);
             ambient.insert(cap);
         }

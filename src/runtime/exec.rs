@@ -21,10 +21,16 @@ use crate::sys;
 
 pub fn main(config: &str) -> i32 {
     // The status socket arrives as stdin; keep it and give the command /dev/null instead.
+    let _ = nix::sys::prctl::set_name(c"crius-nsexec");
+    // Close-on-exec, so the command (and anything it leaves running) never holds it.
     let status: OwnedFd = match nix::unistd::dup(std::io::stdin().as_fd()) {
         Ok(fd) => fd,
         Err(_) => return 125,
     };
+    let cloexec = nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC);
+    if nix::fcntl::fcntl(&status, cloexec).is_err() {
+        return 125;
+    }
     let mut status = std::fs::File::from(status);
     let report = run(config);
     let mut line = serde_json::to_vec(&report).unwrap_or_default();

@@ -100,19 +100,6 @@ fn setup(
     unshare(CloneFlags::CLONE_NEWNS).map_err(fail("new mount namespace"))?;
 
     let linux = spec.linux().as_ref();
-    let root_propagation = linux
-        .and_then(|l| l.rootfs_propagation().as_deref())
-        .and_then(mounts::propagation)
-        .unwrap_or(MsFlags::MS_SLAVE | MsFlags::MS_REC);
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        root_propagation,
-        None::<&str>,
-    )
-    .map_err(fail("set root propagation"))?;
-
     let root = spec
         .root()
         .as_ref()
@@ -121,15 +108,32 @@ fn setup(
             step: "rootfs".into(),
             detail: "the spec has no root".into(),
         })?;
-    // A bind of the rootfs on itself makes it a mount point of this namespace for pivot_root.
+    // Nothing mounted under the rootfs may reach the host: the rootfs is made private in this
+    // namespace. The rest of the tree keeps the host's propagation, so a bind of a shared host
+    // directory joins its peer group and each bind then gets exactly the propagation asked for
+    // (rprivate, rslave, or rshared for kubelet's Bidirectional).
     mount(
-        Some(&root),
+        None::<&str>,
         &root,
         None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
+        MsFlags::MS_PRIVATE | MsFlags::MS_REC,
         None::<&str>,
     )
-    .map_err(fail(format!("bind rootfs {}", root.display())))?;
+    .map_err(fail(format!("make rootfs {} private", root.display())))?;
+    // pivot_root refuses a shared parent of the new root or of the current root.
+    for m in [
+        mounts::mount_point_of(&root).unwrap_or_else(|| PathBuf::from("/")),
+        PathBuf::from("/"),
+    ] {
+        mount(
+            None::<&str>,
+            &m,
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(fail(format!("make {} private", m.display())))?;
+    }
     let rootfd: OwnedFd = nix::fcntl::open(
         &root,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -353,9 +357,18 @@ fn make_node(
 }
 
 fn pivot(rootfd: &OwnedFd) -> Result<(), InitError> {
+    let oldroot: OwnedFd = nix::fcntl::open(
+        "/",
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail("open old root"))?;
     nix::unistd::fchdir(rootfd.as_fd()).map_err(fail("chdir rootfs"))?;
     nix::unistd::pivot_root(".", ".").map_err(fail("pivot_root"))?;
-    // The old root is stacked under the new one: detach it without disturbing the host.
+    // The old root now sits on top of the new one. Step into it, make it a slave so its detach
+    // cannot propagate to the host, and detach it; the new root's own mounts keep their
+    // propagation (a Bidirectional mount stays shared with the host).
+    nix::unistd::fchdir(oldroot.as_fd()).map_err(fail("chdir old root"))?;
     mount(
         None::<&str>,
         ".",

@@ -31,6 +31,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 
 /// The monitor's main; returns the process exit code.
 pub fn main(bundle: &Path) -> i32 {
+    let _ = nix::sys::prctl::set_name(c"crius-monitor");
     match start(bundle) {
         Err(message) => {
             report(&StartReport::Failed { message });

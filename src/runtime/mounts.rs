@@ -183,6 +183,29 @@ pub fn target(root: &OwnedFd, path: &str, dir: bool) -> io::Result<OwnedFd> {
     })
 }
 
+/// The mount point of the mount holding `path`'s parent directory (from `/proc/self/mountinfo`:
+/// the longest mount point that contains it; the last one listed wins, as it is on top).
+pub fn mount_point_of(path: &Path) -> Option<PathBuf> {
+    let parent = path.parent()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<PathBuf> = None;
+    for line in info.lines() {
+        let Some(mp) = line.split(' ').nth(4) else {
+            continue;
+        };
+        // Octal escapes (\040 for a space) stay as they are: such paths never hold a rootfs.
+        let mp = PathBuf::from(mp);
+        if parent.starts_with(&mp)
+            && best
+                .as_ref()
+                .is_none_or(|b| mp.components().count() >= b.components().count())
+        {
+            best = Some(mp);
+        }
+    }
+    best
+}
+
 /// The path that reaches an open handle.
 pub fn fd_path<F: AsRawFd>(fd: &F) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))

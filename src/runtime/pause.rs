@@ -16,6 +16,7 @@ use super::{PauseConfig, PauseReport, ProcessId};
 use crate::sys;
 
 pub fn main(config: &str) -> i32 {
+    let _ = nix::sys::prctl::set_name(c"pause");
     let cfg: PauseConfig = match serde_json::from_str(config) {
         Ok(c) => c,
         Err(e) => return fail(format!("pause config: {e}")),

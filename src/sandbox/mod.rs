@@ -676,6 +676,7 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
         message: e.to_string(),
     })?;
     let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+        .arg0("crius")
         .arg("pause")
         .arg(json)
         .stdin(std::process::Stdio::null())

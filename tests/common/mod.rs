@@ -684,6 +684,54 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.log_text());
         }
+        self.kill_leftovers();
+    }
+}
+
+impl Daemon {
+    /// Kills whatever pods a failed test left running and unmounts what the daemon mounted, so
+    /// one failure does not leak into later tests.
+    pub fn kill_leftovers(&self) {
+        let ids = |dir: &str, keys: &[&str]| -> Vec<crius::runtime::ProcessId> {
+            let mut out = Vec::new();
+            for name in list_names(&self.state.join(dir)) {
+                let path = self.state.join(dir).join(name).join("state.json");
+                let Ok(data) = std::fs::read(&path) else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_slice::<serde_json::Value>(&data) else {
+                    continue;
+                };
+                for k in keys {
+                    if let Ok(p) =
+                        serde_json::from_value::<crius::runtime::ProcessId>(v[*k].clone())
+                    {
+                        out.push(p);
+                    }
+                }
+            }
+            out
+        };
+        for p in ids("containers", &["init", "monitor"])
+            .into_iter()
+            .chain(ids("sandboxes", &["pause"]))
+        {
+            let _ = p.signal(libc::SIGKILL);
+        }
+        let prefixes = [
+            self.state.display().to_string(),
+            self.root.display().to_string(),
+        ];
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| prefixes.iter().any(|p| m.starts_with(p.as_str())))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 }
 
@@ -735,7 +783,14 @@ impl PodEnv {
             hostname: name.into(),
             log_directory: self.logs.path().join(name).display().to_string(),
             labels: [("app".to_string(), name.to_string())].into(),
-            linux: Some(cri::LinuxPodSandboxConfig::default()),
+            // As kubelet sends it: namespace modes are always explicit (the zero value is POD).
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(container_pid()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -749,7 +804,13 @@ impl PodEnv {
             image: Some(spec(&self.image)),
             command: cmd.iter().map(|s| s.to_string()).collect(),
             log_path: format!("{name}.log"),
-            linux: Some(cri::LinuxContainerConfig::default()),
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(container_pid()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -882,6 +943,15 @@ impl PodEnv {
             })
             .await
             .expect("remove pod");
+    }
+}
+
+/// Namespace options as kubelet sends them for an ordinary pod: pod network and IPC, a PID
+/// namespace per container.
+pub fn container_pid() -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        pid: cri::NamespaceMode::Container as i32,
+        ..Default::default()
     }
 }
 
