@@ -69,6 +69,80 @@ enum Command {
     },
     /// Show an image's status and config as JSON.
     Inspecti { image: String },
+    /// List pod sandboxes.
+    Pods {
+        /// Only pods whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(short, long)]
+        quiet: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// List containers (running ones unless -a).
+    Ps {
+        #[arg(short, long)]
+        all: bool,
+        /// Only containers of this pod.
+        #[arg(short, long)]
+        pod: Option<String>,
+        #[arg(short, long)]
+        quiet: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Run a command in a running container.
+    Exec {
+        /// Seconds before the command is killed (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        timeout: i64,
+        container: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Print a container's log.
+    Logs {
+        /// Keep printing new lines until the container exits.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only the last N lines.
+        #[arg(long)]
+        tail: Option<usize>,
+        /// Show the timestamps.
+        #[arg(short, long)]
+        timestamps: bool,
+        container: String,
+    },
+    /// Stop containers.
+    Stop {
+        /// Seconds to wait after the stop signal before SIGKILL.
+        #[arg(short, long, default_value_t = 10)]
+        timeout: i64,
+        #[arg(required = true)]
+        containers: Vec<String>,
+    },
+    /// Remove containers.
+    Rm {
+        /// Remove running containers too (they are killed).
+        #[arg(short, long)]
+        force: bool,
+        #[arg(required = true)]
+        containers: Vec<String>,
+    },
+    /// Stop pod sandboxes (their containers are killed).
+    Stopp {
+        #[arg(required = true)]
+        pods: Vec<String>,
+    },
+    /// Remove pod sandboxes and everything in them.
+    Rmp {
+        #[arg(required = true)]
+        pods: Vec<String>,
+    },
+    /// Show a container's status and runtime spec as JSON.
+    Inspect { container: String },
+    /// Show a pod sandbox's status as JSON.
+    Inspectp { pod: String },
     /// Show the runtime's name and versions.
     Version,
 }
@@ -144,6 +218,40 @@ fn run(args: Args) -> Result<()> {
         } => rt.block_on(cli::images(&socket, image.as_deref(), quiet, output)),
         Command::Rmi { images } => rt.block_on(cli::remove_images(&socket, &images)),
         Command::Inspecti { image } => rt.block_on(cli::inspect_image(&socket, &image)),
+        Command::Pods {
+            name,
+            quiet,
+            output,
+        } => rt.block_on(cli::pods(&socket, name.as_deref(), quiet, output)),
+        Command::Ps {
+            all,
+            pod,
+            quiet,
+            output,
+        } => rt.block_on(cli::ps(&socket, all, pod.as_deref(), quiet, output)),
+        Command::Exec {
+            timeout,
+            container,
+            command,
+        } => {
+            let code = rt.block_on(cli::exec(&socket, &container, &command, timeout))?;
+            std::process::exit(code.clamp(0, 255));
+        }
+        Command::Logs {
+            follow,
+            tail,
+            timestamps,
+            container,
+        } => rt.block_on(cli::logs(&socket, &container, follow, tail, timestamps)),
+        Command::Stop {
+            timeout,
+            containers,
+        } => rt.block_on(cli::stop(&socket, &containers, timeout)),
+        Command::Rm { force, containers } => rt.block_on(cli::rm(&socket, &containers, force)),
+        Command::Stopp { pods } => rt.block_on(cli::stop_pods(&socket, &pods)),
+        Command::Rmp { pods } => rt.block_on(cli::rm_pods(&socket, &pods)),
+        Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
+        Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
         Command::Version => rt.block_on(version(&socket)),
     }
 }

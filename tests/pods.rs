@@ -1099,7 +1099,28 @@ async fn sysctls_oom_score_adj_tty_and_log_reopen() {
         oom_score_adj: -998,
         ..Default::default()
     });
+    cfg.devices = vec![cri::Device {
+        container_path: "/dev/mynull".into(),
+        host_path: "/dev/null".into(),
+        permissions: "rwm".into(),
+    }];
     let c = env.run(&pod, &sb, cfg).await;
+    let ls = env
+        .exec(&c, &["ls", "-l", "/dev/mynull"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert!(
+        ls.starts_with('c') && ls.contains("1,   3"),
+        "the device node is the host's /dev/null: {ls}"
+    );
+    assert_eq!(
+        env.exec(&c, &["sh", "-c", "echo x > /dev/mynull"], 10)
+            .await
+            .unwrap()
+            .2,
+        0
+    );
     assert_eq!(
         env.exec(
             &c,
@@ -1243,4 +1264,80 @@ async fn status_and_runtime_config() {
         })
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn cli_pods_ps_exec_logs_stop_rm() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("clipod");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "talker",
+                &["sh", "-c", "echo line-one; echo line-two >&2; sleep 100000"],
+            ),
+        )
+        .await;
+    let out = |args: &[&str]| {
+        let o = env.d.cli(args);
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            o.status.code(),
+        )
+    };
+    let (pods, _, _) = out(&["pods"]);
+    assert!(
+        pods.starts_with("POD ID") && pods.contains("clipod") && pods.contains("Ready"),
+        "{pods}"
+    );
+    let (json, _, _) = out(&["pods", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["items"][0]["id"], pod.as_str());
+    let (ps, _, _) = out(&["ps"]);
+    assert!(ps.contains("talker") && ps.contains("Running"), "{ps}");
+    let (quiet, _, _) = out(&["ps", "-q"]);
+    assert_eq!(quiet.trim(), c);
+    // exec passes output and the exit code through; short IDs work
+    let (o, e, code) = out(&[
+        "exec",
+        &c[..12],
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo err >&2; exit 4",
+    ]);
+    assert_eq!((o.as_str(), e.as_str(), code), ("hi\n", "err\n", Some(4)));
+    let t = std::time::Instant::now();
+    while !env.log(&sb, "talker").contains("line-two") {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (o, e, _) = out(&["logs", &c]);
+    assert_eq!((o.as_str(), e.as_str()), ("line-one\n", "line-two\n"));
+    let (o, _, _) = out(&["logs", "--tail", "1", &c]);
+    assert_eq!(o, "");
+    let (_, e, code) = out(&["rm", &c]);
+    assert_ne!(code, Some(0));
+    assert!(e.contains("running"), "{e}");
+    let (_, _, code) = out(&["stop", "-t", "0", &c]);
+    assert_eq!(code, Some(0));
+    let (ps, _, _) = out(&["ps", "-a"]);
+    assert!(ps.contains("Exited"), "{ps}");
+    let (o, _, code) = out(&["inspect", &c]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(v["info"]["runtimeSpec"]["process"]["args"][0], "sh");
+    let (_, _, code) = out(&["rm", &c]);
+    assert_eq!(code, Some(0));
+    let (o, _, _) = out(&["inspectp", &pod]);
+    assert!(o.contains("netNamespacePath"));
+    out(&["stopp", &pod]);
+    let (_, _, code) = out(&["rmp", &pod]);
+    assert_eq!(code, Some(0));
+    let (pods, _, _) = out(&["pods", "-q"]);
+    assert!(pods.trim().is_empty());
 }

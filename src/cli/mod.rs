@@ -1,9 +1,11 @@
 //! cli: the client commands, in the style of crictl. They speak CRI to whatever runtime listens
 //! on the socket (`--socket` or `CRIUS_SOCKET`), so they work against containerd too; crius's own
 //! `crius.v1.Pulls` adds a progress bar where the runtime offers it. Output is a table, or JSON
-//! with `-o json`. Uses `cri::client` only.
+//! with `-o json`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
+//! `cri::client` only.
 
 mod images;
+mod pods;
 
 use std::path::Path;
 
@@ -11,6 +13,7 @@ use anyhow::{Context, Result};
 use tonic::transport::Channel;
 
 pub use images::{images, inspect_image, pull, remove_images};
+pub use pods::{exec, inspect, inspect_pod, logs, pods, ps, rm, rm_pods, stop, stop_pods};
 
 /// Output format of listing commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

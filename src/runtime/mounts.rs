@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2};
+use nix::fcntl::{OFlag, OpenHow, openat, openat2};
 use nix::mount::{MsFlags, mount};
 use nix::sys::stat::{Mode, mkdirat};
 
@@ -101,86 +101,115 @@ pub fn propagation(name: &str) -> Option<MsFlags> {
     })
 }
 
-fn in_root() -> ResolveFlag {
-    ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS
-}
-
-/// The normal components of an absolute container path (`..` is resolved by the kernel inside
-/// the root, so it cannot climb out).
-fn rel(path: &str) -> PathBuf {
-    Path::new(path)
-        .components()
-        .filter(|c| !matches!(c, Component::RootDir | Component::Prefix(_)))
-        .collect()
-}
-
-/// Opens `path` inside `root` (symlinks resolved within the root) as an `O_PATH` handle,
-/// creating missing directories, and the last component as a directory (`dir`) or an empty file.
+/// Opens `path` inside `root` as an `O_PATH` handle, creating what is missing: directories, and
+/// the last component as a directory (`dir`) or an empty file. Symlinks are followed as if `root`
+/// were `/` (an absolute target restarts from the root, `..` stops at it), so a dangling
+/// `/etc/resolv.conf -> /run/systemd/resolve/stub-resolv.conf` in an image gets its target
+/// created inside the rootfs, and nothing can ever be reached or created outside it.
 pub fn target(root: &OwnedFd, path: &str, dir: bool) -> io::Result<OwnedFd> {
-    let rel = rel(path);
-    let how = || {
-        OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(in_root())
+    use std::collections::VecDeque;
+    const MAX_LINKS: usize = 40;
+    let open_here = |at: &OwnedFd, name: &OsStr| -> nix::Result<OwnedFd> {
+        openat(
+            at.as_fd(),
+            name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
     };
-    if rel.as_os_str().is_empty() {
-        return Ok(openat2(root.as_fd(), ".", how())?);
-    }
-    match openat2(root.as_fd(), &rel, how()) {
-        Ok(fd) => return Ok(fd),
-        Err(Errno::ENOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
-    // Create what is missing, one component at a time, each resolved inside the root.
-    let comps: Vec<&OsStr> = rel.iter().collect();
-    let mut prefix = PathBuf::new();
-    for (i, comp) in comps.iter().enumerate() {
-        let parent = if prefix.as_os_str().is_empty() {
-            openat2(root.as_fd(), ".", how())?
-        } else {
-            openat2(root.as_fd(), &prefix, how())?
-        };
-        prefix.push(comp);
-        match openat2(root.as_fd(), &prefix, how()) {
-            Ok(_) => continue,
-            Err(Errno::ENOENT) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let last = i + 1 == comps.len();
-        let parent_dir = openat2(
-            parent.as_fd(),
+    let reopen = |fd: &OwnedFd| -> io::Result<OwnedFd> {
+        Ok(openat2(
+            fd.as_fd(),
             ".",
-            OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC),
-        )?;
-        if last && !dir {
-            match openat(
-                parent_dir.as_fd(),
-                *comp,
-                OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_WRONLY
-                    | OFlag::O_CLOEXEC
-                    | OFlag::O_NOFOLLOW,
-                Mode::from_bits_truncate(0o644),
-            ) {
-                Ok(_) | Err(Errno::EEXIST) => {}
-                Err(e) => return Err(e.into()),
+            OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC),
+        )?)
+    };
+    let split = |p: &Path| -> VecDeque<std::ffi::OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut todo = split(Path::new(path));
+    // The directories walked so far, root first, so ".." can step back without leaving the root.
+    let mut stack: Vec<OwnedFd> = vec![reopen(root)?];
+    let mut links = 0;
+    while let Some(comp) = todo.pop_front() {
+        let last = todo.is_empty();
+        let here = stack.last().ok_or_else(|| io::Error::other("empty walk"))?;
+        if comp == ".." {
+            if stack.len() > 1 {
+                stack.pop();
             }
-        } else {
-            match mkdirat(parent_dir.as_fd(), *comp, Mode::from_bits_truncate(0o755)) {
-                Ok(()) | Err(Errno::EEXIST) => {}
-                Err(e) => return Err(e.into()),
-            }
+            continue;
         }
+        let fd = match open_here(here, &comp) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => {
+                let parent = openat2(
+                    here.as_fd(),
+                    ".",
+                    OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC),
+                )?;
+                if last && !dir {
+                    match openat(
+                        parent.as_fd(),
+                        comp.as_os_str(),
+                        OFlag::O_CREAT
+                            | OFlag::O_EXCL
+                            | OFlag::O_WRONLY
+                            | OFlag::O_CLOEXEC
+                            | OFlag::O_NOFOLLOW,
+                        Mode::from_bits_truncate(0o644),
+                    ) {
+                        Ok(_) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                } else {
+                    match mkdirat(
+                        parent.as_fd(),
+                        comp.as_os_str(),
+                        Mode::from_bits_truncate(0o755),
+                    ) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                open_here(here, &comp)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let st = nix::sys::stat::fstat(fd.as_fd())?;
+        let kind =
+            nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
+        if kind == nix::sys::stat::SFlag::S_IFLNK {
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let target = nix::fcntl::readlinkat(here.as_fd(), comp.as_os_str())?;
+            let target = PathBuf::from(target);
+            let mut next = split(&target);
+            next.extend(todo);
+            todo = next;
+            if target.is_absolute() {
+                stack.truncate(1);
+            }
+            continue;
+        }
+        if last {
+            return Ok(fd);
+        }
+        if kind != nix::sys::stat::SFlag::S_IFDIR {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        stack.push(fd);
     }
-    openat2(root.as_fd(), &rel, how()).map_err(|e| match e {
-        // Created, yet still missing: a dangling symlink in the image is in the way.
-        Errno::ENOENT => io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{path}: a dangling symlink in the image is in the way"),
-        ),
-        e => e.into(),
-    })
+    // An empty path, or one that ended in ".." or a symlink to a directory: the current directory.
+    reopen(stack.last().ok_or_else(|| io::Error::other("empty walk"))?)
 }
 
 /// The mount point of the mount holding `path`'s parent directory (from `/proc/self/mountinfo`:
@@ -316,6 +345,18 @@ mod tests {
         let rootfd: OwnedFd =
             nix::fcntl::open(&root, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
         target(&rootfd, "/etc/abs/hosts", false).unwrap();
+        // a dangling symlink gets its target created inside the root (Ubuntu's resolv.conf)
+        std::os::unix::fs::symlink(
+            "/run/systemd/resolve/stub-resolv.conf",
+            root.join("etc/resolv.conf"),
+        )
+        .unwrap();
+        target(&rootfd, "/etc/resolv.conf", false).unwrap();
+        assert!(root.join("run/systemd/resolve/stub-resolv.conf").is_file());
+        // loops are refused
+        std::os::unix::fs::symlink("loop2", root.join("loop1")).unwrap();
+        std::os::unix::fs::symlink("loop1", root.join("loop2")).unwrap();
+        assert!(target(&rootfd, "/loop1/x", true).is_err());
         target(&rootfd, "/etc/rel/x/y", true).unwrap();
         target(&rootfd, "/../../escape", true).unwrap();
         assert_eq!(
