@@ -4,7 +4,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
-pkgs=(docker-registry apache2-utils busybox-static iproute2 util-linux procps)
+pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

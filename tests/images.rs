@@ -798,3 +798,96 @@ async fn cli_pull_images_inspect_rmi() {
     let out = d.cli(&["pull", "Bad/Name"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("lowercase"));
 }
+
+#[tokio::test]
+async fn bearer_token_registry() {
+    let reg = Registry::start_with(Auth::Token("tok", "en"), false);
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("private/tokened", "1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let name = format!("{}/private/tokened:1", reg.host());
+    let err = d.pull(&name).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(
+        err.message().contains("token request answered 401"),
+        "{}",
+        err.message()
+    );
+    let wrong = cri::AuthConfig {
+        username: "tok".into(),
+        password: "wrong".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        d.pull_with(&name, Some(wrong)).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    let right = cri::AuthConfig {
+        username: "tok".into(),
+        password: "en".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        d.pull_with(&name, Some(right.clone())).await.unwrap(),
+        img.config_digest
+    );
+    let issued = reg
+        .token
+        .as_ref()
+        .unwrap()
+        .issued
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(issued >= 1);
+    // a second pull reuses the cached token
+    d.remove_image(&name).await.unwrap();
+    assert_eq!(
+        d.pull_with(&name, Some(right)).await.unwrap(),
+        img.config_digest
+    );
+    let after = reg
+        .token
+        .as_ref()
+        .unwrap()
+        .issued
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(after, issued, "the token is reused until it expires");
+}
+
+#[tokio::test]
+async fn tls_registry_with_ca_or_skip_verify() {
+    let reg = Registry::start_with(Auth::None, true);
+    let img = busybox_image(Compress::Gzip);
+    reg.push_image("secure", "1", &img).await.unwrap();
+    let name = format!("{}/secure:1", reg.host());
+    let with_certs = |files: &[(&str, Vec<u8>)]| {
+        let d = Daemon::start("");
+        let dir = d.certs_dir().join(reg.host());
+        std::fs::create_dir_all(&dir).unwrap();
+        for (n, data) in files {
+            std::fs::write(dir.join(n), data).unwrap();
+        }
+        d
+    };
+    let ca = std::fs::read(reg.ca.as_ref().unwrap()).unwrap();
+    // an unknown CA is refused (and plain HTTP to a TLS port fails too)
+    let d = with_certs(&[]);
+    let err = d.pull(&name).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    // the CA named in hosts.toml
+    let hosts = format!(
+        "server = \"https://{h}\"\n[host.\"https://{h}\"]\n  ca = \"registry-ca.crt\"\n",
+        h = reg.host()
+    );
+    let d = with_certs(&[
+        ("registry-ca.crt", ca.clone()),
+        ("hosts.toml", hosts.into_bytes()),
+    ]);
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+    // no verification at all, when the operator says so
+    let hosts = format!("server = \"https://{}\"\nskip_verify = true\n", reg.host());
+    let d = with_certs(&[("hosts.toml", hosts.into_bytes())]);
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+    // docker-style certs.d: a CA file and no hosts.toml
+    let d = with_certs(&[("ca.crt", ca)]);
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+}

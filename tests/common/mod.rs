@@ -55,30 +55,138 @@ pub struct Registry {
     pub dir: tempfile::TempDir,
     pub port: u16,
     pub creds: Option<(String, String)>,
+    /// Served over TLS with a certificate from this CA (PEM file).
+    pub ca: Option<PathBuf>,
+    /// Token auth: the issuer the pusher asks for tokens.
+    pub token: Option<TokenIssuer>,
     child: Child,
+}
+
+/// How the registry authenticates.
+pub enum Auth<'a> {
+    None,
+    Basic(&'a str, &'a str),
+    /// Bearer tokens from a realm that accepts these credentials.
+    Token(&'a str, &'a str),
+}
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl (run hack/install-test-deps.sh)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Registry {
     pub fn start(creds: Option<(&str, &str)>) -> Registry {
+        match creds {
+            Some((u, p)) => Self::start_with(Auth::Basic(u, p), false),
+            None => Self::start_with(Auth::None, false),
+        }
+    }
+
+    /// A registry with the given auth, over TLS (a fresh CA and a certificate for 127.0.0.1) when
+    /// `tls` is set.
+    pub fn start_with(auth_kind: Auth, tls: bool) -> Registry {
         let bin = which("docker-registry")
             .expect("docker-registry is not installed: run hack/install-test-deps.sh");
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let mut auth = String::new();
-        if let Some((u, p)) = creds {
-            let htpasswd = dir.path().join("htpasswd");
-            let out = Command::new("htpasswd")
-                .args(["-Bbn", u, p])
-                .output()
-                .expect("htpasswd (apache2-utils) is not installed: run hack/install-test-deps.sh");
-            std::fs::write(&htpasswd, out.stdout).expect("write htpasswd");
-            auth = format!(
-                "auth:\n  htpasswd:\n    realm: crius-test\n    path: {}\n",
-                htpasswd.display()
+        let mut creds = None;
+        let mut token = None;
+        match auth_kind {
+            Auth::None => {}
+            Auth::Basic(u, p) => {
+                let htpasswd = dir.path().join("htpasswd");
+                let out = Command::new("htpasswd")
+                    .args(["-Bbn", u, p])
+                    .output()
+                    .expect(
+                        "htpasswd (apache2-utils) is not installed: run hack/install-test-deps.sh",
+                    );
+                std::fs::write(&htpasswd, out.stdout).expect("write htpasswd");
+                auth = format!(
+                    "auth:\n  htpasswd:\n    realm: crius-test\n    path: {}\n",
+                    htpasswd.display()
+                );
+                creds = Some((u.to_string(), p.to_string()));
+            }
+            Auth::Token(u, p) => {
+                let issuer = TokenIssuer::start(dir.path(), u, p);
+                auth = format!(
+                    "auth:\n  token:\n    realm: http://127.0.0.1:{}/token\n    service: crius-registry\n    issuer: crius-test\n    rootcertbundle: {}\n",
+                    issuer.port,
+                    issuer.cert.display()
+                );
+                creds = Some((u.to_string(), p.to_string()));
+                token = Some(issuer);
+            }
+        }
+        let mut tls_cfg = String::new();
+        let mut ca = None;
+        if tls {
+            let d = dir.path();
+            let p = |n: &str| d.join(n).display().to_string();
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=crius test CA",
+                "-keyout",
+                &p("ca.key"),
+                "-out",
+                &p("ca.crt"),
+            ]);
+            openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                &p("server.key"),
+                "-out",
+                &p("server.csr"),
+            ]);
+            std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("san");
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &p("server.csr"),
+                "-CA",
+                &p("ca.crt"),
+                "-CAkey",
+                &p("ca.key"),
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &p("san.ext"),
+                "-out",
+                &p("server.crt"),
+            ]);
+            tls_cfg = format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                p("server.crt"),
+                p("server.key")
             );
+            ca = Some(d.join("ca.crt"));
         }
         let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls_cfg}{auth}",
             dir.path().join("data").display()
         );
         let cfg_path = dir.path().join("config.yml");
@@ -94,7 +202,9 @@ impl Registry {
         let reg = Registry {
             dir,
             port,
-            creds: creds.map(|(u, p)| (u.to_string(), p.to_string())),
+            creds,
+            ca,
+            token,
             child,
         };
         wait_for("the registry to listen", Duration::from_secs(20), || {
@@ -109,13 +219,25 @@ impl Registry {
     }
 
     fn client(&self) -> reqwest::Client {
-        reqwest::Client::new()
+        let mut b = reqwest::Client::builder();
+        if let Some(ca) = &self.ca {
+            let pem = std::fs::read(ca).expect("ca");
+            b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca pem"));
+        }
+        b.build().expect("client")
     }
 
-    fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.creds {
-            Some((u, p)) => rb.basic_auth(u, Some(p)),
-            None => rb,
+    fn base(&self) -> String {
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.host())
+    }
+
+    fn auth(&self, rb: reqwest::RequestBuilder, repo: &str) -> reqwest::RequestBuilder {
+        match (&self.token, &self.creds) {
+            // The pusher is trusted: it takes a push token straight from the issuer.
+            (Some(t), _) => rb.bearer_auth(t.issue("pusher", repo, &["pull", "push"])),
+            (None, Some((u, p))) => rb.basic_auth(u, Some(p)),
+            (None, None) => rb,
         }
     }
 
@@ -123,9 +245,9 @@ impl Registry {
     pub async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<String> {
         let digest = sha256(data);
         let c = self.client();
-        let base = format!("http://{}", self.host());
+        let base = self.base();
         let resp = self
-            .auth(c.post(format!("{base}/v2/{repo}/blobs/uploads/")))
+            .auth(c.post(format!("{base}/v2/{repo}/blobs/uploads/")), repo)
             .send()
             .await?;
         if resp.status() != 202 {
@@ -144,7 +266,7 @@ impl Registry {
         };
         let sep = if loc.contains('?') { '&' } else { '?' };
         let resp = self
-            .auth(c.put(format!("{loc}{sep}digest={digest}")))
+            .auth(c.put(format!("{loc}{sep}digest={digest}")), repo)
             .header("content-type", "application/octet-stream")
             .body(data.to_vec())
             .send()
@@ -166,9 +288,9 @@ impl Registry {
         media_type: &str,
         data: &[u8],
     ) -> Result<String> {
-        let url = format!("http://{}/v2/{repo}/manifests/{reference}", self.host());
+        let url = format!("{}/v2/{repo}/manifests/{reference}", self.base());
         let resp = self
-            .auth(self.client().put(url))
+            .auth(self.client().put(url), repo)
             .header("content-type", media_type)
             .body(data.to_vec())
             .send()
@@ -966,4 +1088,172 @@ pub fn log_lines(log: &str, stream: &str) -> Vec<String> {
             (s == stream).then(|| p.next().unwrap_or("").to_string())
         })
         .collect()
+}
+
+/// A token realm for the registry's token auth: it answers `GET /token` with a JWT signed (RS256)
+/// by a key whose certificate the registry trusts, for the one user it knows.
+pub struct TokenIssuer {
+    pub port: u16,
+    pub cert: PathBuf,
+    key: PathBuf,
+    der: Vec<u8>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How many tokens were handed out through the realm.
+    pub issued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn b64url(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
+}
+
+/// Signs a JWT for `sub` with `actions` on repository `name` (`*` for any).
+fn sign_token(key: &Path, der: &[u8], sub: &str, name: &str, actions: &[&str]) -> String {
+    use base64::Engine;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "x5c": [base64::engine::general_purpose::STANDARD.encode(der)]});
+    let claims = serde_json::json!({
+        "iss": "crius-test", "sub": sub, "aud": "crius-registry",
+        "exp": now + 300, "nbf": now - 10, "iat": now, "jti": format!("{now}-{}", rand_u64()),
+        "access": [{"type": "repository", "name": name, "actions": actions}],
+    });
+    let signing = format!(
+        "{}.{}",
+        b64url(header.to_string().as_bytes()),
+        b64url(claims.to_string().as_bytes())
+    );
+    let mut child = Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign", &key.display().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(signing.as_bytes())
+        .expect("sign");
+    let sig = child.wait_with_output().expect("openssl").stdout;
+    format!("{signing}.{}", b64url(&sig))
+}
+
+impl TokenIssuer {
+    fn start(dir: &Path, user: &str, pass: &str) -> TokenIssuer {
+        let cert = dir.join("token.crt");
+        let key = dir.join("token.key");
+        let (c, k) = (cert.display().to_string(), key.display().to_string());
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=crius token issuer",
+            "-keyout",
+            &k,
+            "-out",
+            &c,
+        ]);
+        let der = Command::new("openssl")
+            .args(["x509", "-in", &c, "-outform", "DER"])
+            .output()
+            .expect("openssl")
+            .stdout;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let issued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let expected = {
+            use base64::Engine;
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+            )
+        };
+        let (stop2, issued2, key2, der2) = (stop.clone(), issued.clone(), key.clone(), der.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let mut buf = vec![0u8; 16 << 10];
+                let n = std::io::Read::read(&mut conn, &mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let line = req.lines().next().unwrap_or("").to_string();
+                let authorized = req.lines().any(|l| {
+                    l.to_ascii_lowercase().starts_with("authorization:")
+                        && l[14..].trim() == expected
+                });
+                let query = line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|p| p.split_once('?'))
+                    .map(|(_, q)| q.to_string())
+                    .unwrap_or_default();
+                let scope = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("scope="))
+                    .map(|s| {
+                        s.replace("%3A", ":")
+                            .replace("%2F", "/")
+                            .replace("%2C", ",")
+                    })
+                    .unwrap_or_default();
+                let (status, body) = if authorized {
+                    // scope = repository:NAME:ACTIONS; readers get pull only
+                    let name = scope.split(':').nth(1).unwrap_or("").to_string();
+                    issued2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let token = sign_token(&key2, &der2, "reader", &name, &["pull"]);
+                    (
+                        "200 OK",
+                        serde_json::json!({"token": token, "expires_in": 300}).to_string(),
+                    )
+                } else {
+                    (
+                        "401 Unauthorized",
+                        "{\"details\":\"bad credentials\"}".to_string(),
+                    )
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = std::io::Write::write_all(&mut conn, resp.as_bytes());
+            }
+        });
+        TokenIssuer {
+            port,
+            cert,
+            key,
+            der,
+            stop,
+            issued,
+        }
+    }
+
+    /// A token straight from the issuer (for the test's own pushes).
+    pub fn issue(&self, sub: &str, name: &str, actions: &[&str]) -> String {
+        sign_token(&self.key, &self.der, sub, name, actions)
+    }
+}
+
+impl Drop for TokenIssuer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("random");
+    u64::from_le_bytes(b)
 }
