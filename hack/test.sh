@@ -3,5 +3,5 @@
 # Run as root on a Debian 12 machine. This is the command CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hack/install-test-deps.sh
+hack/install-bench-deps.sh
 exec cargo xtask ci

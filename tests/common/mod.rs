@@ -630,7 +630,10 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .expect("daemon log");
-        let child = Command::new(env!("CARGO_BIN_EXE_crius"))
+        // CRIUS_TEST_BIN runs the tests against another build (a release binary, say).
+        let bin = std::env::var("CRIUS_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_crius").to_string());
+        let child = Command::new(bin)
             .arg("daemon")
             .arg("--config")
             .arg(&self.config)

@@ -1,4 +1,6 @@
-//! Project tasks: `cargo xtask lint | test | ci`.
+//! Project tasks: `cargo xtask lint | unit | integration | test | ci | bench`.
+
+mod bench;
 
 use std::process::Command;
 
@@ -33,15 +35,8 @@ fn unit() -> Result<()> {
     run(cargo().args(["test", "--workspace", "--lib", "--bins"]))
 }
 
-fn integration() -> Result<()> {
-    if !is_root() {
-        bail!("integration tests need root (they mount overlayfs and create namespaces)");
-    }
-    run(cargo().args(["test", "--test", "*"]))
-}
-
+/// The effective uid as the kernel reports it.
 fn is_root() -> bool {
-    // The effective uid as the kernel reports it (no libc needed here).
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -52,8 +47,26 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+fn integration() -> Result<()> {
+    if !is_root() {
+        bail!("integration tests need root (they mount overlayfs and create namespaces)");
+    }
+    run(cargo().args(["test", "--test", "*"]))
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the benchmark needs root (it runs two container runtimes)");
+    }
+    let opts = bench::Options::parse(args)?;
+    run(cargo().args(["build", "--release", "--bin", "crius"]))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(bench::run(opts))
+}
+
 fn main() -> Result<()> {
-    let task = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().cloned().unwrap_or_default();
     match task.as_str() {
         "lint" => lint(),
         "unit" => unit(),
@@ -65,17 +78,25 @@ fn main() -> Result<()> {
         "ci" => {
             lint()?;
             unit()?;
-            integration()
+            integration()?;
+            bench(&["--smoke".to_string()])
         }
+        "bench" => bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <lint|unit|integration|test|ci>");
+            eprintln!("usage: cargo xtask <task>");
             eprintln!("  lint         rustfmt --check and clippy -D warnings");
             eprintln!("  unit         unit tests (no root)");
             eprintln!(
                 "  integration  root tests against a real registry, overlayfs and namespaces"
             );
             eprintln!("  test         unit + integration");
-            eprintln!("  ci           everything CI runs");
+            eprintln!(
+                "  bench        crius against containerd, side by side [--rounds N] [--smoke]"
+            );
+            eprintln!(
+                "               [--large-mb MB] [--concurrent N] [--idle-seconds S] [--out FILE]"
+            );
+            eprintln!("  ci           everything CI runs (the benchmark as a smoke run)");
             bail!("unknown task {task:?}")
         }
     }

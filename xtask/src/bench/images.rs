@@ -1,0 +1,294 @@
+//! Benchmark images, built here and pushed to a local docker-registry: busybox-static images
+//! (one distinct image per cold pull, so no runtime's garbage collection timing matters), a
+//! `pause` image for containerd's sandboxes, and large images of five gzip layers with many small
+//! files and a few big ones, part random and part text so gzip has real work.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+pub fn sha256(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+pub struct Layer {
+    pub blob: Vec<u8>,
+    pub digest: String,
+    pub diff_id: String,
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1_700_000_000);
+    h
+}
+
+fn gzip_layer(tar: Vec<u8>) -> Result<Layer> {
+    let diff_id = sha256(&tar);
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(&tar)?;
+    let blob = e.finish()?;
+    Ok(Layer {
+        digest: sha256(&blob),
+        blob,
+        diff_id,
+    })
+}
+
+/// busybox-static with its applet links, plus a marker file that makes the layer unique.
+pub fn busybox_layer(marker: &str) -> Result<Layer> {
+    let bin = std::fs::read("/bin/busybox")
+        .context("/bin/busybox (busybox-static) is missing: run hack/install-bench-deps.sh")?;
+    let list = Command::new("/bin/busybox").arg("--list").output()?;
+    let mut b = tar::Builder::new(Vec::new());
+    for d in ["bin", "etc", "tmp"] {
+        b.append_data(&mut header(tar::EntryType::Directory, 0o755, 0), d, &[][..])?;
+    }
+    b.append_data(
+        &mut header(tar::EntryType::Regular, 0o755, bin.len() as u64),
+        "bin/busybox",
+        &bin[..],
+    )?;
+    let passwd = b"root:x:0:0:root:/root:/bin/sh\n";
+    b.append_data(
+        &mut header(tar::EntryType::Regular, 0o644, passwd.len() as u64),
+        "etc/passwd",
+        &passwd[..],
+    )?;
+    b.append_data(
+        &mut header(tar::EntryType::Regular, 0o644, marker.len() as u64),
+        "etc/marker",
+        marker.as_bytes(),
+    )?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim) {
+        if applet.is_empty() || applet == "busybox" {
+            continue;
+        }
+        b.append_link(
+            &mut header(tar::EntryType::Symlink, 0o777, 0),
+            format!("bin/{applet}"),
+            "busybox",
+        )?;
+    }
+    gzip_layer(b.into_inner()?)
+}
+
+/// Deterministic content: 64 KiB blocks, alternately random bytes and text, so it compresses
+/// to about half, like real binaries and data do.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let words = b"the quick brown fox jumps over the lazy dog while kubelet watches the node ";
+    let mut out = Vec::with_capacity(len);
+    let mut block = 0u64;
+    while out.len() < len {
+        let n = (len - out.len()).min(64 << 10);
+        if block.is_multiple_of(2) {
+            for _ in 0..n {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                out.push(x as u8);
+            }
+        } else {
+            for i in 0..n {
+                out.push(words[(i + block as usize) % words.len()]);
+            }
+        }
+        block += 1;
+    }
+    out
+}
+
+/// A layer of about `mb` MB: 2000 small files and five large ones.
+pub fn big_layer(mb: usize, seed: u64) -> Result<Layer> {
+    let total = mb << 20;
+    let small_count = 2000;
+    let small = 5 << 10;
+    let big = (total.saturating_sub(small_count * small)) / 5;
+    let mut b = tar::Builder::new(Vec::with_capacity(total + (4 << 20)));
+    b.append_data(
+        &mut header(tar::EntryType::Directory, 0o755, 0),
+        format!("data{seed}"),
+        &[][..],
+    )?;
+    for d in 0..20 {
+        b.append_data(
+            &mut header(tar::EntryType::Directory, 0o755, 0),
+            format!("data{seed}/d{d}"),
+            &[][..],
+        )?;
+    }
+    for i in 0..small_count {
+        let data = content(small, seed * 100_000 + i as u64);
+        b.append_data(
+            &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
+            format!("data{seed}/d{}/f{i}", i % 20),
+            &data[..],
+        )?;
+    }
+    for i in 0..5 {
+        let data = content(big, seed * 100_000 + 50_000 + i);
+        b.append_data(
+            &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
+            format!("data{seed}/big{i}.bin"),
+            &data[..],
+        )?;
+    }
+    gzip_layer(b.into_inner()?)
+}
+
+pub struct Image {
+    pub layers: Vec<Layer>,
+    pub config: Vec<u8>,
+    pub manifest: Vec<u8>,
+}
+
+pub fn image(layers: Vec<Layer>, cmd: &[&str]) -> Image {
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Cmd": cmd, "Env": ["PATH=/bin"] },
+        "rootfs": { "type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>() },
+    }))
+    .unwrap_or_default();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&config), "size": config.len() },
+        "layers": layers.iter().map(|l| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": l.digest, "size": l.blob.len()
+        })).collect::<Vec<_>>(),
+    }))
+    .unwrap_or_default();
+    Image {
+        layers,
+        config,
+        manifest,
+    }
+}
+
+/// Debian's docker-registry on a random loopback port.
+pub struct Registry {
+    child: Child,
+    pub port: u16,
+    client: reqwest::Client,
+}
+
+impl Registry {
+    pub fn start(dir: &Path) -> Result<Registry> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        std::fs::create_dir_all(dir)?;
+        let cfg = dir.join("config.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.join("data").display()
+            ),
+        )?;
+        let log = std::fs::File::create(dir.join("registry.log"))?;
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting docker-registry (run hack/install-bench-deps.sh)")?;
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!("docker-registry did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Registry {
+            child,
+            port,
+            client: reqwest::Client::new(),
+        })
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<()> {
+        let base = format!("http://{}", self.host());
+        let digest = sha256(data);
+        if self
+            .client
+            .head(format!("{base}/v2/{repo}/blobs/{digest}"))
+            .send()
+            .await?
+            .status()
+            == 200
+        {
+            return Ok(());
+        }
+        let resp = self
+            .client
+            .post(format!("{base}/v2/{repo}/blobs/uploads/"))
+            .send()
+            .await?;
+        let loc = resp
+            .headers()
+            .get("location")
+            .context("no upload location")?
+            .to_str()?
+            .to_string();
+        let loc = if loc.starts_with("http") {
+            loc
+        } else {
+            format!("{base}{loc}")
+        };
+        let sep = if loc.contains('?') { '&' } else { '?' };
+        let resp = self
+            .client
+            .put(format!("{loc}{sep}digest={digest}"))
+            .body(data.to_vec())
+            .send()
+            .await?;
+        if resp.status() != 201 {
+            bail!("pushing blob to {repo}: {}", resp.status());
+        }
+        Ok(())
+    }
+
+    /// Pushes an image; returns its reference.
+    pub async fn push(&self, repo: &str, tag: &str, img: &Image) -> Result<String> {
+        for l in &img.layers {
+            self.push_blob(repo, &l.blob).await?;
+        }
+        self.push_blob(repo, &img.config).await?;
+        let resp = self
+            .client
+            .put(format!("http://{}/v2/{repo}/manifests/{tag}", self.host()))
+            .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+            .body(img.manifest.clone())
+            .send()
+            .await?;
+        if resp.status() != 201 {
+            bail!("pushing manifest {repo}:{tag}: {}", resp.status());
+        }
+        Ok(format!("{}/{repo}:{tag}", self.host()))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

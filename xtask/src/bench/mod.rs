@@ -1,0 +1,656 @@
+//! `cargo xtask bench`: crius and containerd side by side, on this machine, in one run, driven by
+//! the same CRI client code. Each round runs every operation on both runtimes, alternating which
+//! goes first; the report gives median, p90 and spread per operation and runtime, and the ratio
+//! crius/containerd of the medians. Results are printed as a table and written as JSON.
+
+mod images;
+mod peers;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+use peers::Peer;
+
+pub struct Options {
+    pub rounds: usize,
+    pub smoke: bool,
+    pub large_mb: usize,
+    pub concurrent: usize,
+    pub memory_pods: Vec<usize>,
+    pub idle_seconds: u64,
+    pub out: PathBuf,
+    pub crius_bin: PathBuf,
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let mut o = Options {
+            rounds: 5,
+            smoke: false,
+            large_mb: 250,
+            concurrent: 20,
+            memory_pods: vec![20, 100],
+            idle_seconds: 60,
+            out: PathBuf::from("target/bench/results.json"),
+            crius_bin: PathBuf::from("target/release/crius"),
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut val = || {
+                it.next()
+                    .cloned()
+                    .with_context(|| format!("{a} needs a value"))
+            };
+            match a.as_str() {
+                "--rounds" => o.rounds = val()?.parse()?,
+                "--large-mb" => o.large_mb = val()?.parse()?,
+                "--concurrent" => o.concurrent = val()?.parse()?,
+                "--idle-seconds" => o.idle_seconds = val()?.parse()?,
+                "--out" => o.out = PathBuf::from(val()?),
+                "--crius" => o.crius_bin = PathBuf::from(val()?),
+                "--smoke" => {
+                    o.smoke = true;
+                    o.rounds = 1;
+                    o.large_mb = 0;
+                    o.concurrent = 5;
+                    o.memory_pods = vec![5];
+                    o.idle_seconds = 0;
+                }
+                other => bail!("unknown bench option {other}"),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A runtime and its clients.
+struct Rt {
+    peer: Peer,
+    rt: RuntimeServiceClient<Channel>,
+    img: ImageServiceClient<Channel>,
+    logs: PathBuf,
+    seq: usize,
+}
+
+impl Rt {
+    fn new(peer: Peer, logs: PathBuf) -> Rt {
+        Rt {
+            rt: crius::cri::client::runtime(peer.channel.clone()),
+            img: crius::cri::client::images(peer.channel.clone()),
+            peer,
+            logs,
+            seq: 0,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        self.peer.kind.name()
+    }
+
+    fn sandbox_config(&mut self) -> cri::PodSandboxConfig {
+        self.seq += 1;
+        let name = format!("bench-{}", self.seq);
+        let log_dir = self.logs.join(&name);
+        let _ = std::fs::create_dir_all(&log_dir);
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.clone(),
+                uid: format!("uid-{name}"),
+                namespace: "bench".into(),
+                attempt: 0,
+            }),
+            hostname: name,
+            log_directory: log_dir.display().to_string(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        pid: cri::NamespaceMode::Container as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn container_config(image: &str, name: &str) -> cri::ContainerConfig {
+        cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            command: vec!["sleep".into(), "100000".into()],
+            log_path: format!("{name}.log"),
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        pid: cri::NamespaceMode::Container as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn run_pod(&mut self) -> Result<(String, cri::PodSandboxConfig)> {
+        let cfg = self.sandbox_config();
+        let id = self
+            .rt
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .with_context(|| format!("{}: RunPodSandbox", self.name()))?
+            .into_inner()
+            .pod_sandbox_id;
+        Ok((id, cfg))
+    }
+
+    async fn remove_pod(&mut self, id: &str) -> Result<()> {
+        self.rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .with_context(|| format!("{}: StopPodSandbox", self.name()))?;
+        self.rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .with_context(|| format!("{}: RemovePodSandbox", self.name()))?;
+        Ok(())
+    }
+
+    async fn start_container(
+        &mut self,
+        pod: &str,
+        sb: &cri::PodSandboxConfig,
+        image: &str,
+    ) -> Result<String> {
+        self.seq += 1;
+        let name = format!("c{}", self.seq);
+        let id = self
+            .rt
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(Self::container_config(image, &name)),
+                sandbox_config: Some(sb.clone()),
+            })
+            .await
+            .with_context(|| format!("{}: CreateContainer", self.name()))?
+            .into_inner()
+            .container_id;
+        self.rt
+            .start_container(cri::StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .with_context(|| format!("{}: StartContainer", self.name()))?;
+        Ok(id)
+    }
+
+    async fn pull(&mut self, image: &str) -> Result<()> {
+        self.img
+            .pull_image(cri::PullImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("{}: PullImage {image}", self.name()))?;
+        Ok(())
+    }
+
+    async fn pods(&mut self) -> Result<Vec<String>> {
+        Ok(self
+            .rt
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await?
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|p| p.id)
+            .collect())
+    }
+
+    async fn remove_all_pods(&mut self) -> Result<()> {
+        for id in self.pods().await? {
+            self.remove_pod(&id).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts `n` pods with one container each, all at once; returns the time it took.
+    async fn concurrent_pods(&mut self, n: usize, image: &str) -> Result<Duration> {
+        let cfgs: Vec<cri::PodSandboxConfig> = (0..n).map(|_| self.sandbox_config()).collect();
+        let start = Instant::now();
+        let jobs = cfgs.into_iter().map(|cfg| {
+            let mut rt = self.rt.clone();
+            let image = image.to_string();
+            async move {
+                let pod = rt
+                    .run_pod_sandbox(cri::RunPodSandboxRequest {
+                        config: Some(cfg.clone()),
+                        runtime_handler: String::new(),
+                    })
+                    .await?
+                    .into_inner()
+                    .pod_sandbox_id;
+                let c = rt
+                    .create_container(cri::CreateContainerRequest {
+                        pod_sandbox_id: pod.clone(),
+                        config: Some(Rt::container_config(&image, "c")),
+                        sandbox_config: Some(cfg),
+                    })
+                    .await?
+                    .into_inner()
+                    .container_id;
+                rt.start_container(cri::StartContainerRequest { container_id: c })
+                    .await?;
+                Ok::<_, tonic::Status>(())
+            }
+        });
+        for r in futures_util::future::join_all(jobs).await {
+            r.with_context(|| format!("{}: concurrent pods", self.name()))?;
+        }
+        Ok(start.elapsed())
+    }
+}
+
+/// Samples per operation and runtime, in milliseconds (or KiB, or CPU seconds).
+#[derive(Default)]
+struct Results {
+    samples: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>>,
+    units: BTreeMap<String, &'static str>,
+}
+
+impl Results {
+    fn add(&mut self, op: &str, unit: &'static str, rt: &'static str, v: f64) {
+        self.samples
+            .entry(op.to_string())
+            .or_default()
+            .entry(rt)
+            .or_default()
+            .push(v);
+        self.units.insert(op.to_string(), unit);
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+struct Stats {
+    median: f64,
+    p90: f64,
+    spread: f64,
+    n: usize,
+}
+
+fn stats(v: &[f64]) -> Stats {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let median = quantile(&s, 0.5);
+    let spread = if median > 0.0 {
+        (s[s.len() - 1] - s[0]) / median * 100.0
+    } else {
+        0.0
+    };
+    Stats {
+        median,
+        p90: quantile(&s, 0.9),
+        spread,
+        n: s.len(),
+    }
+}
+
+async fn timed<F, T>(f: F) -> Result<(T, f64)>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let start = Instant::now();
+    let v = f.await?;
+    Ok((v, start.elapsed().as_secs_f64() * 1000.0))
+}
+
+pub async fn run(o: Options) -> Result<()> {
+    if !o.crius_bin.exists() {
+        bail!(
+            "{} is missing: build it with cargo build --release",
+            o.crius_bin.display()
+        );
+    }
+    let tmp = std::env::temp_dir().join(format!("crius-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let result = run_in(&o, &tmp).await;
+    // Everything the benchmark made goes, whatever happened.
+    let _ = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "grep ' {t}' /proc/self/mountinfo | cut -d' ' -f5 | sort -r | xargs -r -n1 umount -l",
+            t = tmp.display()
+        ))
+        .status();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
+    eprintln!("bench: building images");
+    let registry = images::Registry::start(&tmp.join("registry"))?;
+    let base = images::image(vec![images::busybox_layer("base")?], &["sh"]);
+    let busybox = registry.push("busybox", "bench", &base).await?;
+    let pause = registry
+        .push(
+            "pause",
+            "bench",
+            &images::image(
+                vec![images::busybox_layer("pause")?],
+                &["sleep", "2147483647"],
+            ),
+        )
+        .await?;
+    let mut small = Vec::new();
+    for r in 0..o.rounds {
+        for rt in ["crius", "containerd"] {
+            let img = images::image(
+                vec![images::busybox_layer(&format!("small-{r}-{rt}"))?],
+                &["sh"],
+            );
+            small.push(registry.push("small", &format!("r{r}-{rt}"), &img).await?);
+        }
+    }
+    let mut large = Vec::new();
+    if o.large_mb > 0 {
+        for r in 0..o.rounds {
+            let per = o.large_mb / 5;
+            let layers: Vec<images::Layer> = (0..5)
+                .map(|l| images::big_layer(per, (r * 10 + l) as u64))
+                .collect::<Result<_>>()?;
+            let img = images::image(layers, &["sh"]);
+            let bytes: usize = img.layers.iter().map(|l| l.blob.len()).sum();
+            eprintln!(
+                "bench: large image {r}: {} MB compressed in 5 layers",
+                bytes >> 20
+            );
+            large.push(registry.push("large", &format!("r{r}"), &img).await?);
+        }
+    }
+
+    eprintln!("bench: starting crius and containerd");
+    let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"))?;
+    let containerd = peers::start_containerd(&tmp.join("containerd"), &registry.host(), &pause)?;
+    let mut rts = [
+        Rt::new(crius, tmp.join("logs/crius")),
+        Rt::new(containerd, tmp.join("logs/containerd")),
+    ];
+    for rt in rts.iter_mut() {
+        rt.pull(&busybox).await?;
+        rt.pull(&pause).await?;
+    }
+    let mut res = Results::default();
+    for rt in rts.iter() {
+        let rss = peers::rss_kib(rt.peer.pid) as f64 / 1024.0;
+        res.add("daemon RSS idle (MiB)", "MiB", rt.name(), rss);
+    }
+
+    for round in 0..o.rounds {
+        eprintln!("bench: round {}/{}", round + 1, o.rounds);
+        let order: Vec<usize> = if round % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
+        for &i in &order {
+            let rt = &mut rts[i];
+            let name = rt.name();
+            // Sandbox run + stop + remove.
+            for _ in 0..5 {
+                let (_, ms) = timed(async {
+                    let (id, _) = rt.run_pod().await?;
+                    rt.remove_pod(&id).await
+                })
+                .await?;
+                res.add("sandbox run+stop+remove", "ms", name, ms);
+            }
+            // Create + start, in a ready pod.
+            let (pod, sb) = rt.run_pod().await?;
+            for _ in 0..5 {
+                let (_, ms) = timed(rt.start_container(&pod, &sb, &busybox)).await?;
+                res.add("container create+start", "ms", name, ms);
+            }
+            // ExecSync of `true` in one of them.
+            let containers = rt
+                .rt
+                .list_containers(cri::ListContainersRequest { filter: None })
+                .await?
+                .into_inner()
+                .containers;
+            let target = containers
+                .first()
+                .map(|c| c.id.clone())
+                .context("no container to exec in")?;
+            for _ in 0..10 {
+                let (_, ms) = timed(async {
+                    let r = rt
+                        .rt
+                        .exec_sync(cri::ExecSyncRequest {
+                            container_id: target.clone(),
+                            cmd: vec!["true".into()],
+                            timeout: 10,
+                        })
+                        .await?
+                        .into_inner();
+                    if r.exit_code != 0 {
+                        bail!("{name}: exec true exited {}", r.exit_code);
+                    }
+                    Ok(())
+                })
+                .await?;
+                res.add("ExecSync true", "ms", name, ms);
+            }
+            rt.remove_pod(&pod).await?;
+            // A pod with one container, from nothing to running.
+            for _ in 0..3 {
+                let (pod, ms) = timed(async {
+                    let (pod, sb) = rt.run_pod().await?;
+                    rt.start_container(&pod, &sb, &busybox).await?;
+                    Ok(pod)
+                })
+                .await?;
+                res.add("pod+container to running", "ms", name, ms);
+                rt.remove_pod(&pod).await?;
+            }
+            // Cold pull of a small image nobody has.
+            let img = &small[round * 2 + i];
+            let (_, ms) = timed(rt.pull(img)).await?;
+            res.add("cold pull small (1 MB)", "ms", name, ms);
+            // Concurrent pods.
+            let d = rt.concurrent_pods(o.concurrent, &busybox).await?;
+            res.add(
+                &format!("{} pods concurrently", o.concurrent),
+                "ms",
+                name,
+                d.as_secs_f64() * 1000.0,
+            );
+            rt.remove_all_pods().await?;
+        }
+        if let Some(img) = large.get(round) {
+            // The large pulls last in the round, after a pause for the disk (see field notes).
+            tokio::time::sleep(Duration::from_secs(if o.smoke { 0 } else { 5 })).await;
+            for &i in &order {
+                let rt = &mut rts[i];
+                let (_, ms) = timed(rt.pull(img)).await?;
+                res.add(
+                    &format!("cold pull large ({} MB)", o.large_mb),
+                    "ms",
+                    rt.name(),
+                    ms,
+                );
+            }
+        }
+    }
+
+    // Memory with N pods, and per-pod helper processes.
+    for &n in &o.memory_pods {
+        for rt in rts.iter_mut() {
+            rt.concurrent_pods(n, &busybox).await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let daemon = peers::rss_kib(rt.peer.pid) as f64 / 1024.0;
+            let (helpers, pauses) = peers::helper_pids(&rt.peer);
+            let helper_kib: u64 = helpers.iter().map(|p| peers::rss_kib(*p)).sum();
+            let pause_kib: u64 = pauses.iter().map(|p| peers::rss_kib(*p)).sum();
+            let total = daemon + (helper_kib + pause_kib) as f64 / 1024.0;
+            res.add(
+                &format!("daemon RSS with {n} pods (MiB)"),
+                "MiB",
+                rt.name(),
+                daemon,
+            );
+            res.add(
+                &format!("daemon+helpers RSS with {n} pods (MiB)"),
+                "MiB",
+                rt.name(),
+                total,
+            );
+            if !helpers.is_empty() {
+                res.add(
+                    "monitor/shim RSS each (MiB)",
+                    "MiB",
+                    rt.name(),
+                    helper_kib as f64 / 1024.0 / helpers.len() as f64,
+                );
+            }
+            if o.idle_seconds > 0 && n == *o.memory_pods.iter().max().unwrap_or(&0) {
+                let before = peers::cpu_ticks(rt.peer.pid);
+                let hb: u64 = helpers.iter().map(|p| peers::cpu_ticks(*p)).sum();
+                tokio::time::sleep(Duration::from_secs(o.idle_seconds)).await;
+                let after = peers::cpu_ticks(rt.peer.pid);
+                let ha: u64 = helpers.iter().map(|p| peers::cpu_ticks(*p)).sum();
+                let tick = 100.0; // USER_HZ
+                res.add(
+                    &format!("idle CPU over {} s with {n} pods (s)", o.idle_seconds),
+                    "s",
+                    rt.name(),
+                    ((after - before) + (ha - hb)) as f64 / tick,
+                );
+            }
+            rt.remove_all_pods().await?;
+        }
+    }
+    for rt in rts.iter_mut() {
+        rt.peer.stop();
+    }
+    report(&res, o)?;
+    Ok(())
+}
+
+fn report(res: &Results, o: &Options) -> Result<()> {
+    let mut rows = vec![vec![
+        "operation".to_string(),
+        "crius median".into(),
+        "p90".into(),
+        "spread".into(),
+        "containerd median".into(),
+        "p90".into(),
+        "spread".into(),
+        "ratio".into(),
+    ]];
+    let mut json = serde_json::Map::new();
+    for (op, per) in &res.samples {
+        let unit = res.units.get(op).copied().unwrap_or("ms");
+        let c = per.get("crius").map(|v| stats(v));
+        let d = per.get("containerd").map(|v| stats(v));
+        let fmt = |s: &Option<Stats>| match s {
+            Some(s) => (
+                format!("{:.2} {unit}", s.median),
+                format!("{:.2}", s.p90),
+                format!("{:.0}%", s.spread),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let ratio = match (&c, &d) {
+            (Some(c), Some(d)) if d.median > 0.0 => format!("{:.3}", c.median / d.median),
+            _ => "-".into(),
+        };
+        let (cm, cp, cs) = fmt(&c);
+        let (dm, dp, ds) = fmt(&d);
+        rows.push(vec![op.clone(), cm, cp, cs, dm, dp, ds, ratio.clone()]);
+        let entry = |s: &Option<Stats>, raw: Option<&Vec<f64>>| {
+            s.as_ref().map(|s| serde_json::json!({"median": s.median, "p90": s.p90, "spread_pct": s.spread, "n": s.n, "samples": raw}))
+        };
+        json.insert(
+            op.clone(),
+            serde_json::json!({"unit": unit, "crius": entry(&c, per.get("crius")), "containerd": entry(&d, per.get("containerd")), "ratio": ratio.parse::<f64>().ok()}),
+        );
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    println!();
+    for (n, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        println!("| {} |", line.join(" | "));
+        if n == 0 {
+            println!(
+                "|{}|",
+                widths
+                    .iter()
+                    .map(|w| "-".repeat(w + 2))
+                    .collect::<Vec<_>>()
+                    .join("|")
+            );
+        }
+    }
+    let unpigz = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("command -v unpigz")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    println!(
+        "\nrounds: {}, containerd 1.6 + runc with unpigz on PATH: {unpigz}",
+        o.rounds
+    );
+    if let Some(dir) = o.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let doc = serde_json::json!({
+        "rounds": o.rounds,
+        "smoke": o.smoke,
+        "unpigz": unpigz,
+        "results": json,
+    });
+    std::fs::write(&o.out, serde_json::to_vec_pretty(&doc)?)?;
+    println!("results written to {}", o.out.display());
+    Ok(())
+}

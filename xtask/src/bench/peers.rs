@@ -1,0 +1,294 @@
+//! The two runtimes under test, each with private state under the benchmark's directory and its
+//! own socket: crius (the release binary) and Debian's containerd with its CRI plugin and runc.
+//! containerd needs `restrict_oom_score_adj` on these machines, a pause image (built from
+//! busybox here) and a CNI result with an address: it gets Debian's `loopback` plugin plus a
+//! no-op plugin that reports one, so both runtimes give pods a loopback-only network.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tonic::transport::Channel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Crius,
+    Containerd,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Crius => "crius",
+            Kind::Containerd => "containerd",
+        }
+    }
+}
+
+pub struct Peer {
+    pub kind: Kind,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    pub pid: i32,
+    child: Child,
+    pub channel: Channel,
+}
+
+fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "exited ({status}) before serving: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "no socket after 60 s: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+pub fn start_crius(bin: &Path, dir: &Path) -> Result<Peer> {
+    std::fs::create_dir_all(dir)?;
+    let socket = dir.join("crius.sock");
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[registry]\nconfig_path = \"{}\"\n",
+            dir.join("certs.d").display()
+        ),
+    )?;
+    let log = dir.join("daemon.log");
+    let mut child = Command::new(bin)
+        .args(["daemon", "--log-level", "warn", "--config"])
+        .arg(&cfg)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::options().append(true).open(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    wait_socket(&socket, &mut child, &log).context("crius")?;
+    let channel = crius::cri::client::channel(&socket)?;
+    Ok(Peer {
+        kind: Kind::Crius,
+        pid: child.id() as i32,
+        socket,
+        dir: dir.to_path_buf(),
+        child,
+        channel,
+    })
+}
+
+pub fn start_containerd(dir: &Path, registry: &str, pause: &str) -> Result<Peer> {
+    std::fs::create_dir_all(dir)?;
+    let socket = dir.join("containerd.sock");
+    let cni_conf = dir.join("cni-conf");
+    let cni_bin = dir.join("cni-bin");
+    std::fs::create_dir_all(&cni_conf)?;
+    std::fs::create_dir_all(&cni_bin)?;
+    std::os::unix::fs::symlink("/usr/lib/cni/loopback", cni_bin.join("loopback")).ok();
+    // A plugin that does nothing but report an address on eth0: containerd insists on one.
+    let noop = cni_bin.join("bench-addr");
+    std::fs::write(
+        &noop,
+        "#!/bin/sh\ncase \"$CNI_COMMAND\" in\nADD) printf '{\"cniVersion\":\"0.4.0\",\"interfaces\":[{\"name\":\"eth0\",\"sandbox\":\"%s\"}],\"ips\":[{\"version\":\"4\",\"address\":\"10.88.0.2/16\",\"interface\":0}]}' \"$CNI_NETNS\";;\nVERSION) printf '{\"cniVersion\":\"0.4.0\",\"supportedVersions\":[\"0.3.0\",\"0.3.1\",\"0.4.0\"]}';;\nesac\nexit 0\n",
+    )?;
+    std::fs::set_permissions(&noop, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::write(
+        cni_conf.join("10-bench.conflist"),
+        r#"{"cniVersion":"0.4.0","name":"bench","plugins":[{"type":"loopback"},{"type":"bench-addr"}]}"#,
+    )?;
+    let certs = dir.join("certs.d").join(registry);
+    std::fs::create_dir_all(&certs)?;
+    std::fs::write(
+        certs.join("hosts.toml"),
+        format!(
+            "server = \"http://{registry}\"\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )?;
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[debug]
+  level = "warn"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{certs}"
+"#,
+            root = dir.join("root").display(),
+            state = dir.join("state").display(),
+            socket = socket.display(),
+            pause = pause,
+            cni_bin = cni_bin.display(),
+            cni_conf = cni_conf.display(),
+            certs = dir.join("certs.d").display(),
+        ),
+    )?;
+    let log = dir.join("containerd.log");
+    let mut child = Command::new("containerd")
+        .arg("--config")
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::options().append(true).open(&log)?)
+        .spawn()
+        .context("starting containerd (run hack/install-bench-deps.sh)")?;
+    wait_socket(&socket, &mut child, &log).context("containerd")?;
+    let channel = crius::cri::client::channel(&socket)?;
+    Ok(Peer {
+        kind: Kind::Containerd,
+        pid: child.id() as i32,
+        socket,
+        dir: dir.to_path_buf(),
+        child,
+        channel,
+    })
+}
+
+impl Peer {
+    /// Stops the runtime (its pods are removed by the caller first).
+    pub fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Resident memory of a process in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of a process, in clock ticks.
+pub fn cpu_ticks(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(11) + get(12)
+}
+
+/// Live processes with their parent pid, comm and command line.
+pub fn processes() -> Vec<(i32, i32, String, String)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let comm = head
+            .split_once('(')
+            .map(|(_, c)| c.to_string())
+            .unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.first() == Some(&"Z") {
+            continue;
+        }
+        let ppid = f.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let cmd = std::fs::read(e.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .unwrap_or_default();
+        out.push((pid, ppid, comm, cmd));
+    }
+    out
+}
+
+/// The per-pod processes a runtime runs besides the workloads: (monitors or shims, pause holders).
+pub fn helper_pids(peer: &Peer) -> (Vec<i32>, Vec<i32>) {
+    let procs = processes();
+    match peer.kind {
+        Kind::Crius => {
+            let monitors = procs
+                .iter()
+                .filter(|p| p.2 == "crius-monitor" && p.3.contains(&peer.dir.display().to_string()))
+                .map(|p| p.0)
+                .collect();
+            let pauses = procs
+                .iter()
+                .filter(|p| p.2 == "pause" && p.1 == peer.pid)
+                .map(|p| p.0)
+                .collect();
+            (monitors, pauses)
+        }
+        Kind::Containerd => {
+            let addr = peer.socket.display().to_string();
+            let shims: Vec<i32> = procs
+                .iter()
+                .filter(|p| p.3.contains("containerd-shim-runc-v2") && p.3.contains(&addr))
+                .map(|p| p.0)
+                .collect();
+            let pauses = procs
+                .iter()
+                .filter(|p| shims.contains(&p.1) && p.3.contains("sleep 2147483647"))
+                .map(|p| p.0)
+                .collect();
+            (shims, pauses)
+        }
+    }
+}
