@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-build-deps.sh
-cargo build --release --bin crius
-exec ./target/release/crius daemon "$@"
+cargo xtask dist
+exec ./target/dist/crius daemon "$@"

@@ -74,7 +74,12 @@ async fn pull_by_tag_and_by_digest() {
     assert_eq!(d.pull(&both).await.unwrap(), img.config_digest);
     let list = d.list_images().await;
     assert_eq!(list.len(), 1);
-    assert_eq!(list[0].repo_tags, vec![name.clone()]);
+    assert_eq!(list[0].repo_tags[0], name);
+
+    // the same registry by name: localhost is loopback too (plain HTTP, resolved by the resolver)
+    let by_name = format!("localhost:{}/busybox:1.0", reg.port);
+    assert_eq!(d.pull(&by_name).await.unwrap(), img.config_digest);
+    assert!(d.image_status(&by_name).await.is_some());
 
     // a digest the registry does not have
     let missing = format!("{}/busybox@{}", reg.host(), sha256(b"nothing"));

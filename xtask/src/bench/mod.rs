@@ -39,7 +39,7 @@ impl Options {
             memory_pods: vec![20, 100],
             idle_seconds: 60,
             out: PathBuf::from("target/bench/results.json"),
-            crius_bin: PathBuf::from("target/release/crius"),
+            crius_bin: PathBuf::from("target/dist/crius"),
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -403,8 +403,19 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     }
 
     eprintln!("bench: starting crius and containerd");
-    let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"))?;
-    let containerd = peers::start_containerd(&tmp.join("containerd"), &registry.host(), &pause)?;
+    // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
+    let run = tmp.join("run");
+    std::fs::create_dir_all(&run)?;
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2g", "tmpfs"])
+        .arg(&run)
+        .status()?;
+    if !status.success() {
+        bail!("mounting a tmpfs for runtime state");
+    }
+    let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"), &run)?;
+    let containerd =
+        peers::start_containerd(&tmp.join("containerd"), &run, &registry.host(), &pause)?;
     let mut rts = [
         Rt::new(crius, tmp.join("logs/crius")),
         Rt::new(containerd, tmp.join("logs/containerd")),
@@ -544,6 +555,13 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
                     "MiB",
                     rt.name(),
                     helper_kib as f64 / 1024.0 / helpers.len() as f64,
+                );
+                let pss: u64 = helpers.iter().map(|p| peers::pss_kib(*p)).sum();
+                res.add(
+                    "monitor/shim PSS each (MiB)",
+                    "MiB",
+                    rt.name(),
+                    pss as f64 / 1024.0 / helpers.len() as f64,
                 );
             }
             if o.idle_seconds > 0 && n == *o.memory_pods.iter().max().unwrap_or(&0) {

@@ -56,7 +56,7 @@ fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn start_crius(bin: &Path, dir: &Path) -> Result<Peer> {
+pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
     std::fs::create_dir_all(dir)?;
     let socket = dir.join("crius.sock");
     let cfg = dir.join("config.toml");
@@ -74,7 +74,7 @@ pub fn start_crius(bin: &Path, dir: &Path) -> Result<Peer> {
         .arg("--root")
         .arg(dir.join("root"))
         .arg("--state")
-        .arg(dir.join("state"))
+        .arg(run.join("crius"))
         .arg("--socket")
         .arg(&socket)
         .stdin(Stdio::null())
@@ -94,7 +94,7 @@ pub fn start_crius(bin: &Path, dir: &Path) -> Result<Peer> {
     })
 }
 
-pub fn start_containerd(dir: &Path, registry: &str, pause: &str) -> Result<Peer> {
+pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> Result<Peer> {
     std::fs::create_dir_all(dir)?;
     let socket = dir.join("containerd.sock");
     let cni_conf = dir.join("cni-conf");
@@ -149,7 +149,7 @@ state = "{state}"
     config_path = "{certs}"
 "#,
             root = dir.join("root").display(),
-            state = dir.join("state").display(),
+            state = run.join("containerd").display(),
             socket = socket.display(),
             pause = pause,
             cni_bin = cni_bin.display(),
@@ -215,6 +215,18 @@ pub fn rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Proportional set size of a process in KiB (shared pages divided among their users).
+pub fn pss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Pss:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// User + system CPU time of a process, in clock ticks.
 pub fn cpu_ticks(pid: i32) -> u64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -264,9 +276,10 @@ pub fn helper_pids(peer: &Peer) -> (Vec<i32>, Vec<i32>) {
     let procs = processes();
     match peer.kind {
         Kind::Crius => {
+            // Both are the daemon's own children.
             let monitors = procs
                 .iter()
-                .filter(|p| p.2 == "crius-monitor" && p.3.contains(&peer.dir.display().to_string()))
+                .filter(|p| p.2 == "crius-monitor" && p.1 == peer.pid)
                 .map(|p| p.0)
                 .collect();
             let pauses = procs
