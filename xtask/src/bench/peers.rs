@@ -30,7 +30,6 @@ impl Kind {
 pub struct Peer {
     pub kind: Kind,
     pub socket: PathBuf,
-    pub dir: PathBuf,
     pub pid: i32,
     child: Child,
     pub channel: Channel,
@@ -88,7 +87,6 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         kind: Kind::Crius,
         pid: child.id() as i32,
         socket,
-        dir: dir.to_path_buf(),
         child,
         channel,
     })
@@ -172,7 +170,6 @@ state = "{state}"
         kind: Kind::Containerd,
         pid: child.id() as i32,
         socket,
-        dir: dir.to_path_buf(),
         child,
         channel,
     })
