@@ -275,9 +275,12 @@ async fn version(socket: &std::path::Path) -> Result<()> {
 fn init_logging(level: &str) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .with_context(|| format!("log level {level:?} is not a level or tracing filter"))?;
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours for a terminal only: journald and log files get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     Ok(())
 }

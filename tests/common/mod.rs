@@ -596,6 +596,10 @@ impl Daemon {
         let cfg = dir.path().join("config.toml");
         let certs = dir.path().join("certs.d");
         std::fs::create_dir_all(&certs).expect("certs dir");
+        // Runtime state on a tmpfs, as /run is on a node.
+        std::fs::create_dir_all(&state).expect("state dir");
+        nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=512m"))
+            .expect("tmpfs for the state dir");
         // Tests never read the host's registry settings or credentials.
         let full = format!(
             "[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
@@ -857,6 +861,23 @@ impl Daemon {
         for m in mounts {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
+    }
+
+    /// The daemon's per-RPC durations from its debug log, in milliseconds.
+    pub fn rpc_times(&self, rpc: &str) -> Vec<f64> {
+        let needle = format!("rpc=\"{rpc}\"");
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(&needle) && l.contains("rpc ok"))
+            .filter_map(|l| {
+                let e = l.split("elapsed=").nth(1)?.split_whitespace().next()?;
+                match (e.strip_suffix("ms"), e.strip_suffix("µs")) {
+                    (Some(v), _) => v.parse().ok(),
+                    (_, Some(v)) => v.parse::<f64>().ok().map(|x| x / 1000.0),
+                    _ => None,
+                }
+            })
+            .collect()
     }
 }
 
