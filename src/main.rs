@@ -154,7 +154,6 @@ fn main() -> ExitCode {
         let helper = match cmd.to_str() {
             Some("monitor") => Some(crius::runtime::monitor::main(std::path::Path::new(&arg))),
             Some("pause") => Some(crius::runtime::pause::main(&arg.to_string_lossy())),
-            Some("nsexec") => Some(crius::runtime::exec::main(&arg.to_string_lossy())),
             _ => None,
         };
         if let Some(code) = helper {

@@ -528,7 +528,8 @@ fn mounts_under(prefixes: &[&Path]) -> Vec<String> {
         .filter(|m| {
             prefixes
                 .iter()
-                .any(|p| m.starts_with(&p.display().to_string()))
+                // below the directories, not the directories (the state dir is a tmpfs)
+                .any(|p| m.starts_with(&format!("{}/", p.display())))
         })
         .collect()
 }

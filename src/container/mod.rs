@@ -24,8 +24,8 @@ use crate::atomic;
 use crate::content::Digest;
 use crate::image::{self, ImageService};
 use crate::runtime::{
-    self, ExecConfig, ExecReport, ExitRecord, JoinNamespace, MonitorConfig, ProcessId, StartReport,
-    logs,
+    self, ExecReport, ExecRequest, ExitRecord, JoinNamespace, MonitorConfig, ProcessId,
+    StartReport, logs,
 };
 use crate::sandbox::{self, NS_CONTAINER, NS_NODE, NS_POD, SandboxService, wait_for_exit};
 
@@ -942,11 +942,11 @@ impl ContainerService {
             return Err(invalid("cmd", "is required"));
         }
         let entry = self.entry(id)?;
-        let (cid, init) = {
+        let cid = {
             let mut r = entry.lock().await;
             self.sync_exit(&mut r);
             match (r.state, r.init) {
-                (RUNNING, Some(init)) => (r.id.clone(), init),
+                (RUNNING, Some(_)) => r.id.clone(),
                 (s, _) => {
                     return Err(Error::WrongState {
                         id: r.id.clone(),
@@ -956,10 +956,12 @@ impl ContainerService {
                 }
             }
         };
-        let b = self.bundle(&cid);
-        let cfg = ExecConfig {
-            bundle: b.dir.clone(),
-            init,
+        let sock = self.bundle(&cid).dir.join(runtime::MONITOR_SOCKET);
+        let exec_err = |message: String| Error::Exec {
+            id: cid.clone(),
+            message,
+        };
+        let req = ExecRequest {
             args: cmd,
             timeout_ms: if timeout > 0 {
                 timeout as u64 * 1000
@@ -967,49 +969,56 @@ impl ContainerService {
                 0
             },
         };
-        let json = serde_json::to_string(&cfg).map_err(|e| Error::Exec {
-            id: cid.clone(),
-            message: e.to_string(),
-        })?;
-        let (ours, theirs) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err(Path::new("socketpair")))?;
-        let exec_err = |message: String| Error::Exec {
-            id: cid.clone(),
-            message,
+        let body = serde_json::to_vec(&req).map_err(|e| exec_err(e.to_string()))?;
+        // The command writes straight into these pipes; the monitor only starts and reaps it.
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| exec_err(format!("pipe: {e}")))
         };
-        let mut child = tokio::process::Command::new(runtime::SELF_EXE)
-            .arg0("crius")
-            .arg("nsexec")
-            .arg(json)
-            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
-                theirs,
-            )))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| exec_err(format!("spawning: {e}")))?;
-        let mut out = child
-            .stdout
-            .take()
-            .ok_or_else(|| exec_err("no stdout".into()))?;
-        let mut err = child
-            .stderr
-            .take()
-            .ok_or_else(|| exec_err("no stderr".into()))?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let conn = {
+            let dir = sock.parent().unwrap_or(Path::new("/"));
+            let (_dir, short) =
+                runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
+            std::os::unix::net::UnixStream::connect(&short)
+                .map_err(|e| exec_err(format!("the container's monitor does not answer ({e})")))?
+        };
+        {
+            use std::os::fd::AsRawFd;
+            let fds = [out_w.as_raw_fd(), err_w.as_raw_fd()];
+            let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+            let iov = [std::io::IoSlice::new(&body)];
+            nix::sys::socket::sendmsg::<()>(
+                conn.as_raw_fd(),
+                &iov,
+                &cmsg,
+                nix::sys::socket::MsgFlags::empty(),
+                None,
+            )
+            .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))?;
+        }
+        drop((out_w, err_w));
+        conn.set_nonblocking(true).map_err(io_err(&sock))?;
+        let mut conn = tokio::net::UnixStream::from_std(conn).map_err(io_err(&sock))?;
+        let mut out =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).map_err(io_err(&sock))?;
+        let mut err =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(err_r).map_err(io_err(&sock))?;
         let collect = async {
-            let (mut o, mut e) = (Vec::new(), Vec::new());
-            let (mut bo, mut be) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+            let (mut o, mut e, mut report) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut bo, mut be, mut br) =
+                (vec![0u8; 64 << 10], vec![0u8; 64 << 10], vec![0u8; 4096]);
             let (mut o_done, mut e_done) = (false, false);
             // Once the command has ended, what it wrote is already in the pipes; a background
             // child may hold them open forever, so reading stops shortly after.
-            let mut exited: Option<tokio::time::Instant> = None;
+            let mut ended: Option<tokio::time::Instant> = None;
             loop {
-                if o_done && e_done && exited.is_some() {
+                if o_done && e_done && ended.is_some() {
                     break;
                 }
                 let drain = async {
-                    match exited {
+                    match ended {
                         Some(t) => tokio::time::sleep_until(t + EXEC_DRAIN).await,
                         None => std::future::pending().await,
                     }
@@ -1023,33 +1032,35 @@ impl ContainerService {
                         Ok(0) | Err(_) => e_done = true,
                         Ok(n) => push_capped(&mut e, &be[..n]),
                     },
-                    _ = child.wait(), if exited.is_none() => exited = Some(tokio::time::Instant::now()),
+                    r = conn.read(&mut br), if ended.is_none() => match r {
+                        Ok(0) | Err(_) => ended = Some(tokio::time::Instant::now()),
+                        Ok(n) => {
+                            report.extend_from_slice(&br[..n]);
+                            if report.ends_with(b"\n") {
+                                ended = Some(tokio::time::Instant::now());
+                            }
+                        }
+                    },
                     () = drain => break,
                 }
             }
-            (o, e)
+            (o, e, report)
         };
-        // The helper enforces the timeout; this guard only catches a helper that hangs.
+        // The monitor enforces the timeout; this guard only catches a monitor that hangs.
         let guard = if timeout > 0 {
             Duration::from_secs(timeout as u64 + 10)
         } else {
             Duration::from_secs(u64::MAX / 4)
         };
-        let (o, e) =
+        let (o, e, report) =
             tokio::time::timeout(guard, collect)
                 .await
                 .map_err(|_| Error::ExecTimeout {
                     id: cid.clone(),
                     seconds: timeout,
                 })?;
-        ours.set_nonblocking(true)
-            .map_err(io_err(Path::new("socketpair")))?;
-        let mut sock =
-            tokio::net::UnixStream::from_std(ours).map_err(io_err(Path::new("socketpair")))?;
-        let mut report = Vec::new();
-        let _ = sock.read_to_end(&mut report).await;
         let report: ExecReport = serde_json::from_slice(&report)
-            .map_err(|_| exec_err("the exec helper gave no report".into()))?;
+            .map_err(|_| exec_err("the container's monitor ended without an answer".into()))?;
         if let Some(message) = report.error {
             return Err(exec_err(message));
         }

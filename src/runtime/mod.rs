@@ -1,11 +1,11 @@
 //! runtime: the synchronous process side of crius: no tokio, no threads. It holds the helpers the
-//! daemon re-executes (`crius pause`, `crius monitor`, `crius nsexec`), the container init that
+//! daemon re-executes (`crius pause`, `crius monitor`, which also runs ExecSync commands), the
+//! container init that
 //! runs between fork and exec (namespaces, mounts, pivot_root, credentials, capabilities), the CRI
 //! log writer, and process identities that survive pid reuse. It reads OCI runtime specs
 //! (`oci-spec`) and small JSON records; it uses `sys` for the few raw system calls and `atomic`
 //! for the exit record.
 
-pub mod exec;
 pub mod init;
 pub mod logs;
 pub mod monitor;
@@ -28,6 +28,9 @@ pub struct JoinNamespace {
     pub kind: String,
     pub path: PathBuf,
 }
+
+/// The monitor's socket in a bundle.
+pub const MONITOR_SOCKET: &str = "monitor.sock";
 
 /// What `crius monitor` needs beyond the OCI spec (`<bundle>/config.json`); in
 /// `<bundle>/monitor.json`.
@@ -92,18 +95,16 @@ pub enum PauseReport {
     Failed { message: String },
 }
 
-/// What `crius nsexec` runs: a command inside a running container, with the container's own
-/// process settings (user, capabilities, environment) from its bundle.
+/// A command to run inside a running container (ExecSync), sent to its monitor's socket
+/// (`<bundle>/monitor.sock`) together with the command's stdout and stderr as SCM_RIGHTS.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ExecConfig {
-    pub bundle: PathBuf,
-    pub init: ProcessId,
+pub struct ExecRequest {
     pub args: Vec<String>,
     /// Kill the command after this long (0: no limit).
     pub timeout_ms: u64,
 }
 
-/// The report `crius nsexec` writes on its status socket.
+/// The monitor's answer on the same connection once the command has ended.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ExecReport {
     pub exit_code: i32,
@@ -127,4 +128,21 @@ pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<(i32, Option<i32>
         WaitStatus::Signaled(_, sig, _) => Some((128 + sig as i32, Some(sig as i32))),
         _ => None,
     }
+}
+
+/// A path to `name` inside `dir` short enough for a unix socket address (108 bytes), however
+/// long `dir` is: `/proc/self/fd/N/name` through a handle on the directory, which the caller
+/// keeps open while it binds or connects.
+pub fn short_socket_path(
+    dir: &std::path::Path,
+    name: &str,
+) -> std::io::Result<(std::os::fd::OwnedFd, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    let fd: std::os::fd::OwnedFd = nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let path = PathBuf::from(format!("/proc/self/fd/{}/{name}", fd.as_raw_fd()));
+    Ok((fd, path))
 }

@@ -2,11 +2,18 @@
 //! the bundle (`config.json`, the OCI spec, and `monitor.json`), forks the container init (see
 //! `init`) into the right PID namespace, reports `Started` or `Failed` as one JSON line on stdout,
 //! and then lives on its own (own session, no tie to the daemon): it copies the container's
-//! output into the CRI log, reopens the log on SIGUSR1, reaps the init and writes the exit record
-//! atomically. The daemon may die and come back meanwhile; the record is what it reads.
+//! output into the CRI log, reopens the log on SIGUSR1, runs ExecSync commands asked for on its
+//! socket, reaps the init and writes the exit record atomically. The daemon may die and come back
+//! meanwhile; the record is what it reads.
+//!
+//! Exec is here because it is the cheap place for it: the monitor's children already land in the
+//! container's PID namespace, it holds the parsed spec, and forking a small single-threaded
+//! process costs far less than starting a new one. The daemon passes the command's stdout and
+//! stderr with the request (SCM_RIGHTS), so output never goes through the monitor.
 
-use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -16,13 +23,17 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
-use oci_spec::runtime::Spec;
+use oci_spec::runtime::{Process, Spec};
 
-use super::init::{self, Stdio};
+use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
-use super::{ExitRecord, MonitorConfig, ProcessId, StartReport, exit_code, now_nanos};
+use super::{
+    ExecReport, ExecRequest, ExitRecord, MONITOR_SOCKET, MonitorConfig, ProcessId, StartReport,
+    exit_code, now_nanos,
+};
 use crate::{atomic, sys};
 
 /// How long output may trail the init's exit (descendants in a shared PID namespace may hold the
@@ -57,11 +68,25 @@ fn report(r: &StartReport) {
     let _ = out.flush();
 }
 
+/// An ExecSync command in flight.
+struct Exec {
+    pid: Pid,
+    conn: UnixStream,
+    deadline: Option<Instant>,
+    timed_out: bool,
+}
+
 struct Monitor {
     child: Pid,
+    /// The init's pidfd (close-on-exec), for exec'd commands to join its namespaces: the
+    /// init's pid means nothing inside its own PID namespace, where those commands start.
+    init_fd: OwnedFd,
     log: Option<LogWriter>,
     outputs: Vec<(OwnedFd, Stream)>,
     signals: SignalFd,
+    listener: UnixListener,
+    execs: Vec<Exec>,
+    process: Process,
     exit_file: std::path::PathBuf,
     /// The write end of the container's stdin, held so its stdin stays open.
     _stdin: Option<OwnedFd>,
@@ -91,6 +116,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         serde_json::from_slice(&read("monitor.json")?).map_err(|e| format!("monitor.json: {e}"))?;
     let spec: Spec =
         serde_json::from_slice(&read("config.json")?).map_err(|e| format!("config.json: {e}"))?;
+    let process = spec.process().clone().ok_or("config.json has no process")?;
 
     let log = match (&cfg.log_dir, &cfg.log_path) {
         (Some(dir), Some(rel)) => Some(
@@ -144,6 +170,21 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     }
     let (err_r, err_w) = cloexec_pipe()?;
 
+    let sock_path = bundle.join(MONITOR_SOCKET);
+    let _ = std::fs::remove_file(&sock_path);
+    let (_dir, short) = super::short_socket_path(bundle, MONITOR_SOCKET)
+        .map_err(|e| format!("{}: {e}", bundle.display()))?;
+    let listener =
+        UnixListener::bind(&short).map_err(|e| format!("{}: {e}", sock_path.display()))?;
+    std::fs::set_permissions(
+        &sock_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .map_err(|e| format!("{}: {e}", sock_path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("{}: {e}", sock_path.display()))?;
+
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -159,7 +200,8 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("signalfd: {e}"))?;
 
-    // The PID namespace applies to the next child: the pod's, or a new one for this container.
+    // The PID namespace applies to every later child: the pod's, or a new one for this container
+    // (whose PID 1 is the first child). Exec'd commands land there too.
     if let Some(ns) = cfg.join.iter().find(|n| n.kind == "pid") {
         let f = std::fs::File::open(&ns.path)
             .map_err(|e| format!("pid namespace {}: {e}", ns.path.display()))?;
@@ -178,19 +220,26 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             drop(err_w);
             drop(child_stdio);
             let mut msg = Vec::new();
-            let _ = io::Read::read_to_end(&mut std::fs::File::from(err_r), &mut msg);
+            let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
             if !msg.is_empty() {
                 let _ = waitpid(child, None);
+                let _ = std::fs::remove_file(&sock_path);
                 return Err(String::from_utf8_lossy(&msg).into_owned());
             }
             let started_at = now_nanos();
             let id = ProcessId::of(child.as_raw())
                 .map_err(|e| format!("container init {child}: {e}"))?;
+            let init_fd = sys::pidfd_open(child.as_raw())
+                .map_err(|e| format!("container init {child}: {e}"))?;
             let monitor = Monitor {
                 child,
+                init_fd,
                 log,
                 outputs,
                 signals,
+                listener,
+                execs: Vec::new(),
+                process,
                 exit_file: cfg.exit_file.clone(),
                 _stdin: stdin_keep,
             };
@@ -206,6 +255,12 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     }
 }
 
+fn send_report(conn: &mut UnixStream, r: &ExecReport) {
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    let _ = conn.write_all(&line);
+}
+
 impl Monitor {
     fn run(mut self) -> i32 {
         let mut status: Option<(i32, Option<i32>)> = None;
@@ -217,31 +272,46 @@ impl Monitor {
             {
                 break;
             }
-            let timeout = match exited_at {
+            let now = Instant::now();
+            let exec_deadline = self
+                .execs
+                .iter()
+                .filter(|e| !e.timed_out)
+                .filter_map(|e| e.deadline)
+                .min();
+            let mut wait_ms: Option<u64> =
+                exec_deadline.map(|d| d.saturating_duration_since(now).as_millis() as u64 + 1);
+            if exited_at.is_some() {
                 // After the exit, only wait briefly for trailing output.
-                Some(_) => PollTimeout::from(100u16),
+                wait_ms = Some(wait_ms.map_or(100, |w| w.min(100)));
+            }
+            let timeout = match wait_ms {
+                Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
                 None => PollTimeout::NONE,
             };
-            let (sig_ready, ready) = {
-                let mut fds = Vec::with_capacity(1 + self.outputs.len());
+            let (sig_ready, listen_ready, ready) = {
+                let mut fds = Vec::with_capacity(2 + self.outputs.len());
                 fds.push(PollFd::new(self.signals.as_fd(), PollFlags::POLLIN));
+                fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
                 for (fd, _) in &self.outputs {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                 }
-                match poll(&mut fds, timeout) {
-                    Ok(0) if exited_at.is_some() => break, // quiet after exit: done
-                    Ok(_) => {}
+                let n = match poll(&mut fds, timeout) {
+                    Ok(n) => n,
                     Err(Errno::EINTR) => continue,
                     Err(e) => {
                         eprintln!("monitor: poll: {e}");
                         break;
                     }
+                };
+                if n == 0 && exited_at.is_some() && exec_deadline.is_none() {
+                    break; // quiet after exit: done
                 }
                 let revents = |i: usize| fds[i].revents().unwrap_or(PollFlags::empty());
-                let sig = !revents(0).is_empty();
-                let ready: Vec<bool> = (1..fds.len()).map(|i| !revents(i).is_empty()).collect();
-                (sig, ready)
+                let ready: Vec<bool> = (2..fds.len()).map(|i| !revents(i).is_empty()).collect();
+                (!revents(0).is_empty(), !revents(1).is_empty(), ready)
             };
+            self.enforce_deadlines();
             // Output first, so nothing written before the exit is lost.
             let mut closed = Vec::new();
             for (i, is_ready) in ready.iter().enumerate() {
@@ -278,6 +348,9 @@ impl Monitor {
                     let _ = log.finish(stream);
                 }
             }
+            if listen_ready {
+                self.accept_execs(exited_at.is_some());
+            }
             if sig_ready {
                 while let Ok(Some(info)) = self.signals.read_signal() {
                     match Signal::try_from(info.ssi_signo as i32) {
@@ -310,6 +383,25 @@ impl Monitor {
                 let _ = log.finish(stream);
             }
         }
+        // Commands still running in a shared PID namespace end with the container.
+        for e in &self.execs {
+            let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+        }
+        for mut e in std::mem::take(&mut self.execs) {
+            let code = waitpid(e.pid, None)
+                .ok()
+                .and_then(exit_code)
+                .map(|(c, _)| c)
+                .unwrap_or(-1);
+            send_report(
+                &mut e.conn,
+                &ExecReport {
+                    exit_code: code,
+                    timed_out: e.timed_out,
+                    error: None,
+                },
+            );
+        }
         let (code, signal) = match status {
             Some(s) => s,
             // The init was not reaped (a poll failure): wait for it now.
@@ -331,8 +423,8 @@ impl Monitor {
         0
     }
 
-    /// Reaps every exited child; returns the init's status if it was among them.
-    fn reap(&self) -> Option<(i32, Option<i32>)> {
+    /// Reaps every exited child: reports ended execs, returns the init's status if it ended.
+    fn reap(&mut self) -> Option<(i32, Option<i32>)> {
         let mut found = None;
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
@@ -340,10 +432,150 @@ impl Monitor {
                 Ok(s) => {
                     if s.pid() == Some(self.child) {
                         found = exit_code(s);
+                    } else if let Some(i) = self.execs.iter().position(|e| Some(e.pid) == s.pid()) {
+                        let mut e = self.execs.swap_remove(i);
+                        let code = exit_code(s).map(|(c, _)| c).unwrap_or(-1);
+                        send_report(
+                            &mut e.conn,
+                            &ExecReport {
+                                exit_code: code,
+                                timed_out: e.timed_out,
+                                error: None,
+                            },
+                        );
                     }
                 }
             }
         }
         found
     }
+
+    fn enforce_deadlines(&mut self) {
+        let now = Instant::now();
+        for e in self.execs.iter_mut() {
+            if !e.timed_out && e.deadline.is_some_and(|d| d <= now) {
+                e.timed_out = true;
+                let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+            }
+        }
+    }
+
+    fn accept_execs(&mut self, container_gone: bool) {
+        while let Ok((mut conn, _)) = self.listener.accept() {
+            if container_gone {
+                send_report(
+                    &mut conn,
+                    &exec_error("the container is not running".into()),
+                );
+                continue;
+            }
+            match self.start_exec(&conn) {
+                Ok((pid, deadline)) => self.execs.push(Exec {
+                    pid,
+                    conn,
+                    deadline,
+                    timed_out: false,
+                }),
+                Err(e) => send_report(&mut conn, &exec_error(e)),
+            }
+        }
+    }
+
+    /// Reads one request with its two descriptors and forks the command.
+    fn start_exec(&self, conn: &UnixStream) -> Result<(Pid, Option<Instant>), String> {
+        conn.set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        let mut data = vec![0u8; 256 << 10];
+        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut data)];
+            let msg = recvmsg::<()>(
+                conn.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(|e| format!("reading the request: {e}"))?;
+            let mut fds: Vec<OwnedFd> = Vec::new();
+            for c in msg.cmsgs().map_err(|e| e.to_string())? {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    fds.extend(raw.into_iter().map(sys::own_received_fd));
+                }
+            }
+            (msg.bytes, fds)
+        };
+        let req: ExecRequest =
+            serde_json::from_slice(&data[..n]).map_err(|e| format!("bad request: {e}"))?;
+        let [stdout, stderr]: [OwnedFd; 2] = fds
+            .try_into()
+            .map_err(|_| "the request needs stdout and stderr".to_string())?;
+        let (err_r, err_w) = cloexec_pipe()?;
+        match sys::fork().map_err(|e| format!("fork: {e}"))? {
+            ForkResult::Child => {
+                drop(err_r);
+                let e = match exec_child(&self.init_fd, &self.process, &req, stdout, stderr) {
+                    Ok(never) => match never {},
+                    Err(e) => e,
+                };
+                let _ = std::fs::File::from(err_w).write_all(e.to_string().as_bytes());
+                sys::exit_now(127)
+            }
+            ForkResult::Parent { child } => {
+                drop(err_w);
+                let mut msg = Vec::new();
+                let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
+                if !msg.is_empty() {
+                    let _ = waitpid(child, None);
+                    return Err(String::from_utf8_lossy(&msg).into_owned());
+                }
+                let deadline = (req.timeout_ms > 0)
+                    .then(|| Instant::now() + Duration::from_millis(req.timeout_ms));
+                Ok((child, deadline))
+            }
+        }
+    }
+}
+
+fn exec_error(message: String) -> ExecReport {
+    ExecReport {
+        exit_code: -1,
+        timed_out: false,
+        error: Some(message),
+    }
+}
+
+/// The exec'd command's side of the fork: the container's namespaces (its PID namespace is
+/// already ours), its process settings, then exec.
+fn exec_child(
+    init: &OwnedFd,
+    process: &Process,
+    req: &ExecRequest,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> Result<std::convert::Infallible, InitError> {
+    let fail = |step: &str| {
+        let step = step.to_string();
+        move |e: io::Error| InitError {
+            step,
+            detail: e.to_string(),
+        }
+    };
+    sys::reset_signals().map_err(fail("reset signals"))?;
+    let flags = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    setns(init.as_fd(), flags).map_err(|e| fail("joining the container's namespaces")(e.into()))?;
+    let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
+    sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
+    sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
+    sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
+    let cwd = process.cwd();
+    std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
+    let mut p = process.clone();
+    p.set_args(Some(req.args.clone()));
+    p.set_terminal(Some(false));
+    init::apply_process(&p)?;
+    init::exec(&p)
 }

@@ -97,6 +97,7 @@ pub fn exit_now(code: i32) -> ! {
 pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: pidfd_open takes plain integers; a non-negative result is a new descriptor we own.
+    // PIDFD_NONBLOCK is not set; the descriptor is close-on-exec by definition.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -234,4 +235,12 @@ pub fn async_fd(
     // SAFETY: the AsyncFd owns the OwnedFd, which keeps the descriptor open and referring to the
     // same file for exactly as long as the registration lives.
     Ok(unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }?)
+}
+
+/// Takes ownership of a descriptor received with SCM_RIGHTS.
+pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the kernel installed this descriptor in our table when the message was received;
+    // nothing else refers to it, so exactly one owner closes it.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
 }

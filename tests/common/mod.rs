@@ -598,8 +598,14 @@ impl Daemon {
         std::fs::create_dir_all(&certs).expect("certs dir");
         // Runtime state on a tmpfs, as /run is on a node.
         std::fs::create_dir_all(&state).expect("state dir");
-        nix::mount::mount(Some("tmpfs"), &state, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=512m"))
-            .expect("tmpfs for the state dir");
+        nix::mount::mount(
+            Some("tmpfs"),
+            &state,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=512m"),
+        )
+        .expect("tmpfs for the state dir");
         // Tests never read the host's registry settings or credentials.
         let full = format!(
             "[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",

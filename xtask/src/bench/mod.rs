@@ -537,6 +537,19 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             let helper_kib: u64 = helpers.iter().map(|p| peers::rss_kib(*p)).sum();
             let pause_kib: u64 = pauses.iter().map(|p| peers::rss_kib(*p)).sum();
             let total = daemon + (helper_kib + pause_kib) as f64 / 1024.0;
+            // RSS counts the pages helpers share (the same binary) once per process; PSS divides
+            // them among their users, so it sums to what the runtime really holds.
+            let pss: u64 = std::iter::once(rt.peer.pid)
+                .chain(helpers.iter().copied())
+                .chain(pauses.iter().copied())
+                .map(peers::pss_kib)
+                .sum();
+            res.add(
+                &format!("daemon+helpers PSS with {n} pods (MiB)"),
+                "MiB",
+                rt.name(),
+                pss as f64 / 1024.0,
+            );
             res.add(
                 &format!("daemon RSS with {n} pods (MiB)"),
                 "MiB",
