@@ -6,6 +6,7 @@
 //! (`oci-spec`) and small JSON records; it uses `sys` for the few raw system calls and `atomic`
 //! for the exit record.
 
+pub mod cgroup;
 pub mod init;
 pub mod logs;
 pub mod monitor;

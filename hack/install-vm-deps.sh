@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the VM test tier's parts on Debian 12: qemu and a 6.12 kernel from bookworm-backports
+# (6.12 has tmpfs noswap; the backports qemu also avoids a clash with backports qemu-utils),
+# busybox-static for the initramfs, and the tools that unpack kernel modules.
+set -euo pipefail
+list=/etc/apt/sources.list.d/bookworm-backports.list
+if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "deb http://deb.debian.org/debian bookworm-backports main" > "$list"
+fi
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+ls /boot/vmlinuz-6.12* >/dev/null 2>&1 || need+=(linux-image-6.12-amd64)
+for p in busybox-static cpio xz-utils zstd kmod; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends -t bookworm-backports "${need[@]}"
+fi

@@ -1,0 +1,426 @@
+//! cgroup v2, managed directly through the unified hierarchy (the cgroupfs driver): finding it
+//! and its controllers, creating a pod's and a container's cgroups with the controllers they
+//! need enabled on the way down, turning CRI resources into cgroup files (typed fields first,
+//! then `unified` verbatim so kubelet's `memory.swap.max`, `memory.high` and `memory.oom.group`
+//! win), reading usage for stats and OOM kills, and taking cgroups down.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The cgroup v2 filesystem's magic number (statfs).
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Where cgroup v2 is mounted and what it offers.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    pub root: PathBuf,
+    pub controllers: Vec<String>,
+}
+
+impl Hierarchy {
+    /// The unified hierarchy at /sys/fs/cgroup, if that is what is mounted there (not on a v1 or
+    /// hybrid host, where /sys/fs/cgroup is a tmpfs of v1 controllers).
+    pub fn detect() -> Option<Hierarchy> {
+        Self::at(Path::new("/sys/fs/cgroup"))
+    }
+
+    pub fn at(root: &Path) -> Option<Hierarchy> {
+        let st = nix::sys::statfs::statfs(root).ok()?;
+        if st.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC {
+            return None;
+        }
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).ok()?;
+        Some(Hierarchy {
+            root: root.to_path_buf(),
+            controllers: controllers.split_whitespace().map(str::to_string).collect(),
+        })
+    }
+
+    pub fn has(&self, controller: &str) -> bool {
+        self.controllers.iter().any(|c| c == controller)
+    }
+
+    /// The cgroup at `rel` (relative to the root; `..` refused).
+    pub fn cgroup(&self, rel: &str) -> io::Result<Cgroup> {
+        let mut path = self.root.clone();
+        for c in Path::new(rel).components() {
+            match c {
+                Component::Normal(s) => path.push(s),
+                Component::RootDir | Component::CurDir => {}
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("cgroup path {rel:?} must not contain \"..\""),
+                    ));
+                }
+            }
+        }
+        Ok(Cgroup {
+            root: self.root.clone(),
+            path,
+        })
+    }
+}
+
+/// One cgroup directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cgroup {
+    pub root: PathBuf,
+    pub path: PathBuf,
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+impl Cgroup {
+    /// Creates the cgroup (and its ancestors), enabling `controllers` in every ancestor's
+    /// `cgroup.subtree_control` so they reach it. Controllers an ancestor cannot offer are
+    /// skipped; what the cgroup ends up with is in its `cgroup.controllers`.
+    pub fn create(&self, controllers: &[&str]) -> io::Result<()> {
+        let rel = self
+            .path
+            .strip_prefix(&self.root)
+            .map_err(|_| io::Error::other("cgroup outside its hierarchy"))?;
+        let mut cur = self.root.clone();
+        for comp in rel.components() {
+            let available =
+                std::fs::read_to_string(cur.join("cgroup.controllers")).unwrap_or_default();
+            let enabled =
+                std::fs::read_to_string(cur.join("cgroup.subtree_control")).unwrap_or_default();
+            let want: Vec<String> = controllers
+                .iter()
+                .filter(|c| {
+                    available.split_whitespace().any(|a| a == **c)
+                        && !enabled.split_whitespace().any(|e| e == **c)
+                })
+                .map(|c| format!("+{c}"))
+                .collect();
+            if !want.is_empty() {
+                write(&cur.join("cgroup.subtree_control"), &want.join(" "))?;
+            }
+            cur.push(comp);
+            match std::fs::create_dir(&cur) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", cur.display()))),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn exists(&self) -> bool {
+        self.path.join("cgroup.procs").exists()
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    pub fn set(&self, name: &str, value: &str) -> io::Result<()> {
+        write(&self.file(name), value)
+    }
+
+    pub fn read(&self, name: &str) -> io::Result<String> {
+        std::fs::read_to_string(self.file(name))
+    }
+
+    /// Moves a process (0: the caller) into the cgroup.
+    pub fn add(&self, pid: i32) -> io::Result<()> {
+        self.set("cgroup.procs", &pid.to_string())
+    }
+
+    /// Pids of the processes in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        self.read("cgroup.procs")
+            .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs every process in the cgroup and below (`cgroup.kill`, kernel 5.14+).
+    pub fn kill(&self) -> io::Result<()> {
+        self.set("cgroup.kill", "1")
+    }
+
+    /// Removes the cgroup and any children it has, killing what still runs in them.
+    pub fn remove(&self) -> io::Result<()> {
+        if !self.path.exists() {
+            return Ok(());
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.path) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    Cgroup {
+                        root: self.root.clone(),
+                        path: e.path(),
+                    }
+                    .remove()?;
+                }
+            }
+        }
+        let mut last = None;
+        for attempt in 0..50 {
+            match std::fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => {
+                    // Busy: processes (or zombies) still in it.
+                    if attempt == 0 {
+                        let _ = self.kill();
+                    }
+                    last = Some(e);
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("cgroup busy")))
+    }
+
+    /// A `key value` file (memory.stat, cpu.stat, memory.events) as a map.
+    pub fn keyed(&self, name: &str) -> BTreeMap<String, u64> {
+        self.read(name)
+            .map(|s| {
+                s.lines()
+                    .filter_map(|l| {
+                        let mut p = l.split_whitespace();
+                        Some((p.next()?.to_string(), p.next()?.parse().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A single-number file; `max` and missing files are `None`.
+    pub fn number(&self, name: &str) -> Option<u64> {
+        self.read(name).ok()?.trim().parse().ok()
+    }
+
+    /// How many times the OOM killer killed a process in this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        self.keyed("memory.events")
+            .get("oom_kill")
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// CRI's LinuxContainerResources, as plain numbers (0: unset).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpu_period: i64,
+    pub cpu_quota: i64,
+    pub cpu_shares: i64,
+    pub memory_limit: i64,
+    pub memory_swap_limit: i64,
+    pub cpuset_cpus: String,
+    pub cpuset_mems: String,
+    /// (page size as CRI names it, e.g. "2MB"; limit in bytes)
+    pub hugepage_limits: Vec<(String, u64)>,
+    pub pids_limit: i64,
+    pub unified: BTreeMap<String, String>,
+}
+
+impl Resources {
+    /// Whether anything here limits the container (shares alone only weigh it).
+    pub fn limits_anything(&self) -> bool {
+        self.cpu_quota > 0
+            || self.memory_limit > 0
+            || self.memory_swap_limit > 0
+            || !self.cpuset_cpus.is_empty()
+            || !self.cpuset_mems.is_empty()
+            || !self.hugepage_limits.is_empty()
+            || self.pids_limit > 0
+            || !self.unified.is_empty()
+    }
+}
+
+/// `cpu.weight` from CPU shares (the kernel's and kubelet's conversion).
+pub fn cpu_weight(shares: i64) -> u64 {
+    let shares = shares.clamp(2, 262_144) as u64;
+    1 + ((shares - 2) * 9999) / 262_142
+}
+
+/// "2MB" → "2MB" as cgroup v2 names hugetlb files (`hugetlb.2MB.max`); CRI and the kernel agree.
+fn hugetlb_file(size: &str) -> Result<String, String> {
+    let ok = !size.is_empty() && size.chars().all(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(format!("hugetlb.{size}.max"))
+    } else {
+        Err(format!("hugepage size {size:?} is not valid"))
+    }
+}
+
+/// The cgroup files and values for `r`, in the order they must be written: typed fields, then
+/// `unified` verbatim (it wins).
+pub fn files(r: &Resources) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    if r.cpu_shares > 0 {
+        out.push(("cpu.weight".into(), cpu_weight(r.cpu_shares).to_string()));
+    }
+    if r.cpu_quota > 0 || r.cpu_period > 0 {
+        let period = if r.cpu_period > 0 {
+            r.cpu_period
+        } else {
+            100_000
+        };
+        let quota = if r.cpu_quota > 0 {
+            r.cpu_quota.to_string()
+        } else {
+            "max".to_string()
+        };
+        out.push(("cpu.max".into(), format!("{quota} {period}")));
+    }
+    if !r.cpuset_cpus.is_empty() {
+        out.push(("cpuset.cpus".into(), r.cpuset_cpus.clone()));
+    }
+    if !r.cpuset_mems.is_empty() {
+        out.push(("cpuset.mems".into(), r.cpuset_mems.clone()));
+    }
+    if r.memory_limit > 0 {
+        out.push(("memory.max".into(), r.memory_limit.to_string()));
+        // CRI's swap limit is memory plus swap, as docker's --memory-swap; without one the
+        // container gets no swap at all (what containerd and CRI-O do).
+        let swap = match r.memory_swap_limit {
+            0 => "0".to_string(),
+            -1 => "max".to_string(),
+            s if s >= r.memory_limit => (s - r.memory_limit).to_string(),
+            s => {
+                return Err(format!(
+                    "memory_swap_limit_in_bytes {s} is below memory_limit_in_bytes {}",
+                    r.memory_limit
+                ));
+            }
+        };
+        out.push(("memory.swap.max".into(), swap));
+    } else if r.memory_swap_limit > 0 {
+        return Err("memory_swap_limit_in_bytes needs memory_limit_in_bytes".into());
+    }
+    if r.pids_limit > 0 {
+        out.push(("pids.max".into(), r.pids_limit.to_string()));
+    }
+    for (size, limit) in &r.hugepage_limits {
+        out.push((hugetlb_file(size)?, limit.to_string()));
+    }
+    for (k, v) in &r.unified {
+        if k.is_empty() || k.contains('/') || k.starts_with('.') || k.starts_with("cgroup.") {
+            return Err(format!("unified key {k:?} is not a cgroup interface file"));
+        }
+        out.retain(|(f, _)| f != k);
+        out.push((k.clone(), v.clone()));
+    }
+    Ok(out)
+}
+
+/// The controller a cgroup file belongs to (`memory.max` → `memory`).
+pub fn controller_of(file: &str) -> &str {
+    file.split('.').next().unwrap_or(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_weight_matches_kubelet() {
+        assert_eq!(cpu_weight(2), 1);
+        assert_eq!(cpu_weight(1024), 39);
+        assert_eq!(cpu_weight(262_144), 10_000);
+        assert_eq!(cpu_weight(1), 1);
+    }
+
+    #[test]
+    fn resources_to_files() {
+        let r = Resources {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            memory_limit: 64 << 20,
+            cpuset_cpus: "0".into(),
+            pids_limit: 100,
+            hugepage_limits: vec![("2MB".into(), 0)],
+            unified: [
+                ("memory.swap.max".to_string(), "max".to_string()),
+                ("memory.high".to_string(), "50M".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let f = files(&r).unwrap();
+        let get = |k: &str| f.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
+        assert_eq!(get("cpu.weight").as_deref(), Some("20"));
+        assert_eq!(get("cpu.max").as_deref(), Some("50000 100000"));
+        assert_eq!(get("memory.max").as_deref(), Some("67108864"));
+        assert_eq!(
+            get("memory.swap.max").as_deref(),
+            Some("max"),
+            "unified wins"
+        );
+        assert_eq!(get("pids.max").as_deref(), Some("100"));
+        assert_eq!(get("hugetlb.2MB.max").as_deref(), Some("0"));
+        assert_eq!(
+            f.last().map(|(k, _)| k.as_str()),
+            Some("memory.swap.max"),
+            "unified is written last"
+        );
+    }
+
+    #[test]
+    fn swap_rules() {
+        let mem = |m: i64, s: i64| {
+            files(&Resources {
+                memory_limit: m,
+                memory_swap_limit: s,
+                ..Default::default()
+            })
+        };
+        let swap = |v: Vec<(String, String)>| {
+            v.into_iter()
+                .find(|(k, _)| k == "memory.swap.max")
+                .map(|(_, v)| v)
+        };
+        assert_eq!(
+            swap(mem(100, 0).unwrap()).as_deref(),
+            Some("0"),
+            "a memory limit alone means no swap"
+        );
+        assert_eq!(swap(mem(100, 300).unwrap()).as_deref(), Some("200"));
+        assert_eq!(swap(mem(100, -1).unwrap()).as_deref(), Some("max"));
+        assert!(mem(100, 50).is_err());
+        assert!(mem(0, 50).is_err());
+    }
+
+    #[test]
+    fn bad_unified_keys() {
+        for k in ["../x", "cgroup.procs", "", ".hidden"] {
+            let r = Resources {
+                unified: [(k.to_string(), "1".to_string())].into(),
+                ..Default::default()
+            };
+            assert!(files(&r).is_err(), "{k}");
+        }
+        assert!(
+            files(&Resources {
+                hugepage_limits: vec![("2M/x".into(), 1)],
+                ..Default::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn paths_stay_in_the_hierarchy() {
+        let h = Hierarchy {
+            root: "/sys/fs/cgroup".into(),
+            controllers: vec![],
+        };
+        assert_eq!(
+            h.cgroup("/kubepods/pod1").unwrap().path,
+            PathBuf::from("/sys/fs/cgroup/kubepods/pod1")
+        );
+        assert!(h.cgroup("/kubepods/../../etc").is_err());
+    }
+}
