@@ -34,6 +34,30 @@ pub struct Config {
     pub registry: Registry,
     pub image: Image,
     pub runtime: Runtime,
+    pub cgroup: Cgroup,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cgroup {
+    /// `cgroupfs` (crius writes the unified hierarchy itself) or `systemd` (slice names from
+    /// kubelet's systemd driver are expanded to their paths; crius still writes the files).
+    pub driver: String,
+    /// Where pods go when kubelet names no cgroup parent: `/sys/fs/cgroup/<parent>/<pod id>`.
+    pub parent: String,
+    /// Run pods without enforcing resource limits when cgroup v2 is not available (a v1 or
+    /// hybrid host). Off by default: limits that cannot be enforced are refused.
+    pub allow_unenforced: bool,
+}
+
+impl Default for Cgroup {
+    fn default() -> Cgroup {
+        Cgroup {
+            driver: "cgroupfs".to_string(),
+            parent: "crius".to_string(),
+            allow_unenforced: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -77,6 +101,7 @@ impl Default for Config {
             registry: Registry::default(),
             image: Image::default(),
             runtime: Runtime::default(),
+            cgroup: Cgroup::default(),
         }
     }
 }
@@ -122,6 +147,18 @@ impl Config {
                 None => e.message().to_string(),
             }
         })?;
+        if !matches!(cfg.cgroup.driver.as_str(), "cgroupfs" | "systemd") {
+            return Err(format!(
+                "cgroup.driver {:?} must be \"cgroupfs\" or \"systemd\"",
+                cfg.cgroup.driver
+            ));
+        }
+        if cfg.cgroup.parent.is_empty() || cfg.cgroup.parent.split('/').any(|c| c == "..") {
+            return Err(format!(
+                "cgroup.parent {:?} must be a relative path without \"..\"",
+                cfg.cgroup.parent
+            ));
+        }
         if cfg.registry.max_concurrent_downloads == 0 {
             return Err("registry.max_concurrent_downloads must be at least 1".to_string());
         }

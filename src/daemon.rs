@@ -91,7 +91,23 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     };
 
     let handlers: Vec<String> = cfg.runtime.handlers.keys().cloned().collect();
-    let sandboxes = SandboxService::open(&cfg.state, handlers)?;
+    let hierarchy = crate::runtime::cgroup::Hierarchy::detect();
+    match &hierarchy {
+        Some(h) => tracing::info!(controllers = h.controllers.join(" "), "cgroup v2 found"),
+        None if cfg.cgroup.allow_unenforced => tracing::warn!(
+            "cgroup v2 is not mounted at /sys/fs/cgroup: pods run WITHOUT resource limits (cgroup.allow_unenforced)"
+        ),
+        None => tracing::warn!(
+            "cgroup v2 is not mounted at /sys/fs/cgroup: pods asking for resource limits are refused"
+        ),
+    }
+    let policy = crate::runtime::cgroup::Policy {
+        hierarchy,
+        systemd: cfg.cgroup.driver == "systemd",
+        parent: cfg.cgroup.parent.clone(),
+        allow_unenforced: cfg.cgroup.allow_unenforced,
+    };
+    let sandboxes = SandboxService::open(&cfg.state, handlers, policy)?;
     let containers =
         ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
 

@@ -7,6 +7,7 @@
 //! (through `crius nsexec`) and log reopening are here too. Uses `image`, `sandbox`, `runtime`.
 
 pub mod spec;
+pub mod stats;
 pub mod user;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use crate::atomic;
 use crate::content::Digest;
 use crate::image::{self, ImageService};
+use crate::runtime::cgroup::{self, Cgroup};
 use crate::runtime::{
     self, ExecReport, ExecRequest, ExitRecord, JoinNamespace, MonitorConfig, ProcessId,
     StartReport, logs,
@@ -125,6 +127,9 @@ pub struct Record {
     pub log_path: Option<PathBuf>,
     pub stop_signal: String,
     pub user: (u32, u32, Vec<u32>),
+    /// The container's cgroup; none without cgroup v2.
+    #[serde(default)]
+    pub cgroup: Option<Cgroup>,
 }
 
 impl Record {
@@ -141,6 +146,7 @@ struct Inner {
     sandboxes: SandboxService,
     containers: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
     names: std::sync::Mutex<HashMap<String, String>>,
+    samples: stats::Samples,
 }
 
 #[derive(Clone)]
@@ -216,6 +222,7 @@ impl ContainerService {
                 sandboxes,
                 containers: RwLock::new(HashMap::new()),
                 names: std::sync::Mutex::new(HashMap::new()),
+                samples: stats::Samples::default(),
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {
@@ -547,6 +554,7 @@ impl ContainerService {
             .and_then(|l| l.security_context.as_ref());
         let user = user::resolve(&rootfs, sc, &image.config.config.user)
             .map_err(|r| invalid("config.linux.security_context", r))?;
+        let cgroup = self.container_cgroup(id, sandbox, config)?;
         let sandbox_paths = self.inner.sandboxes.paths(&sandbox.id);
         let oci = spec::build(&spec::Context {
             config,
@@ -555,6 +563,7 @@ impl ContainerService {
             image,
             rootfs: &rootfs,
             user: &user,
+            cgroup: cgroup.is_some(),
         })?;
         let ns = sc
             .and_then(|s| s.namespace_options.clone())
@@ -608,6 +617,7 @@ impl ContainerService {
             join,
             new_pid_ns: pid_mode == NS_CONTAINER,
             exit_file: b.exit(),
+            cgroup: cgroup.as_ref().map(|c| c.path.clone()),
         };
         let cfg_path = b.dir.join("config.json");
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
@@ -639,9 +649,57 @@ impl ContainerService {
             log_path,
             stop_signal: image.config.config.stop_signal.clone(),
             user: (user.uid, user.gid, user.additional_gids.clone()),
+            cgroup,
         };
         atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
         Ok(record)
+    }
+
+    /// The container's cgroup below its pod's, created with the container's limits written.
+    fn container_cgroup(
+        &self,
+        id: &str,
+        sandbox: &sandbox::Record,
+        config: &cri::ContainerConfig,
+    ) -> Result<Option<Cgroup>, Error> {
+        let default = cri::LinuxContainerResources::default();
+        let res = sandbox::resources(
+            config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.as_ref())
+                .unwrap_or(&default),
+        );
+        let policy = self.inner.sandboxes.cgroups();
+        let (Some(_), Some(pod)) = (&policy.hierarchy, &sandbox.cgroup) else {
+            if res.limits_anything() && !policy.allow_unenforced {
+                return Err(sandbox::Error::Unenforceable {
+                    what: "config.linux.resources".into(),
+                }
+                .into());
+            }
+            return Ok(None);
+        };
+        let files = cgroup::files(&res).map_err(|r| invalid("config.linux.resources", r))?;
+        let cg = Cgroup {
+            root: pod.root.clone(),
+            path: pod.path.join(id),
+        };
+        cg.create(&cgroup::CONTROLLERS)
+            .map_err(|source| sandbox::Error::Cgroup {
+                path: cg.path.clone(),
+                source,
+            })?;
+        for (file, value) in files {
+            if let Err(e) = cg.set(&file, &value) {
+                let _ = cg.remove();
+                return Err(invalid(
+                    "config.linux.resources",
+                    format!("{file} = {value}: {e}"),
+                ));
+            }
+        }
+        Ok(Some(cg))
     }
 
     pub async fn start(&self, id: &str) -> Result<(), Error> {
@@ -727,7 +785,7 @@ impl ContainerService {
             Err(Error::NotFound { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let (init, monitor, signal, own_pid_ns, mnt_ns) = {
+        let (init, monitor, signal, own_pid_ns, mnt_ns, cgroup) = {
             let mut r = entry.lock().await;
             self.sync_exit(&mut r);
             if r.state != RUNNING {
@@ -740,6 +798,7 @@ impl ContainerService {
                 parse_signal(&r.stop_signal).unwrap_or(libc::SIGTERM),
                 r.own_pid_ns,
                 r.mnt_ns,
+                r.cgroup.clone(),
             )
         };
         let ended = monitor.filter(|m| m.alive()).unwrap_or(init);
@@ -748,7 +807,7 @@ impl ContainerService {
             wait_for_exit(ended, Duration::from_secs(timeout as u64)).await;
         }
         if ended.alive() {
-            kill_all(init, own_pid_ns, mnt_ns);
+            kill_all(init, own_pid_ns, mnt_ns, cgroup.as_ref());
             wait_for_exit(ended, Duration::from_secs(10)).await;
         }
         let mut r = entry.lock().await;
@@ -767,12 +826,232 @@ impl ContainerService {
         let r = entry.lock().await;
         let b = self.bundle(&r.id);
         remove_files(&b);
+        if let Some(cg) = &r.cgroup
+            && let Err(e) = cg.remove()
+        {
+            tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
+        }
         if let Some(c) = &r.top_chain {
             self.inner.images.release(c);
         }
+        self.inner
+            .samples
+            .forget(r.cgroup.as_ref(), &b.layer.join("upper"));
         self.map_write().remove(&r.id);
         self.names().remove(&r.name_key());
         Ok(())
+    }
+
+    /// Changes a container's limits in place. A memory limit below what the container uses now
+    /// is refused (the kernel would OOM-kill it); the container keeps running either way.
+    pub async fn update_resources(
+        &self,
+        id: &str,
+        res: cri::LinuxContainerResources,
+    ) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        let want = sandbox::resources(&res);
+        let policy = self.inner.sandboxes.cgroups();
+        match &r.cgroup {
+            None if want.limits_anything() && !policy.allow_unenforced => {
+                return Err(sandbox::Error::Unenforceable {
+                    what: "linux".into(),
+                }
+                .into());
+            }
+            None => {}
+            Some(cg) => {
+                let files = cgroup::files(&want).map_err(|reason| invalid("linux", reason))?;
+                if let Some((_, limit)) = files.iter().find(|(f, _)| f == "memory.max")
+                    && let (Ok(limit), Some(used)) =
+                        (limit.parse::<u64>(), cg.number("memory.current"))
+                    && limit < used
+                {
+                    return Err(invalid(
+                        "linux.memory_limit_in_bytes",
+                        format!(
+                            "{limit} is below the container's current memory use ({used} bytes)"
+                        ),
+                    ));
+                }
+                for (file, value) in files {
+                    cg.set(&file, &value)
+                        .map_err(|e| invalid("linux", format!("{file} = {value}: {e}")))?;
+                }
+            }
+        }
+        if let Some(linux) = r.config.linux.as_mut() {
+            linux.resources = Some(res);
+        } else {
+            r.config.linux = Some(cri::LinuxContainerConfig {
+                resources: Some(res),
+                ..Default::default()
+            });
+        }
+        let path = self.bundle(&r.id).record();
+        atomic::write_json(&path, &*r).map_err(io_err(&path))
+    }
+
+    fn stats_of(&self, r: &Record) -> cri::ContainerStats {
+        let s = &self.inner.samples;
+        let upper = self.bundle(&r.id).layer.join("upper");
+        let (bytes, inodes) = s.layer(&upper);
+        cri::ContainerStats {
+            attributes: Some(cri::ContainerAttributes {
+                id: r.id.clone(),
+                metadata: r.config.metadata.clone(),
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+            }),
+            cpu: r.cgroup.as_ref().map(|cg| s.cpu(cg)),
+            memory: r.cgroup.as_ref().map(stats::memory),
+            writable_layer: Some(cri::FilesystemUsage {
+                timestamp: runtime::now_nanos(),
+                fs_id: Some(cri::FilesystemIdentifier {
+                    mountpoint: self.inner.layers.display().to_string(),
+                }),
+                used_bytes: Some(cri::UInt64Value { value: bytes }),
+                inodes_used: Some(cri::UInt64Value { value: inodes }),
+            }),
+            swap: r.cgroup.as_ref().map(stats::swap),
+        }
+    }
+
+    pub async fn stats(&self, id: &str) -> Result<cri::ContainerStats, Error> {
+        let entry = self.entry(id)?;
+        let r = entry.lock().await;
+        Ok(self.stats_of(&r))
+    }
+
+    /// Stats of running containers matching the filter (kubelet asks for running ones only).
+    pub async fn list_stats(
+        &self,
+        filter: Option<&cri::ContainerStatsFilter>,
+    ) -> Vec<cri::ContainerStats> {
+        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        let mut out = Vec::new();
+        for e in entries {
+            let mut r = e.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                continue;
+            }
+            if let Some(f) = filter
+                && ((!f.id.is_empty() && !r.id.starts_with(&f.id))
+                    || (!f.pod_sandbox_id.is_empty()
+                        && !r.sandbox_id.starts_with(&f.pod_sandbox_id))
+                    || !sandbox::labels_match(&r.config.labels, &f.label_selector))
+            {
+                continue;
+            }
+            out.push(self.stats_of(&r));
+        }
+        out
+    }
+
+    pub async fn pod_stats(&self, id: &str) -> Result<cri::PodSandboxStats, Error> {
+        let sb = self.inner.sandboxes.get(id).await?;
+        let mut containers = Vec::new();
+        for cid in self.in_sandbox(&sb.id).await {
+            if let Ok(entry) = self.entry(&cid) {
+                let mut r = entry.lock().await;
+                self.sync_exit(&mut r);
+                if r.state == RUNNING {
+                    containers.push(self.stats_of(&r));
+                }
+            }
+        }
+        let s = &self.inner.samples;
+        let cg = sb.cgroup.as_ref();
+        Ok(cri::PodSandboxStats {
+            attributes: Some(cri::PodSandboxAttributes {
+                id: sb.id.clone(),
+                metadata: sb.config.metadata.clone(),
+                labels: sb.config.labels.clone(),
+                annotations: sb.config.annotations.clone(),
+            }),
+            linux: Some(cri::LinuxPodSandboxStats {
+                cpu: cg.map(|c| s.cpu(c)),
+                memory: cg.map(stats::memory),
+                network: sb
+                    .pause
+                    .filter(|p| p.alive())
+                    .and_then(|p| stats::network(p.pid)),
+                process: cg.map(stats::processes),
+                containers,
+            }),
+            windows: None,
+        })
+    }
+
+    pub async fn list_pod_stats(
+        &self,
+        filter: Option<&cri::PodSandboxStatsFilter>,
+    ) -> Vec<cri::PodSandboxStats> {
+        let mut out = Vec::new();
+        for p in self.inner.sandboxes.list(None).await {
+            if p.state != cri::PodSandboxState::SandboxReady as i32 {
+                continue;
+            }
+            if let Some(f) = filter
+                && ((!f.id.is_empty() && !p.id.starts_with(&f.id))
+                    || !sandbox::labels_match(&p.labels, &f.label_selector))
+            {
+                continue;
+            }
+            if let Ok(s) = self.pod_stats(&p.id).await {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// cadvisor-style metrics of every ready pod and its running containers.
+    pub async fn pod_metrics(&self) -> Vec<cri::PodSandboxMetrics> {
+        let mut out = Vec::new();
+        for p in self.inner.sandboxes.list(None).await {
+            if p.state != cri::PodSandboxState::SandboxReady as i32 {
+                continue;
+            }
+            let Ok(sb) = self.inner.sandboxes.get(&p.id).await else {
+                continue;
+            };
+            let mut metrics = sb
+                .cgroup
+                .as_ref()
+                .map(stats::cgroup_metrics)
+                .unwrap_or_default();
+            if let Some(net) = sb
+                .pause
+                .filter(|p| p.alive())
+                .and_then(|p| stats::network(p.pid))
+            {
+                metrics.extend(stats::network_metrics(&net));
+            }
+            let mut container_metrics = Vec::new();
+            for cid in self.in_sandbox(&sb.id).await {
+                let Ok(entry) = self.entry(&cid) else {
+                    continue;
+                };
+                let r = entry.lock().await;
+                if r.state == RUNNING
+                    && let Some(cg) = &r.cgroup
+                {
+                    container_metrics.push(cri::ContainerMetrics {
+                        container_id: r.id.clone(),
+                        metrics: stats::cgroup_metrics(cg),
+                    });
+                }
+            }
+            out.push(cri::PodSandboxMetrics {
+                pod_sandbox_id: sb.id.clone(),
+                metrics,
+                container_metrics,
+            });
+        }
+        out
     }
 
     /// IDs of a sandbox's containers.
@@ -1111,10 +1390,15 @@ fn push_capped(buf: &mut Vec<u8>, data: &[u8]) {
     buf.extend_from_slice(&data[..data.len().min(room)]);
 }
 
-/// SIGKILL to every process of the container: the init alone suffices with its own PID
-/// namespace; otherwise every process sharing its mount namespace.
-fn kill_all(init: ProcessId, own_pid_ns: bool, mnt_ns: Option<u64>) {
+/// SIGKILL to every process of the container: its cgroup's when it has one; else the init alone
+/// with its own PID namespace, or every process sharing its mount namespace.
+fn kill_all(init: ProcessId, own_pid_ns: bool, mnt_ns: Option<u64>, cgroup: Option<&Cgroup>) {
     let _ = init.signal(libc::SIGKILL);
+    if let Some(cg) = cgroup
+        && cg.kill().is_ok()
+    {
+        return;
+    }
     if own_pid_ns {
         return;
     }

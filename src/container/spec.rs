@@ -58,6 +58,8 @@ pub struct Context<'a> {
     pub image: &'a Image,
     pub rootfs: &'a Path,
     pub user: &'a User,
+    /// Whether the container has its own cgroup (and cgroup namespace) to show at /sys/fs/cgroup.
+    pub cgroup: bool,
 }
 
 /// The command line: `command` replaces the entrypoint and `args` the cmd; with a command but no
@@ -441,6 +443,15 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         )?,
         mount("/sys", "sysfs", "sysfs", sys_opts)?,
     ];
+    if ctx.cgroup {
+        let ro = if privileged { "rw" } else { "ro" };
+        mounts.push(mount(
+            "/sys/fs/cgroup",
+            "cgroup2",
+            "cgroup2",
+            &["nosuid", "noexec", "nodev", "relatime", ro],
+        )?);
+    }
     if !given("/dev/shm") {
         mounts.push(mount(
             "/dev/shm",

@@ -269,7 +269,8 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::StatusResponse>, Status> {
         rpc("Status", async {
             let verbose = req.into_inner().verbose;
-            let conditions = vec![
+            let cgroups = self.sandboxes.cgroups();
+            let mut conditions = vec![
                 cri::RuntimeCondition {
                     r#type: "RuntimeReady".into(),
                     status: true,
@@ -285,6 +286,26 @@ impl RuntimeService for Runtime {
                             .into(),
                 },
             ];
+            // Not a condition kubelet acts on: it tells operators what the node enforces.
+            let (enforced, reason, message) = match &cgroups.hierarchy {
+                Some(h) => (true, String::new(), format!("cgroup v2 controllers: {}", h.controllers.join(" "))),
+                None if cgroups.allow_unenforced => (
+                    false,
+                    "NoCgroupV2".to_string(),
+                    "cgroup v2 is not mounted at /sys/fs/cgroup: pods run WITHOUT resource limits (cgroup.allow_unenforced)".to_string(),
+                ),
+                None => (
+                    false,
+                    "NoCgroupV2".to_string(),
+                    "cgroup v2 is not mounted at /sys/fs/cgroup: resource limits are refused".to_string(),
+                ),
+            };
+            conditions.push(cri::RuntimeCondition {
+                r#type: "ResourceLimitsEnforced".into(),
+                status: enforced,
+                reason,
+                message,
+            });
             let features = || {
                 Some(cri::RuntimeHandlerFeatures {
                     recursive_read_only_mounts: false,
@@ -355,8 +376,105 @@ impl RuntimeService for Runtime {
         rpc("RuntimeConfig", async {
             Ok(cri::RuntimeConfigResponse {
                 linux: Some(cri::LinuxRuntimeConfiguration {
-                    cgroup_driver: cri::CgroupDriver::Cgroupfs as i32,
+                    cgroup_driver: if self.sandboxes.cgroups().systemd {
+                        cri::CgroupDriver::Systemd
+                    } else {
+                        cri::CgroupDriver::Cgroupfs
+                    } as i32,
                 }),
+            })
+        })
+        .await
+    }
+
+    async fn update_container_resources(
+        &self,
+        req: Request<cri::UpdateContainerResourcesRequest>,
+    ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
+        rpc("UpdateContainerResources", async {
+            let req = req.into_inner();
+            let linux = req.linux.ok_or_else(|| super::status::missing("linux"))?;
+            self.containers
+                .update_resources(&req.container_id, linux)
+                .await?;
+            Ok(cri::UpdateContainerResourcesResponse {})
+        })
+        .await
+    }
+
+    async fn container_stats(
+        &self,
+        req: Request<cri::ContainerStatsRequest>,
+    ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
+        rpc("ContainerStats", async {
+            let stats = self
+                .containers
+                .stats(&req.into_inner().container_id)
+                .await?;
+            Ok(cri::ContainerStatsResponse { stats: Some(stats) })
+        })
+        .await
+    }
+
+    async fn list_container_stats(
+        &self,
+        req: Request<cri::ListContainerStatsRequest>,
+    ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
+        rpc("ListContainerStats", async {
+            let filter = req.into_inner().filter;
+            Ok(cri::ListContainerStatsResponse {
+                stats: self.containers.list_stats(filter.as_ref()).await,
+            })
+        })
+        .await
+    }
+
+    async fn pod_sandbox_stats(
+        &self,
+        req: Request<cri::PodSandboxStatsRequest>,
+    ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
+        rpc("PodSandboxStats", async {
+            let stats = self
+                .containers
+                .pod_stats(&req.into_inner().pod_sandbox_id)
+                .await?;
+            Ok(cri::PodSandboxStatsResponse { stats: Some(stats) })
+        })
+        .await
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        req: Request<cri::ListPodSandboxStatsRequest>,
+    ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
+        rpc("ListPodSandboxStats", async {
+            let filter = req.into_inner().filter;
+            Ok(cri::ListPodSandboxStatsResponse {
+                stats: self.containers.list_pod_stats(filter.as_ref()).await,
+            })
+        })
+        .await
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        _req: Request<cri::ListMetricDescriptorsRequest>,
+    ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
+        rpc("ListMetricDescriptors", async {
+            Ok(cri::ListMetricDescriptorsResponse {
+                descriptors: crate::container::stats::descriptors(),
+            })
+        })
+        .await
+    }
+
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _req: Request<cri::ListPodSandboxMetricsRequest>,
+    ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
+        rpc("ListPodSandboxMetrics", async {
+            Ok(cri::ListPodSandboxMetricsResponse {
+                pod_metrics: self.containers.pod_metrics().await,
             })
         })
         .await
@@ -382,13 +500,6 @@ impl RuntimeService for Runtime {
         exec(cri::ExecRequest) -> cri::ExecResponse = "Exec", "the streaming server is not built yet";
         attach(cri::AttachRequest) -> cri::AttachResponse = "Attach", "the streaming server is not built yet";
         port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse = "PortForward", "the streaming server is not built yet";
-        update_container_resources(cri::UpdateContainerResourcesRequest) -> cri::UpdateContainerResourcesResponse = "UpdateContainerResources", "cgroup limits are not built yet";
-        container_stats(cri::ContainerStatsRequest) -> cri::ContainerStatsResponse = "ContainerStats", "stats need the cgroup work";
-        list_container_stats(cri::ListContainerStatsRequest) -> cri::ListContainerStatsResponse = "ListContainerStats", "stats need the cgroup work";
-        pod_sandbox_stats(cri::PodSandboxStatsRequest) -> cri::PodSandboxStatsResponse = "PodSandboxStats", "stats need the cgroup work";
-        list_pod_sandbox_stats(cri::ListPodSandboxStatsRequest) -> cri::ListPodSandboxStatsResponse = "ListPodSandboxStats", "stats need the cgroup work";
         checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer", "checkpointing is not supported";
-        list_metric_descriptors(cri::ListMetricDescriptorsRequest) -> cri::ListMetricDescriptorsResponse = "ListMetricDescriptors", "metrics need the cgroup work";
-        list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest) -> cri::ListPodSandboxMetricsResponse = "ListPodSandboxMetrics", "metrics need the cgroup work";
     }
 }

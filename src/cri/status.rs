@@ -95,8 +95,8 @@ impl ToStatus for sandbox::Error {
             }
             E::NotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
-            E::NotReady { .. } => Code::FailedPrecondition,
-            E::Pause { .. } | E::Io { .. } => Code::Internal,
+            E::NotReady { .. } | E::Unenforceable { .. } => Code::FailedPrecondition,
+            E::Pause { .. } | E::Io { .. } | E::Cgroup { .. } => Code::Internal,
         }
     }
 }

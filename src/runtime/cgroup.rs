@@ -315,6 +315,94 @@ pub fn files(r: &Resources) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// How this node enforces limits: the hierarchy (none on a v1 or hybrid host) and the operator's
+/// choices from the `[cgroup]` config.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub hierarchy: Option<Hierarchy>,
+    pub systemd: bool,
+    pub parent: String,
+    pub allow_unenforced: bool,
+}
+
+/// The controllers pods and containers get, where the hierarchy offers them.
+pub const CONTROLLERS: [&str; 6] = ["cpu", "cpuset", "memory", "pids", "io", "hugetlb"];
+
+impl Policy {
+    /// The pod's cgroup relative to the root: the parent kubelet named (a path for cgroupfs, a
+    /// slice for systemd), else crius's own `<parent>/<sandbox id>`. The flag says whether crius
+    /// owns it (and removes it with the pod).
+    pub fn pod_path(
+        &self,
+        cgroup_parent: &str,
+        sandbox_id: &str,
+    ) -> Result<(String, bool), String> {
+        if cgroup_parent.is_empty() {
+            let parent = if self.systemd {
+                format!("{}.slice", self.parent)
+            } else {
+                self.parent.clone()
+            };
+            return Ok((format!("{parent}/{sandbox_id}"), true));
+        }
+        if self.systemd && cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
+            return Ok((expand_slice(cgroup_parent)?, false));
+        }
+        if cgroup_parent.split('/').any(|c| c == "..") {
+            return Err(format!(
+                "cgroup_parent {cgroup_parent:?} must not contain \"..\""
+            ));
+        }
+        Ok((cgroup_parent.trim_start_matches('/').to_string(), false))
+    }
+}
+
+/// systemd's slice naming: `a-b-c.slice` lives at `a.slice/a-b.slice/a-b-c.slice`.
+pub fn expand_slice(name: &str) -> Result<String, String> {
+    let base = name
+        .strip_suffix(".slice")
+        .ok_or_else(|| format!("{name:?} is not a slice"))?;
+    if base == "-" {
+        return Ok(String::new());
+    }
+    if base.is_empty()
+        || base.starts_with('-')
+        || base.ends_with('-')
+        || base.contains("--")
+        || base.contains('/')
+    {
+        return Err(format!("{name:?} is not a valid slice name"));
+    }
+    let mut path = Vec::new();
+    let mut prefix = String::new();
+    for part in base.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    Ok(path.join("/"))
+}
+
+/// A pod's cgroup limits: the sum of its containers' (`resources`) plus the sandbox overhead,
+/// field by field, as kubelet sizes a pod cgroup.
+pub fn pod_limits(resources: &Resources, overhead: &Resources) -> Resources {
+    let add = |a: i64, b: i64| if a > 0 { a + b.max(0) } else { 0 };
+    Resources {
+        cpu_period: resources.cpu_period.max(overhead.cpu_period),
+        cpu_quota: add(resources.cpu_quota, overhead.cpu_quota),
+        cpu_shares: add(resources.cpu_shares, overhead.cpu_shares),
+        memory_limit: add(resources.memory_limit, overhead.memory_limit),
+        memory_swap_limit: 0,
+        cpuset_cpus: resources.cpuset_cpus.clone(),
+        cpuset_mems: resources.cpuset_mems.clone(),
+        hugepage_limits: resources.hugepage_limits.clone(),
+        pids_limit: resources.pids_limit,
+        unified: resources.unified.clone(),
+    }
+}
+
 /// The controller a cgroup file belongs to (`memory.max` → `memory`).
 pub fn controller_of(file: &str) -> &str {
     file.split('.').next().unwrap_or(file)
@@ -408,6 +496,65 @@ mod tests {
                 ..Default::default()
             })
             .is_err()
+        );
+    }
+
+    #[test]
+    fn slices_and_pod_paths() {
+        assert_eq!(
+            expand_slice("kubepods-burstable-pod12.slice").unwrap(),
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice"
+        );
+        assert_eq!(expand_slice("-.slice").unwrap(), "");
+        assert!(expand_slice("a--b.slice").is_err());
+        assert!(expand_slice("x.scope").is_err());
+        let mut p = Policy {
+            hierarchy: None,
+            systemd: false,
+            parent: "crius".into(),
+            allow_unenforced: false,
+        };
+        assert_eq!(
+            p.pod_path("", "abc").unwrap(),
+            ("crius/abc".to_string(), true)
+        );
+        assert_eq!(
+            p.pod_path("/kubepods/burstable/pod1", "abc").unwrap(),
+            ("kubepods/burstable/pod1".to_string(), false)
+        );
+        assert!(p.pod_path("/kubepods/../../x", "abc").is_err());
+        p.systemd = true;
+        assert_eq!(
+            p.pod_path("kubepods-pod1.slice", "abc").unwrap().0,
+            "kubepods.slice/kubepods-pod1.slice"
+        );
+        assert_eq!(p.pod_path("", "abc").unwrap().0, "crius.slice/abc");
+    }
+
+    #[test]
+    fn pod_limits_add_overhead() {
+        let r = Resources {
+            memory_limit: 100,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            cpu_shares: 512,
+            ..Default::default()
+        };
+        let o = Resources {
+            memory_limit: 10,
+            cpu_quota: 5_000,
+            cpu_shares: 10,
+            ..Default::default()
+        };
+        let l = pod_limits(&r, &o);
+        assert_eq!(
+            (l.memory_limit, l.cpu_quota, l.cpu_shares, l.cpu_period),
+            (110, 55_000, 522, 100_000)
+        );
+        assert_eq!(
+            pod_limits(&Resources::default(), &o).memory_limit,
+            0,
+            "no limit stays no limit"
         );
     }
 

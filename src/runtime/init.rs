@@ -53,8 +53,14 @@ pub struct Stdio {
 }
 
 /// Runs the container init in the forked child; never returns.
-pub fn run(spec: &Spec, join: &[super::JoinNamespace], stdio: Stdio, errors: OwnedFd) -> ! {
-    let e = match setup(spec, join, stdio) {
+pub fn run(
+    spec: &Spec,
+    join: &[super::JoinNamespace],
+    cgroup: Option<&Path>,
+    stdio: Stdio,
+    errors: OwnedFd,
+) -> ! {
+    let e = match setup(spec, join, cgroup, stdio) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -89,15 +95,26 @@ pub fn join_namespace(kind: &str, path: &Path) -> Result<(), InitError> {
 fn setup(
     spec: &Spec,
     join: &[super::JoinNamespace],
+    cgroup: Option<&Path>,
     stdio: Stdio,
 ) -> Result<Infallible, InitError> {
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
     // starts with no signal blocked or ignored.
     sys::reset_signals().map_err(fail("reset signals"))?;
+    // Into the container's cgroup before anything else, so every later step is accounted.
+    if let Some(cg) = cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(fail(format!("joining cgroup {}", cg.display())))?;
+    }
     for ns in join.iter().filter(|n| n.kind != "pid") {
         join_namespace(&ns.kind, &ns.path)?;
     }
-    unshare(CloneFlags::CLONE_NEWNS).map_err(fail("new mount namespace"))?;
+    // A cgroup namespace rooted at the container's cgroup, so its /sys/fs/cgroup shows only itself.
+    let mut flags = CloneFlags::CLONE_NEWNS;
+    if cgroup.is_some() {
+        flags |= CloneFlags::CLONE_NEWCGROUP;
+    }
+    unshare(flags).map_err(fail("new mount and cgroup namespaces"))?;
 
     let linux = spec.linux().as_ref();
     let root = spec

@@ -50,6 +50,9 @@ pub struct MonitorConfig {
     pub new_pid_ns: bool,
     /// Where the exit record is written.
     pub exit_file: PathBuf,
+    /// The container's cgroup (absolute), joined before anything else; none without cgroup v2.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// The first line `crius monitor` writes to its stdout.
@@ -86,6 +89,9 @@ pub struct PauseConfig {
     pub hostname: Option<String>,
     /// Sysctls applied inside the new namespaces, `key` with dots or slashes.
     pub sysctls: Vec<(String, String)>,
+    /// The cgroup (absolute path) the pause process moves itself into first.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// The line `crius pause` writes when its namespaces are ready.

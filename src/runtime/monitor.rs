@@ -214,7 +214,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     match sys::fork().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(err_r);
-            init::run(&spec, &cfg.join, child_stdio, err_w)
+            init::run(&spec, &cfg.join, cfg.cgroup.as_deref(), child_stdio, err_w)
         }
         ForkResult::Parent { child } => {
             drop(err_w);

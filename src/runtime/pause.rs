@@ -83,6 +83,10 @@ fn signal_fd() -> Result<SignalFd, String> {
 }
 
 fn setup(cfg: &PauseConfig) -> Result<(), String> {
+    if let Some(cg) = &cfg.cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(|e| format!("joining cgroup {}: {e}", cg.display()))?;
+    }
     let mut flags = CloneFlags::empty();
     if cfg.new_net {
         flags |= CloneFlags::CLONE_NEWNET;

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
 use crate::atomic;
+use crate::runtime::cgroup::{self, Cgroup, Policy, Resources};
 use crate::runtime::{self, PauseConfig, PauseReport, ProcessId};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +36,12 @@ pub enum Error {
     NotReady { id: String },
     #[error("starting the pause process: {message}")]
     Pause { message: String },
+    #[error(
+        "{what}: cgroup v2 is not available on this node, so the limit cannot be enforced (set cgroup.allow_unenforced to run without limits)"
+    )]
+    Unenforceable { what: String },
+    #[error("cgroup {path}: {source}")]
+    Cgroup { path: PathBuf, source: io::Error },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }
@@ -73,6 +80,15 @@ pub struct Record {
     pub ipc: i32,
     /// Namespace kinds with a handle under `ns/` (the ones this pod created).
     pub namespaces: Vec<String>,
+    /// The pod's cgroup (its containers' cgroups go below it); none without cgroup v2.
+    #[serde(default)]
+    pub cgroup: Option<Cgroup>,
+    /// Whether crius made the pod cgroup (and removes it), rather than kubelet.
+    #[serde(default)]
+    pub owns_cgroup: bool,
+    /// The pause process's own leaf cgroup below the pod's.
+    #[serde(default)]
+    pub pause_cgroup: Option<Cgroup>,
 }
 
 impl Record {
@@ -123,6 +139,7 @@ impl Paths {
 struct Inner {
     dir: PathBuf,
     handlers: Vec<String>,
+    cgroups: Policy,
     sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
     names: std::sync::Mutex<HashMap<String, String>>,
 }
@@ -170,13 +187,18 @@ pub async fn wait_for_exit(pid: ProcessId, timeout: Duration) -> bool {
 impl SandboxService {
     /// Opens the sandbox store and reads back every record; pods whose pause process is gone are
     /// not ready.
-    pub fn open(state: &Path, handlers: Vec<String>) -> Result<SandboxService, Error> {
+    pub fn open(
+        state: &Path,
+        handlers: Vec<String>,
+        cgroups: Policy,
+    ) -> Result<SandboxService, Error> {
         let dir = state.join("sandboxes");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let svc = SandboxService {
             inner: Arc::new(Inner {
                 dir,
                 handlers,
+                cgroups,
                 sandboxes: RwLock::new(HashMap::new()),
                 names: std::sync::Mutex::new(HashMap::new()),
             }),
@@ -240,6 +262,11 @@ impl SandboxService {
 
     pub fn handlers(&self) -> &[String] {
         &self.inner.handlers
+    }
+
+    /// How this node enforces limits.
+    pub fn cgroups(&self) -> &Policy {
+        &self.inner.cgroups
     }
 
     /// Full ID from an ID or a unique prefix of one.
@@ -414,7 +441,9 @@ impl SandboxService {
             .map_err(|e| io_err(&shm)(e.into()))?;
         }
 
+        let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config)?;
         let pause_cfg = PauseConfig {
+            cgroup: pause_cgroup.as_ref().map(|c| c.path.clone()),
             new_net: !host_net,
             new_ipc: ipc != NS_NODE,
             // A pod on the host network keeps the host's name too, as containerd does.
@@ -460,12 +489,58 @@ impl SandboxService {
             pid,
             ipc,
             namespaces,
+            cgroup: pod_cgroup,
+            owns_cgroup,
+            pause_cgroup,
         };
         if let Err(e) = atomic::write_json(&paths.state(), &record) {
             let _ = pause.signal(libc::SIGKILL);
             return Err(io_err(&paths.state())(e));
         }
         Ok(record)
+    }
+
+    /// Creates the pod's cgroup (kubelet's parent or crius's own) with the pod-level limits, and
+    /// the pause process's leaf below it. Without cgroup v2, limits are refused unless the
+    /// operator allowed running unenforced.
+    fn pod_cgroups(
+        &self,
+        id: &str,
+        config: &cri::PodSandboxConfig,
+    ) -> Result<(Option<Cgroup>, bool, Option<Cgroup>), Error> {
+        let linux = config.linux.clone().unwrap_or_default();
+        let res = resources(linux.resources.as_ref().unwrap_or(&Default::default()));
+        let overhead = resources(linux.overhead.as_ref().unwrap_or(&Default::default()));
+        let limits = cgroup::pod_limits(&res, &overhead);
+        let policy = &self.inner.cgroups;
+        let Some(h) = &policy.hierarchy else {
+            if limits.limits_anything() && !policy.allow_unenforced {
+                return Err(Error::Unenforceable {
+                    what: "config.linux.resources".into(),
+                });
+            }
+            return Ok((None, false, None));
+        };
+        let (rel, owned) = policy
+            .pod_path(&linux.cgroup_parent, id)
+            .map_err(|r| invalid("config.linux.cgroup_parent", r))?;
+        let pod = h
+            .cgroup(&rel)
+            .map_err(|e| invalid("config.linux.cgroup_parent", e.to_string()))?;
+        let cg_err = |c: &Cgroup| {
+            let path = c.path.clone();
+            move |source: io::Error| Error::Cgroup { path, source }
+        };
+        pod.create(&cgroup::CONTROLLERS).map_err(cg_err(&pod))?;
+        let files = cgroup::files(&limits).map_err(|r| invalid("config.linux.resources", r))?;
+        for (file, value) in files {
+            pod.set(&file, &value).map_err(cg_err(&pod))?;
+        }
+        let pause = h
+            .cgroup(&format!("{rel}/{id}"))
+            .map_err(|e| invalid("config.linux.cgroup_parent", e.to_string()))?;
+        pause.create(&cgroup::CONTROLLERS).map_err(cg_err(&pause))?;
+        Ok((Some(pod), owned, Some(pause)))
     }
 
     /// Stops the pause process (its containers must be stopped first). Idempotent.
@@ -502,6 +577,7 @@ impl SandboxService {
         self.stop(id).await?;
         let r = entry.lock().await;
         remove_files(&self.paths(&r.id));
+        remove_cgroups(&r);
         self.map_write().remove(&r.id);
         self.names().remove(&r.name_key());
         Ok(())
@@ -716,6 +792,39 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
         Err(_) => Err(Error::Pause {
             message: format!("unexpected answer {:?}", line.trim()),
         }),
+    }
+}
+
+/// Takes down the pause leaf and, when crius made it, the pod cgroup.
+fn remove_cgroups(r: &Record) {
+    let mut all: Vec<&Cgroup> = r.pause_cgroup.iter().collect();
+    if r.owns_cgroup {
+        all.extend(r.cgroup.iter());
+    }
+    for c in all {
+        if let Err(e) = c.remove() {
+            tracing::warn!(cgroup = %c.path.display(), error = %e, "removing pod cgroup");
+        }
+    }
+}
+
+/// CRI resources as plain numbers.
+pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
+    Resources {
+        cpu_period: r.cpu_period,
+        cpu_quota: r.cpu_quota,
+        cpu_shares: r.cpu_shares,
+        memory_limit: r.memory_limit_in_bytes,
+        memory_swap_limit: r.memory_swap_limit_in_bytes,
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
+        hugepage_limits: r
+            .hugepage_limits
+            .iter()
+            .map(|h| (h.page_size.clone(), h.limit))
+            .collect(),
+        pids_limit: 0,
+        unified: r.unified.clone().into_iter().collect(),
     }
 }
 

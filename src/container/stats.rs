@@ -1,0 +1,330 @@
+//! Container and pod statistics for kubelet (ContainerStats, PodSandboxStats and their lists)
+//! and the cadvisor-style metrics of ListPodSandboxMetrics: CPU, memory and swap from the cgroups,
+//! the writable layer's bytes and inodes from its directory, network bytes from the pod's network
+//! namespace, processes from `pids.current`. CPU rates need two samples, so the last one of each
+//! cgroup is remembered; layer sizes are walked at most every few seconds.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+
+use crate::runtime::cgroup::Cgroup;
+use crate::runtime::now_nanos;
+
+/// How long a measured writable-layer size is reused.
+const LAYER_TTL: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub struct Samples {
+    cpu: Mutex<HashMap<std::path::PathBuf, (i64, u64)>>,
+    layers: Mutex<HashMap<std::path::PathBuf, (Instant, u64, u64)>>,
+}
+
+fn v(value: u64) -> Option<cri::UInt64Value> {
+    Some(cri::UInt64Value { value })
+}
+
+impl Samples {
+    /// CPU usage of a cgroup, with the rate since the previous sample.
+    pub fn cpu(&self, cg: &Cgroup) -> cri::CpuUsage {
+        let now = now_nanos();
+        let usage_ns = cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) * 1000;
+        let mut last = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let rate = match last.insert(cg.path.clone(), (now, usage_ns)) {
+            Some((t, u)) if now > t && usage_ns >= u => {
+                ((usage_ns - u) as u128 * 1_000_000_000 / (now - t) as u128) as u64
+            }
+            _ => 0,
+        };
+        cri::CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: v(usage_ns),
+            usage_nano_cores: v(rate),
+        }
+    }
+
+    /// Bytes and inodes of a directory tree (the writable layer), cached briefly.
+    pub fn layer(&self, dir: &Path) -> (u64, u64) {
+        let mut cache = self.layers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, b, i)) = cache.get(dir)
+            && at.elapsed() < LAYER_TTL
+        {
+            return (*b, *i);
+        }
+        let (b, i) = walk(dir);
+        cache.insert(dir.to_path_buf(), (Instant::now(), b, i));
+        (b, i)
+    }
+
+    pub fn forget(&self, cg: Option<&Cgroup>, dir: &Path) {
+        if let Some(cg) = cg {
+            self.cpu
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&cg.path);
+        }
+        self.layers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(dir);
+    }
+}
+
+fn walk(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut bytes, mut inodes) = (0u64, 0u64);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            inodes += 1;
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    (bytes, inodes)
+}
+
+/// Memory usage of a cgroup: working set = usage - inactive file cache, as kubelet counts it.
+pub fn memory(cg: &Cgroup) -> cri::MemoryUsage {
+    let stat = cg.keyed("memory.stat");
+    let usage = cg.number("memory.current").unwrap_or(0);
+    let inactive = stat.get("inactive_file").copied().unwrap_or(0);
+    let working = usage.saturating_sub(inactive);
+    let available = cg
+        .number("memory.max")
+        .map(|limit| limit.saturating_sub(working));
+    cri::MemoryUsage {
+        timestamp: now_nanos(),
+        working_set_bytes: v(working),
+        available_bytes: available.and_then(v),
+        usage_bytes: v(usage),
+        rss_bytes: v(stat.get("anon").copied().unwrap_or(0)),
+        page_faults: v(stat.get("pgfault").copied().unwrap_or(0)),
+        major_page_faults: v(stat.get("pgmajfault").copied().unwrap_or(0)),
+    }
+}
+
+pub fn swap(cg: &Cgroup) -> cri::SwapUsage {
+    let used = cg.number("memory.swap.current").unwrap_or(0);
+    cri::SwapUsage {
+        timestamp: now_nanos(),
+        swap_available_bytes: cg
+            .number("memory.swap.max")
+            .map(|m| m.saturating_sub(used))
+            .and_then(v),
+        swap_usage_bytes: v(used),
+    }
+}
+
+pub fn processes(cg: &Cgroup) -> cri::ProcessUsage {
+    cri::ProcessUsage {
+        timestamp: now_nanos(),
+        process_count: v(cg
+            .number("pids.current")
+            .unwrap_or_else(|| cg.pids().len() as u64)),
+    }
+}
+
+/// Interface counters of the network namespace `pid` lives in (`/proc/<pid>/net/dev`).
+pub fn network(pid: i32) -> Option<cri::NetworkUsage> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    let mut ifaces = Vec::new();
+    for line in text.lines().skip(2) {
+        let (name, rest) = line.split_once(':')?;
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if f.len() < 16 {
+            continue;
+        }
+        ifaces.push(cri::NetworkInterfaceUsage {
+            name: name.trim().to_string(),
+            rx_bytes: v(f[0]),
+            rx_errors: v(f[2]),
+            tx_bytes: v(f[8]),
+            tx_errors: v(f[10]),
+        });
+    }
+    // The pod's own interface if it has one; a loopback-only pod reports lo.
+    let default = ifaces
+        .iter()
+        .find(|i| i.name == "eth0")
+        .or_else(|| ifaces.iter().find(|i| i.name != "lo"))
+        .or(ifaces.first())
+        .cloned();
+    Some(cri::NetworkUsage {
+        timestamp: now_nanos(),
+        default_interface: default,
+        interfaces: ifaces,
+    })
+}
+
+/// The metrics ListPodSandboxMetrics reports, with cadvisor's names and help.
+pub const METRICS: [(&str, &str, cri::MetricType); 9] = [
+    (
+        "container_cpu_usage_seconds_total",
+        "Cumulative cpu time consumed in seconds.",
+        cri::MetricType::Counter,
+    ),
+    (
+        "container_memory_usage_bytes",
+        "Current memory usage in bytes, including all memory regardless of when it was accessed",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "Current working set in bytes.",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_memory_rss",
+        "Size of RSS in bytes.",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_memory_swap",
+        "Container swap usage in bytes.",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_spec_memory_limit_bytes",
+        "Memory limit for the container.",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_processes",
+        "Number of processes running inside the container.",
+        cri::MetricType::Gauge,
+    ),
+    (
+        "container_network_receive_bytes_total",
+        "Cumulative count of bytes received",
+        cri::MetricType::Counter,
+    ),
+    (
+        "container_network_transmit_bytes_total",
+        "Cumulative count of bytes transmitted",
+        cri::MetricType::Counter,
+    ),
+];
+
+pub fn descriptors() -> Vec<cri::MetricDescriptor> {
+    METRICS
+        .iter()
+        .map(|(name, help, _)| cri::MetricDescriptor {
+            name: (*name).into(),
+            help: (*help).into(),
+            label_keys: if name.starts_with("container_network") {
+                vec!["interface".into()]
+            } else {
+                Vec::new()
+            },
+        })
+        .collect()
+}
+
+fn metric(name: &str, labels: Vec<String>, value: u64) -> cri::Metric {
+    let kind = METRICS
+        .iter()
+        .find(|m| m.0 == name)
+        .map(|m| m.2)
+        .unwrap_or(cri::MetricType::Gauge);
+    cri::Metric {
+        name: name.into(),
+        timestamp: now_nanos(),
+        metric_type: kind as i32,
+        label_values: labels,
+        value: v(value),
+    }
+}
+
+/// Metrics of one cgroup (a container's or a pod's).
+pub fn cgroup_metrics(cg: &Cgroup) -> Vec<cri::Metric> {
+    let stat = cg.keyed("memory.stat");
+    let usage = cg.number("memory.current").unwrap_or(0);
+    let mut out = vec![
+        metric(
+            "container_cpu_usage_seconds_total",
+            vec![],
+            cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) / 1_000_000,
+        ),
+        metric("container_memory_usage_bytes", vec![], usage),
+        metric(
+            "container_memory_working_set_bytes",
+            vec![],
+            usage.saturating_sub(stat.get("inactive_file").copied().unwrap_or(0)),
+        ),
+        metric(
+            "container_memory_rss",
+            vec![],
+            stat.get("anon").copied().unwrap_or(0),
+        ),
+        metric(
+            "container_memory_swap",
+            vec![],
+            cg.number("memory.swap.current").unwrap_or(0),
+        ),
+        metric(
+            "container_processes",
+            vec![],
+            cg.number("pids.current").unwrap_or(0),
+        ),
+    ];
+    if let Some(limit) = cg.number("memory.max") {
+        out.push(metric("container_spec_memory_limit_bytes", vec![], limit));
+    }
+    out
+}
+
+pub fn network_metrics(net: &cri::NetworkUsage) -> Vec<cri::Metric> {
+    let mut out = Vec::new();
+    for i in &net.interfaces {
+        let val = |x: &Option<cri::UInt64Value>| x.as_ref().map(|v| v.value).unwrap_or(0);
+        out.push(metric(
+            "container_network_receive_bytes_total",
+            vec![i.name.clone()],
+            val(&i.rx_bytes),
+        ));
+        out.push(metric(
+            "container_network_transmit_bytes_total",
+            vec![i.name.clone()],
+            val(&i.tx_bytes),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_of_this_process() {
+        let n = network(std::process::id() as i32).unwrap();
+        assert!(n.interfaces.iter().any(|i| i.name == "lo"));
+        assert!(n.default_interface.is_some());
+        assert_eq!(network_metrics(&n).len(), n.interfaces.len() * 2);
+    }
+
+    #[test]
+    fn walking_a_layer() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        std::fs::write(d.path().join("a/f"), vec![1u8; 10_000]).unwrap();
+        let s = Samples::default();
+        let (bytes, inodes) = s.layer(d.path());
+        assert_eq!(inodes, 2);
+        assert!(bytes >= 10_000);
+        assert_eq!(descriptors().len(), METRICS.len());
+    }
+}
