@@ -1342,3 +1342,81 @@ async fn cli_pods_ps_exec_logs_stop_rm() {
     let (pods, _, _) = out(&["pods", "-q"]);
     assert!(pods.trim().is_empty());
 }
+
+#[tokio::test]
+async fn limits_without_cgroup_v2_are_refused_unless_allowed() {
+    let v2 = crius::runtime::cgroup::Hierarchy::detect().is_some();
+    let limited = |env: &PodEnv, name: &str| {
+        let mut c = env.container_config(name, LONG);
+        c.linux.as_mut().unwrap().resources = Some(cri::LinuxContainerResources {
+            memory_limit_in_bytes: 64 << 20,
+            cpu_shares: 512,
+            ..Default::default()
+        });
+        c
+    };
+    let condition = |st: cri::StatusResponse| {
+        st.status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.r#type == "ResourceLimitsEnforced")
+            .unwrap()
+    };
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("limits");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let st = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let enforced = condition(st);
+    if v2 {
+        // In the VM tier: the limit is applied.
+        assert!(enforced.status);
+        env.run(&pod, &sb, limited(&env, "c")).await;
+    } else {
+        assert!(
+            !enforced.status && enforced.reason == "NoCgroupV2",
+            "{enforced:?}"
+        );
+        let err = env.create(&pod, &sb, limited(&env, "c")).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(
+            err.message().contains("cgroup v2") && err.message().contains("allow_unenforced"),
+            "{}",
+            err.message()
+        );
+        // shares alone only weigh a container: not refused
+        let mut shares = env.container_config("shares", LONG);
+        shares.linux.as_mut().unwrap().resources = Some(cri::LinuxContainerResources {
+            cpu_shares: 2,
+            ..Default::default()
+        });
+        env.run(&pod, &sb, shares).await;
+    }
+    env.remove_pod(&pod).await;
+    if v2 {
+        return;
+    }
+    // The operator's choice: run without enforcing, and say so.
+    let env = PodEnv::start_with("[cgroup]\nallow_unenforced = true\n").await;
+    let st = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(condition(st).message.contains("WITHOUT resource limits"));
+    assert!(
+        env.d.log_text().contains("WITHOUT resource limits"),
+        "warned at start"
+    );
+    let pod = env.run_pod(&sb).await.unwrap();
+    env.run(&pod, &sb, limited(&env, "c")).await;
+    env.remove_pod(&pod).await;
+}

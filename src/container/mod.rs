@@ -1203,6 +1203,7 @@ impl ContainerService {
                 "bundle": b.dir,
                 "rootfs": b.rootfs(),
                 "writableLayer": b.layer,
+                "cgroup": r.cgroup.as_ref().map(|c| c.path.clone()),
                 "runtimeSpec": spec,
             });
             info.insert("info".to_string(), v.to_string());

@@ -13,6 +13,7 @@ pub mod monitor;
 pub mod mounts;
 pub mod pause;
 pub mod process;
+pub mod tmpfs;
 
 use std::path::PathBuf;
 

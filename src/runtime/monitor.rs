@@ -87,6 +87,8 @@ struct Monitor {
     listener: UnixListener,
     execs: Vec<Exec>,
     process: Process,
+    /// The container's cgroup: exec'd commands join it, and its memory.events tell an OOM kill.
+    cgroup: Option<std::path::PathBuf>,
     exit_file: std::path::PathBuf,
     /// The write end of the container's stdin, held so its stdin stays open.
     _stdin: Option<OwnedFd>,
@@ -240,6 +242,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 listener,
                 execs: Vec::new(),
                 process,
+                cgroup: cfg.cgroup.clone(),
                 exit_file: cfg.exit_file.clone(),
                 _stdin: stdin_keep,
             };
@@ -410,11 +413,14 @@ impl Monitor {
                 .and_then(exit_code)
                 .unwrap_or((255, None)),
         };
+        // A SIGKILL while the cgroup counts OOM kills is the OOM killer's doing.
+        let oom_killed = signal == Some(libc::SIGKILL)
+            && self.cgroup.as_deref().is_some_and(|cg| oom_kills(cg) > 0);
         let record = ExitRecord {
             exit_code: code,
             signal,
             finished_at: now_nanos(),
-            oom_killed: false,
+            oom_killed,
         };
         if let Err(e) = atomic::write_json(&self.exit_file, &record) {
             eprintln!("monitor: writing {}: {e}", self.exit_file.display());
@@ -513,7 +519,14 @@ impl Monitor {
         match sys::fork().map_err(|e| format!("fork: {e}"))? {
             ForkResult::Child => {
                 drop(err_r);
-                let e = match exec_child(&self.init_fd, &self.process, &req, stdout, stderr) {
+                let e = match exec_child(
+                    &self.init_fd,
+                    self.cgroup.as_deref(),
+                    &self.process,
+                    &req,
+                    stdout,
+                    stderr,
+                ) {
                     Ok(never) => match never {},
                     Err(e) => e,
                 };
@@ -548,6 +561,7 @@ fn exec_error(message: String) -> ExecReport {
 /// already ours), its process settings, then exec.
 fn exec_child(
     init: &OwnedFd,
+    cgroup: Option<&Path>,
     process: &Process,
     req: &ExecRequest,
     stdout: OwnedFd,
@@ -561,6 +575,11 @@ fn exec_child(
         }
     };
     sys::reset_signals().map_err(fail("reset signals"))?;
+    // The command counts against the container's limits, like the container's own processes.
+    if let Some(cg) = cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(fail("joining the container's cgroup"))?;
+    }
     let flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWIPC
@@ -578,4 +597,17 @@ fn exec_child(
     p.set_terminal(Some(false));
     init::apply_process(&p)?;
     init::exec(&p)
+}
+
+/// The `oom_kill` count of a cgroup's memory.events.
+fn oom_kills(cgroup: &Path) -> u64 {
+    std::fs::read_to_string(cgroup.join("memory.events"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|n| n.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
 }

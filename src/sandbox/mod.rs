@@ -627,6 +627,7 @@ impl SandboxService {
                 "netNamespacePath": r.namespaces.iter().any(|n| n == "net").then(|| paths.ns("net")),
                 "namespaces": r.namespaces.iter().map(|k| (k.clone(), paths.ns(k))).collect::<BTreeMap<_, _>>(),
                 "runtimeHandler": r.runtime_handler,
+                "cgroup": r.cgroup.as_ref().map(|c| c.path.clone()),
                 "network": "loopback only",
                 "config": r.config,
             });

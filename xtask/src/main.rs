@@ -54,6 +54,51 @@ fn integration() -> Result<()> {
     run(cargo().args(["test", "--test", "*"]))
 }
 
+/// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
+/// tier can check), and the whole runtime suite again, now with every pod in real cgroups.
+const VM_SUITES: [&str; 2] = ["cgroups", "pods"];
+
+/// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
+fn test_vm() -> Result<()> {
+    if !is_root() {
+        bail!("the VM tier needs root (qemu shares the host root over 9p)");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--no-run", "--message-format=json"]);
+    for s in VM_SUITES {
+        cmd.args(["--test", s]);
+    }
+    eprintln!("xtask: running {cmd:?}");
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("building the VM test suites")?;
+    if !out.status.success() {
+        bail!("building the VM test suites failed");
+    }
+    let mut bins = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] == "compiler-artifact"
+            && let (Some(exe), Some(name)) =
+                (v["executable"].as_str(), v["target"]["name"].as_str())
+            && VM_SUITES.contains(&name)
+        {
+            bins.push((name.to_string(), exe.to_string()));
+        }
+    }
+    if bins.len() != VM_SUITES.len() {
+        bail!("expected {} test binaries, found {bins:?}", VM_SUITES.len());
+    }
+    for (name, exe) in bins {
+        eprintln!("xtask: VM tier: {name}");
+        run(Command::new("hack/vm-run").args(["-t", "1500", "--", &exe, "--test-threads=2"]))?;
+    }
+    Ok(())
+}
+
 /// The host's target triple, from rustc.
 fn host_triple() -> Result<String> {
     let out = Command::new("rustc")
@@ -117,8 +162,10 @@ fn main() -> Result<()> {
             lint()?;
             unit()?;
             integration()?;
+            test_vm()?;
             bench(&["--smoke".to_string()])
         }
+        "test-vm" => test_vm(),
         "bench" => bench(&args[1..]),
         "dist" => dist().map(drop),
         _ => {
@@ -129,6 +176,9 @@ fn main() -> Result<()> {
                 "  integration  root tests against a real registry, overlayfs and namespaces"
             );
             eprintln!("  test         unit + integration");
+            eprintln!(
+                "  test-vm      cgroup v2, swap and noswap tests (and the runtime suite) in a qemu VM"
+            );
             eprintln!(
                 "  dist         the production binary (static, release) in target/dist/crius"
             );
