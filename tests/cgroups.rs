@@ -539,3 +539,73 @@ async fn secret_tmpfs_is_noswap() {
         assert!(!noswap);
     }
 }
+
+#[tokio::test]
+async fn device_controller_allows_only_the_containers_devices() {
+    if !cgroup_v2() {
+        return;
+    }
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("devices");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let sh = |id: String, script: &'static str| {
+        let env = &env;
+        async move {
+            env.exec(&id, &["sh", "-c", script], 20)
+                .await
+                .expect("exec")
+        }
+    };
+    // /dev is the container's own tmpfs (no nodev): only the cgroup stands between a node made
+    // there and the host device. /dev/kmsg (1:11) is not in the default list.
+    let c = env
+        .run(&pod, &sb, env.container_config("plain", LONG))
+        .await;
+    let (_, err, code) = sh(c.clone(), "mknod /dev/k c 1 11 && echo crius-test > /dev/k").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Operation not permitted"), "{err}");
+    let (out, err, code) = sh(
+        c.clone(),
+        "head -c 4 /dev/urandom | wc -c; echo x > /dev/null",
+    )
+    .await;
+    assert_eq!((out.trim(), code), ("4", 0), "{err}");
+
+    // Given as a device, it opens, with the permissions given.
+    let mut cfg = env.container_config("given", LONG);
+    cfg.devices = vec![cri::Device {
+        container_path: "/dev/kmsg".into(),
+        host_path: "/dev/kmsg".into(),
+        permissions: "w".into(),
+    }];
+    let c = env.run(&pod, &sb, cfg).await;
+    let (_, err, code) = sh(c.clone(), "echo crius-device-test > /dev/kmsg").await;
+    assert_eq!(code, 0, "{err}");
+    let (_, err, code) = sh(c.clone(), "head -c 1 /dev/kmsg").await;
+    assert_ne!(code, 0, "read was not granted");
+    assert!(err.contains("Operation not permitted"), "{err}");
+
+    // Privileged: everything.
+    let mut psb = env.sandbox_config("devices-priv");
+    psb.linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .unwrap()
+        .privileged = true;
+    let ppod = env.run_pod(&psb).await.unwrap();
+    let mut cfg = env.container_config("priv", LONG);
+    cfg.linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .unwrap()
+        .privileged = true;
+    let c = env.run(&ppod, &psb, cfg).await;
+    let (_, err, code) = sh(
+        c.clone(),
+        "mknod /dev/k2 c 1 11 && echo crius-priv > /dev/k2",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    env.remove_pod(&pod).await;
+    env.remove_pod(&ppod).await;
+}

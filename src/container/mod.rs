@@ -25,6 +25,7 @@ use crate::atomic;
 use crate::content::Digest;
 use crate::image::{self, ImageService};
 use crate::runtime::cgroup::{self, Cgroup};
+use crate::runtime::devices;
 use crate::runtime::{
     self, ExecReport, ExecRequest, ExitRecord, JoinNamespace, MonitorConfig, ProcessId,
     StartReport, logs,
@@ -147,6 +148,16 @@ struct Inner {
     containers: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
     names: std::sync::Mutex<HashMap<String, String>>,
     samples: stats::Samples,
+    /// Where the root (persistent) state lives, for the default AppArmor profile.
+    root: PathBuf,
+    filters: sandbox::security::Filters,
+}
+
+/// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
+/// profile.
+struct Confinement {
+    seccomp: Option<Arc<sandbox::security::Filter>>,
+    apparmor: Option<String>,
 }
 
 #[derive(Clone)]
@@ -207,6 +218,11 @@ pub fn parse_signal(s: &str) -> Option<i32> {
         .map(|s| s as i32)
 }
 
+/// Whether containers here can have recursively read-only mounts.
+pub fn recursive_read_only_mounts() -> bool {
+    crate::runtime::mounts::recursive_read_only_supported()
+}
+
 impl ContainerService {
     pub fn open(
         root: &Path,
@@ -223,6 +239,8 @@ impl ContainerService {
                 containers: RwLock::new(HashMap::new()),
                 names: std::sync::Mutex::new(HashMap::new()),
                 samples: stats::Samples::default(),
+                root: root.to_path_buf(),
+                filters: sandbox::security::Filters::default(),
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {
@@ -461,6 +479,7 @@ impl ContainerService {
                 "TARGET mode is not supported yet",
             ));
         }
+        let confinement = self.confinement(sc)?;
 
         let id = random_id()?;
         let key = format!("{}/{}/{}", sandbox.id, meta.name, meta.attempt);
@@ -483,7 +502,7 @@ impl ContainerService {
             self.inner.images.hold(c);
         }
         let result = self
-            .prepare(&id, &b, &config, &sandbox, &image, log_path)
+            .prepare(&id, &b, &config, &sandbox, &image, log_path, &confinement)
             .await;
         match result {
             Ok(record) => {
@@ -493,6 +512,17 @@ impl ContainerService {
             }
             Err(e) => {
                 remove_files(&b);
+                if let Some(pod) = &sandbox.cgroup {
+                    let cg = Cgroup {
+                        root: pod.root.clone(),
+                        path: pod.path.join(&id),
+                    };
+                    if cg.path.exists()
+                        && let Err(e) = cg.remove()
+                    {
+                        tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing cgroup");
+                    }
+                }
                 if let Some(c) = &hold {
                     self.inner.images.release(c);
                 }
@@ -502,6 +532,49 @@ impl ContainerService {
         }
     }
 
+    /// The seccomp filter and AppArmor profile of a container, checked before anything is made.
+    // The deprecated profile fields are still what older kubelets send.
+    #[allow(deprecated)]
+    fn confinement(
+        &self,
+        sc: Option<&cri::LinuxContainerSecurityContext>,
+    ) -> Result<Confinement, Error> {
+        const FIELD: &str = "config.linux.security_context";
+        let privileged = sc.is_some_and(|s| s.privileged);
+        let (caps, _) = spec::capabilities(sc)?;
+        let mut bounding: Vec<String> = caps.iter().map(|c| c.to_string()).collect();
+        bounding.sort();
+        let choice = sandbox::security::seccomp_choice(
+            sc.and_then(|s| s.seccomp.as_ref()),
+            sc.map(|s| s.seccomp_profile_path.as_str()).unwrap_or(""),
+            FIELD,
+        )?;
+        // A privileged container runs without a filter, whatever it asked for (as containerd).
+        let seccomp = if privileged {
+            None
+        } else {
+            let field = match &choice {
+                sandbox::security::SeccompChoice::Localhost(_)
+                    if sc.is_some_and(|s| s.seccomp.is_some()) =>
+                {
+                    format!("{FIELD}.seccomp.localhost_ref")
+                }
+                _ => format!("{FIELD}.seccomp"),
+            };
+            self.inner.filters.resolve(&choice, &bounding, &field)?
+        };
+        let apparmor = sandbox::security::apparmor_profile(
+            sc.and_then(|s| s.apparmor.as_ref()),
+            sc.map(|s| s.apparmor_profile.as_str()).unwrap_or(""),
+            privileged,
+            &self.inner.root,
+            FIELD,
+        )?;
+        sandbox::security::check_selinux(sc.and_then(|s| s.selinux_options.as_ref()), FIELD)?;
+        Ok(Confinement { seccomp, apparmor })
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn prepare(
         &self,
         id: &str,
@@ -510,6 +583,7 @@ impl ContainerService {
         sandbox: &sandbox::Record,
         image: &image::Image,
         log_path: Option<PathBuf>,
+        confinement: &Confinement,
     ) -> Result<Record, Error> {
         for d in [
             b.dir.clone(),
@@ -539,11 +613,23 @@ impl ContainerService {
             b.layer.join("work").display()
         );
         let rootfs = b.rootfs();
+        let privileged = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.privileged);
+        // A device node in an image layer must not open a host device: the container's devices
+        // live on its own /dev.
+        let flags = if privileged {
+            MsFlags::empty()
+        } else {
+            MsFlags::MS_NODEV
+        };
         mount(
             Some("overlay"),
             &rootfs,
             Some("overlay"),
-            MsFlags::empty(),
+            flags,
             Some(opts.as_str()),
         )
         .map_err(|e| io_err(&rootfs)(io::Error::other(format!("mounting overlay: {e}"))))?;
@@ -556,7 +642,7 @@ impl ContainerService {
             .map_err(|r| invalid("config.linux.security_context", r))?;
         let cgroup = self.container_cgroup(id, sandbox, config)?;
         let sandbox_paths = self.inner.sandboxes.paths(&sandbox.id);
-        let oci = spec::build(&spec::Context {
+        let mut oci = spec::build(&spec::Context {
             config,
             sandbox,
             sandbox_paths: &sandbox_paths,
@@ -565,6 +651,24 @@ impl ContainerService {
             user: &user,
             cgroup: cgroup.is_some(),
         })?;
+        if let Some(cg) = &cgroup {
+            let rules: Vec<devices::Rule> = oci
+                .linux()
+                .as_ref()
+                .and_then(|l| l.resources().as_ref())
+                .and_then(|r| r.devices().as_ref())
+                .map(|d| d.iter().filter_map(devices::Rule::from_oci).collect())
+                .unwrap_or_default();
+            let all = rules
+                .iter()
+                .any(|r| r.kind.is_none() && r.major.is_none() && r.minor.is_none());
+            if !all {
+                devices::attach(&cg.path, &rules).map_err(|source| sandbox::Error::Cgroup {
+                    path: cg.path.clone(),
+                    source,
+                })?;
+            }
+        }
         let ns = sc
             .and_then(|s| s.namespace_options.clone())
             .unwrap_or_default();
@@ -607,7 +711,7 @@ impl ContainerService {
             ),
             None => (None, None),
         };
-        let monitor = MonitorConfig {
+        let mut monitor = MonitorConfig {
             id: id.to_string(),
             log_dir,
             log_path: log_rel,
@@ -618,7 +722,22 @@ impl ContainerService {
             new_pid_ns: pid_mode == NS_CONTAINER,
             exit_file: b.exit(),
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
+            seccomp: None,
         };
+        if let Some(f) = &confinement.seccomp {
+            let path = b.dir.join("seccomp.bpf");
+            atomic::write(&path, &f.program, 0o600).map_err(io_err(&path))?;
+            monitor.seccomp = Some(runtime::SeccompFilter {
+                program: path,
+                flags: f.flags,
+            });
+            if let Some(l) = oci.linux_mut() {
+                l.set_seccomp(Some(f.profile.clone()));
+            }
+        }
+        if let (Some(name), Some(p)) = (&confinement.apparmor, oci.process_mut()) {
+            p.set_apparmor_profile(Some(name.clone()));
+        }
         let cfg_path = b.dir.join("config.json");
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
         let mon_path = b.dir.join("monitor.json");

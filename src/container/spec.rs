@@ -11,8 +11,9 @@ use std::path::{Component, Path, PathBuf};
 use k8s_cri::v1 as cri;
 use oci_spec::runtime::{
     Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDevice,
-    LinuxDeviceBuilder, LinuxDeviceType, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec,
-    SpecBuilder, UserBuilder,
+    LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
+    LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
 };
 
 use super::user::User;
@@ -272,6 +273,12 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
                     "needs private propagation",
                 ));
             }
+            if !crate::runtime::mounts::recursive_read_only_supported() {
+                return Err(invalid(
+                    format!("{field}.recursive_read_only"),
+                    "this kernel has no mount_setattr (5.12 or later is needed)",
+                ));
+            }
         }
         let mut opts = vec!["rbind", propagation(m.propagation)];
         opts.push(if m.recursive_read_only {
@@ -288,10 +295,21 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
     Ok(out.into_iter().map(|(_, m)| m).collect())
 }
 
-fn devices(config: &cri::ContainerConfig) -> Result<Vec<LinuxDevice>, Invalid> {
+/// The CRI devices, each with its cgroup permissions (`rwm` when none are given).
+fn devices(config: &cri::ContainerConfig) -> Result<Vec<(LinuxDevice, String)>, Invalid> {
     let mut out = Vec::new();
     for (i, d) in config.devices.iter().enumerate() {
         let field = format!("devices[{i}]");
+        let permissions = if d.permissions.is_empty() {
+            "rwm".to_string()
+        } else if d.permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+            d.permissions.clone()
+        } else {
+            return Err(invalid(
+                format!("{field}.permissions"),
+                format!("{:?}: only r, w and m are allowed", d.permissions),
+            ));
+        };
         check_abs(&d.host_path, &format!("{field}.host_path"))?;
         let dest = clean_container_path(&d.container_path, &format!("{field}.container_path"))?;
         let meta = std::fs::metadata(&d.host_path).map_err(|e| {
@@ -322,7 +340,122 @@ fn devices(config: &cri::ContainerConfig) -> Result<Vec<LinuxDevice>, Invalid> {
             .gid(0u32)
             .build()
             .map_err(|e| invalid(&field, e.to_string()))?;
-        out.push(dev);
+        out.push((dev, permissions));
+    }
+    Ok(out)
+}
+
+/// Every device node of the host, for a privileged container (the kernel's own directories of
+/// pseudo-terminals, shared memory and queues are the container's own).
+fn host_devices() -> Vec<LinuxDevice> {
+    fn walk(dir: &Path, out: &mut Vec<LinuxDevice>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                if !matches!(
+                    path.to_str(),
+                    Some("/dev/pts" | "/dev/shm" | "/dev/mqueue" | "/dev/.lxc" | "/dev/.udev")
+                ) {
+                    walk(&path, out);
+                }
+                continue;
+            }
+            let kind = if ft.is_char_device() {
+                LinuxDeviceType::C
+            } else if ft.is_block_device() {
+                LinuxDeviceType::B
+            } else {
+                continue;
+            };
+            let rdev = meta.rdev();
+            if let Ok(d) = LinuxDeviceBuilder::default()
+                .path(path)
+                .typ(kind)
+                .major(nix::sys::stat::major(rdev) as i64)
+                .minor(nix::sys::stat::minor(rdev) as i64)
+                .file_mode(meta.mode() & 0o777)
+                .uid(meta.uid())
+                .gid(meta.gid())
+                .build()
+            {
+                out.push(d);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new("/dev"), &mut out);
+    // /dev/console, /dev/ptmx and the like are the container's own.
+    out.retain(|d| {
+        !matches!(
+            d.path().to_str(),
+            Some("/dev/console" | "/dev/ptmx" | "/dev/tty")
+        )
+    });
+    out
+}
+
+/// The devices a container may open, for the cgroup device controller: all for a privileged
+/// container; otherwise creating any node (useless without access), the standard character
+/// devices, its pseudo-terminals, and the devices it was given.
+fn device_rules(
+    privileged: bool,
+    given: &[(LinuxDevice, String)],
+) -> Result<Vec<LinuxDeviceCgroup>, Invalid> {
+    let rule = |allow: bool,
+                kind: LinuxDeviceType,
+                major: Option<i64>,
+                minor: Option<i64>,
+                access: &str| {
+        let mut b = LinuxDeviceCgroupBuilder::default()
+            .allow(allow)
+            .typ(kind)
+            .access(access);
+        if let Some(m) = major {
+            b = b.major(m);
+        }
+        if let Some(m) = minor {
+            b = b.minor(m);
+        }
+        b.build()
+            .map_err(|e| invalid("linux.resources.devices", e.to_string()))
+    };
+    if privileged {
+        return Ok(vec![rule(true, LinuxDeviceType::A, None, None, "rwm")?]);
+    }
+    let c = LinuxDeviceType::C;
+    let mut out = vec![
+        rule(false, LinuxDeviceType::A, None, None, "rwm")?,
+        rule(true, c, None, None, "m")?,
+        rule(true, LinuxDeviceType::B, None, None, "m")?,
+    ];
+    for (major, minor) in [
+        (1, 3),
+        (1, 5),
+        (1, 7),
+        (1, 8),
+        (1, 9),
+        (5, 0),
+        (5, 1),
+        (5, 2),
+    ] {
+        out.push(rule(true, c, Some(major), Some(minor), "rwm")?);
+    }
+    out.push(rule(true, c, Some(136), None, "rwm")?);
+    for (d, access) in given {
+        out.push(rule(
+            true,
+            d.typ(),
+            Some(d.major()),
+            Some(d.minor()),
+            access,
+        )?);
     }
     Ok(out)
 }
@@ -378,6 +511,9 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         .terminal(config.tty)
         .user(user)
         .no_new_privileges(sc.is_some_and(|s| s.no_new_privs))
+        // No rlimits of our own (oci-spec's default caps open files at 1024): the container
+        // inherits the runtime's, as CRI has no field for them.
+        .rlimits(Vec::new())
         .capabilities(
             LinuxCapabilitiesBuilder::default()
                 .bounding(caps.clone())
@@ -412,7 +548,17 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
     } else {
         &["rbind", "rprivate", "rw"]
     };
-    let user_mounts = cri_mounts(config)?;
+    let mut user_mounts = cri_mounts(config)?;
+    if !privileged {
+        // No device node in a volume may open a host device, whatever the node's cgroup can
+        // enforce; devices are passed as devices, or from /dev.
+        for m in &mut user_mounts {
+            let from_dev = m.source().as_ref().is_some_and(|s| s.starts_with("/dev"));
+            if !from_dev && let Some(o) = m.options_mut() {
+                o.push("nodev".into());
+            }
+        }
+    }
     let given = |p: &str| user_mounts.iter().any(|m| m.destination() == Path::new(p));
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
@@ -476,16 +622,34 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
     });
     mounts.extend(user_mounts);
 
+    let given = devices(config)?;
+    let mut devs: Vec<LinuxDevice> = given.iter().map(|(d, _)| d.clone()).collect();
+    if privileged {
+        for d in host_devices() {
+            if !devs.iter().any(|x| x.path() == d.path()) {
+                devs.push(d);
+            }
+        }
+    }
+    let resources = LinuxResourcesBuilder::default()
+        .devices(device_rules(privileged, &given)?)
+        .build()
+        .map_err(|e| invalid("linux.resources", e.to_string()))?;
     let mut linux = LinuxBuilder::default()
         .rootfs_propagation(if shared { "rshared" } else { "rslave" })
-        .devices(devices(config)?);
-    if let Some(s) = sc
-        && !privileged
-    {
-        linux = linux
-            .masked_paths(s.masked_paths.clone())
-            .readonly_paths(s.readonly_paths.clone());
-    }
+        .devices(devs)
+        .resources(resources);
+    // Exactly the lists kubelet sent (its defaults, or none for procMount: Unmasked); none at
+    // all for a privileged container. oci-spec's own defaults must not leak in.
+    let (masked, readonly) = match sc {
+        Some(s) if !privileged => (s.masked_paths.clone(), s.readonly_paths.clone()),
+        _ => (Vec::new(), Vec::new()),
+    };
+    linux = linux
+        .masked_paths(masked)
+        .readonly_paths(readonly)
+        // The namespaces are the monitor's business (monitor.json), not this spec's.
+        .namespaces(Vec::new());
     let linux = linux.build().map_err(|e| invalid("linux", e.to_string()))?;
     let root = RootBuilder::default()
         .path(ctx.rootfs.to_path_buf())

@@ -308,7 +308,7 @@ impl RuntimeService for Runtime {
             });
             let features = || {
                 Some(cri::RuntimeHandlerFeatures {
-                    recursive_read_only_mounts: false,
+                    recursive_read_only_mounts: crate::container::recursive_read_only_mounts(),
                     user_namespaces: false,
                 })
             };

@@ -20,6 +20,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags, symlinkat, unlinkat};
 use oci_spec::runtime::{LinuxDeviceType, PosixRlimitType, Process, Spec};
 
 use super::mounts::{self, Options};
+use super::seccomp::Compiled;
 use crate::sys;
 
 /// A failed step, as the monitor reports it.
@@ -57,10 +58,11 @@ pub fn run(
     spec: &Spec,
     join: &[super::JoinNamespace],
     cgroup: Option<&Path>,
+    seccomp: Option<&Compiled>,
     stdio: Stdio,
     errors: OwnedFd,
 ) -> ! {
-    let e = match setup(spec, join, cgroup, stdio) {
+    let e = match setup(spec, join, cgroup, seccomp, stdio) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -96,6 +98,7 @@ fn setup(
     spec: &Spec,
     join: &[super::JoinNamespace],
     cgroup: Option<&Path>,
+    seccomp: Option<&Compiled>,
     stdio: Stdio,
 ) -> Result<Infallible, InitError> {
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
@@ -230,7 +233,7 @@ fn setup(
     }
     install_stdio(stdio)?;
     std::env::set_current_dir(&cwd).map_err(fail(format!("chdir {cwd}")))?;
-    apply_process(process)?;
+    apply_process(process, seccomp)?;
     exec(process)
 }
 
@@ -515,9 +518,9 @@ fn cap_set(set: Option<&oci_spec::runtime::Capabilities>) -> Result<caps::CapsHa
     Ok(out)
 }
 
-/// The process half shared by container init and exec: rlimits, oom_score_adj, groups, user,
-/// capabilities, no_new_privs.
-pub fn apply_process(p: &Process) -> Result<(), InitError> {
+/// The process half shared by container init and exec: rlimits, oom_score_adj, AppArmor,
+/// groups, user, capabilities, no_new_privs, seccomp.
+pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), InitError> {
     for r in p.rlimits().as_deref().unwrap_or_default() {
         nix::sys::resource::setrlimit(resource(r.typ()), r.soft(), r.hard())
             .map_err(fail(format!("rlimit {:?}", r.typ())))?;
@@ -527,6 +530,15 @@ pub fn apply_process(p: &Process) -> Result<(), InitError> {
     }
     if let Some(mask) = p.user().umask() {
         nix::sys::stat::umask(Mode::from_bits_truncate(mask));
+    }
+    if let Some(profile) = p.apparmor_profile() {
+        apparmor_on_exec(profile)?;
+    }
+    let nnp = p.no_new_privileges().unwrap_or(false);
+    // Without no_new_privs only a privileged caller may install a filter, so it goes on now, and
+    // the calls still to come (setgroups, setuid, capset, execve) must pass it, as with runc.
+    if !nnp && let Some(f) = seccomp {
+        super::seccomp::install(&f.program, f.flags).map_err(fail("seccomp"))?;
     }
     let caps_spec = p.capabilities().as_ref();
     let bounding = cap_set(caps_spec.and_then(|c| c.bounding().as_ref()))?;
@@ -568,10 +580,26 @@ pub fn apply_process(p: &Process) -> Result<(), InitError> {
     for cap in ambient {
         caps::raise(None, caps::CapSet::Ambient, cap).map_err(fail(format!("ambient {cap}")))?;
     }
-    if p.no_new_privileges().unwrap_or(false) {
+    if nnp {
         nix::sys::prctl::set_no_new_privs().map_err(fail("no_new_privs"))?;
+        if let Some(f) = seccomp {
+            super::seccomp::install(&f.program, f.flags).map_err(fail("seccomp"))?;
+        }
     }
     Ok(())
+}
+
+/// Asks AppArmor to confine the next exec with `profile`.
+fn apparmor_on_exec(profile: &str) -> Result<(), InitError> {
+    let cmd = format!("exec {profile}");
+    let step = format!("AppArmor profile {profile}");
+    match std::fs::write("/proc/thread-self/attr/apparmor/exec", &cmd) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write("/proc/thread-self/attr/exec", &cmd).map_err(fail(step))
+        }
+        Err(e) => Err(fail(step)(e)),
+    }
 }
 
 /// Looks up `args[0]` in the process's PATH (as runc does) and execs it.

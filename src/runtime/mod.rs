@@ -7,12 +7,14 @@
 //! for the exit record.
 
 pub mod cgroup;
+pub mod devices;
 pub mod init;
 pub mod logs;
 pub mod monitor;
 pub mod mounts;
 pub mod pause;
 pub mod process;
+pub mod seccomp;
 pub mod tmpfs;
 
 use std::path::PathBuf;
@@ -54,6 +56,16 @@ pub struct MonitorConfig {
     /// The container's cgroup (absolute), joined before anything else; none without cgroup v2.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The compiled seccomp filter of the container and its exec'd commands.
+    #[serde(default)]
+    pub seccomp: Option<SeccompFilter>,
+}
+
+/// A compiled seccomp program (a `sock_filter` array in native byte order) and its flags.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SeccompFilter {
+    pub program: PathBuf,
+    pub flags: u32,
 }
 
 /// The first line `crius monitor` writes to its stdout.

@@ -30,6 +30,7 @@ use oci_spec::runtime::{Process, Spec};
 
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
+use super::seccomp::{self, Compiled};
 use super::{
     ExecReport, ExecRequest, ExitRecord, MONITOR_SOCKET, MonitorConfig, ProcessId, StartReport,
     exit_code, now_nanos,
@@ -87,6 +88,8 @@ struct Monitor {
     listener: UnixListener,
     execs: Vec<Exec>,
     process: Process,
+    /// The container's seccomp filter, installed in exec'd commands too.
+    seccomp: Option<Compiled>,
     /// The container's cgroup: exec'd commands join it, and its memory.events tell an OOM kill.
     cgroup: Option<std::path::PathBuf>,
     exit_file: std::path::PathBuf,
@@ -119,6 +122,19 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     let spec: Spec =
         serde_json::from_slice(&read("config.json")?).map_err(|e| format!("config.json: {e}"))?;
     let process = spec.process().clone().ok_or("config.json has no process")?;
+    let seccomp = match &cfg.seccomp {
+        None => None,
+        Some(f) => {
+            let bytes = std::fs::read(&f.program)
+                .map_err(|e| format!("seccomp program {}: {e}", f.program.display()))?;
+            let program = seccomp::bpf::from_bytes(&bytes)
+                .ok_or_else(|| format!("seccomp program {}: malformed", f.program.display()))?;
+            Some(Compiled {
+                program,
+                flags: f.flags,
+            })
+        }
+    };
 
     let log = match (&cfg.log_dir, &cfg.log_path) {
         (Some(dir), Some(rel)) => Some(
@@ -216,7 +232,14 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     match sys::fork().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(err_r);
-            init::run(&spec, &cfg.join, cfg.cgroup.as_deref(), child_stdio, err_w)
+            init::run(
+                &spec,
+                &cfg.join,
+                cfg.cgroup.as_deref(),
+                seccomp.as_ref(),
+                child_stdio,
+                err_w,
+            )
         }
         ForkResult::Parent { child } => {
             drop(err_w);
@@ -242,6 +265,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 listener,
                 execs: Vec::new(),
                 process,
+                seccomp,
                 cgroup: cfg.cgroup.clone(),
                 exit_file: cfg.exit_file.clone(),
                 _stdin: stdin_keep,
@@ -523,6 +547,7 @@ impl Monitor {
                     &self.init_fd,
                     self.cgroup.as_deref(),
                     &self.process,
+                    self.seccomp.as_ref(),
                     &req,
                     stdout,
                     stderr,
@@ -563,6 +588,7 @@ fn exec_child(
     init: &OwnedFd,
     cgroup: Option<&Path>,
     process: &Process,
+    seccomp: Option<&Compiled>,
     req: &ExecRequest,
     stdout: OwnedFd,
     stderr: OwnedFd,
@@ -595,7 +621,7 @@ fn exec_child(
     let mut p = process.clone();
     p.set_args(Some(req.args.clone()));
     p.set_terminal(Some(false));
-    init::apply_process(&p)?;
+    init::apply_process(&p, seccomp)?;
     init::exec(&p)
 }
 

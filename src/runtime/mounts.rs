@@ -86,6 +86,12 @@ impl Options {
     }
 }
 
+/// Whether `rro` mounts work here (the kernel has `mount_setattr`); asked once.
+pub fn recursive_read_only_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(crate::sys::has_mount_setattr)
+}
+
 /// `rslave` and friends as flags.
 pub fn propagation(name: &str) -> Option<MsFlags> {
     Some(match name {
@@ -293,6 +299,9 @@ pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
             MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra,
             None::<&str>,
         )?;
+        if opts.recursive_ro {
+            crate::sys::mount_readonly_recursive(&real)?;
+        }
         if !opts.propagation.is_empty() {
             mount(
                 None::<&str>,

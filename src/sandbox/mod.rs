@@ -16,6 +16,8 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
+pub mod security;
+
 use crate::atomic;
 use crate::runtime::cgroup::{self, Cgroup, Policy, Resources};
 use crate::runtime::{self, PauseConfig, PauseReport, ProcessId};
@@ -303,6 +305,35 @@ impl SandboxService {
     }
 
     /// Creates the pod's namespaces and files and starts its pause process.
+    /// The pod's security profiles: the pause process runs no code of the pod's, but a profile
+    /// the node cannot provide fails the pod here, clearly, before anything is made.
+    // The deprecated profile fields are still what older kubelets send.
+    #[allow(deprecated)]
+    fn check_profiles(&self, config: &cri::PodSandboxConfig) -> Result<(), Error> {
+        const FIELD: &str = "config.linux.security_context";
+        let Some(sc) = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+        else {
+            return Ok(());
+        };
+        let choice =
+            security::seccomp_choice(sc.seccomp.as_ref(), &sc.seccomp_profile_path, FIELD)?;
+        if let security::SeccompChoice::Localhost(path) = &choice {
+            crate::runtime::seccomp::load(path, &[])
+                .map_err(|e| invalid(&format!("{FIELD}.seccomp"), e.to_string()))?;
+        }
+        security::apparmor_profile(
+            sc.apparmor.as_ref(),
+            "",
+            sc.privileged,
+            &self.inner.dir,
+            FIELD,
+        )?;
+        security::check_selinux(sc.selinux_options.as_ref(), FIELD)
+    }
+
     pub async fn run(&self, config: cri::PodSandboxConfig, handler: &str) -> Result<String, Error> {
         let meta = config
             .metadata
@@ -357,6 +388,7 @@ impl SandboxService {
         }
         let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
         let sysctls = sysctls(&config, network, ipc)?;
+        self.check_profiles(&config)?;
 
         let key = name_key(Some(meta));
         let id = random_id()?;

@@ -125,6 +125,188 @@ pub fn pidfd_send_signal<F: AsFd>(pidfd: F, signal: i32) -> io::Result<()> {
     }
 }
 
+/// Installs a seccomp filter program on the calling thread (`seccomp(SECCOMP_SET_MODE_FILTER)`).
+pub fn seccomp_filter(program: &[libc::sock_filter], flags: u32) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+    // SAFETY: `prog` points at `len` instructions that live for the whole call; the kernel copies
+    // the program and never writes through the pointer.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            flags as libc::c_ulong,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Makes the mount at `path` and every mount below it read-only (`mount_setattr(2)` with
+/// `AT_RECURSIVE`), which a bind remount cannot do for submounts.
+pub fn mount_readonly_recursive(path: &Path) -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const AT_RECURSIVE: libc::c_int = 0x8000;
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `cpath` and `attr` outlive the call; the size passed is the struct's own.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            cpath.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the kernel has `mount_setattr(2)` (5.12 and later).
+pub fn has_mount_setattr() -> bool {
+    // SAFETY: invalid arguments on purpose: only ENOSYS versus any other error matters, and a
+    // null path with a bad descriptor cannot touch anything.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            -1,
+            std::ptr::null::<libc::c_char>(),
+            0,
+            std::ptr::null::<u8>(),
+            0,
+        )
+    };
+    !(ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
+/// Loads a cgroup device program (`BPF_PROG_TYPE_CGROUP_DEVICE`) given as raw 8-byte eBPF
+/// instructions; a verifier refusal comes back with the verifier's log.
+pub fn bpf_load_device_program(insns: &[u64]) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    #[repr(C)]
+    struct ProgLoad {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        prog_ifindex: u32,
+        expected_attach_type: u32,
+    }
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
+    let license = c"Apache-2.0";
+    let mut log = vec![0u8; 16 << 10];
+    let mut name = [0u8; 16];
+    name[..12].copy_from_slice(b"crius_device");
+    let attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
+        insn_cnt: u32::try_from(insns.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: name,
+        prog_ifindex: 0,
+        expected_attach_type: 0,
+    };
+    // SAFETY: every pointer in `attr` (instructions, license, log buffer) is valid for the
+    // length given and outlives the call; the kernel writes only into the log buffer.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_LOAD,
+            &attr as *const ProgLoad,
+            std::mem::size_of::<ProgLoad>(),
+        )
+    };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+        let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
+        return Err(if text.is_empty() {
+            err
+        } else {
+            io::Error::new(err.kind(), format!("{err}: {text}"))
+        });
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches a device program to a cgroup (`BPF_CGROUP_DEVICE`, alongside any the ancestors
+/// have).
+pub fn bpf_attach_device_program<C: AsFd, P: AsFd>(cgroup: C, prog: P) -> io::Result<()> {
+    #[repr(C)]
+    struct ProgAttach {
+        target_fd: u32,
+        attach_bpf_fd: u32,
+        attach_type: u32,
+        attach_flags: u32,
+        replace_bpf_fd: u32,
+    }
+    const BPF_PROG_ATTACH: libc::c_long = 8;
+    const BPF_CGROUP_DEVICE: u32 = 6;
+    const BPF_F_ALLOW_MULTI: u32 = 2;
+    let attr = ProgAttach {
+        target_fd: cgroup.as_fd().as_raw_fd() as u32,
+        attach_bpf_fd: prog.as_fd().as_raw_fd() as u32,
+        attach_type: BPF_CGROUP_DEVICE,
+        attach_flags: BPF_F_ALLOW_MULTI,
+        replace_bpf_fd: 0,
+    };
+    // SAFETY: `attr` holds plain integers and outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_ATTACH,
+            &attr as *const ProgAttach,
+            std::mem::size_of::<ProgAttach>(),
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Brings the loopback interface of the caller's network namespace up (`ip link set lo up`).
 pub fn loopback_up() -> io::Result<()> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};

@@ -55,8 +55,9 @@ fn integration() -> Result<()> {
 }
 
 /// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
-/// tier can check), and the whole runtime suite again, now with every pod in real cgroups.
-const VM_SUITES: [&str; 2] = ["cgroups", "pods"];
+/// tier can check), the whole runtime suite again, now with every pod in real cgroups, and the
+/// security suite, where the device controller and AppArmor (on in the VM kernel) apply.
+const VM_SUITES: [&str; 3] = ["cgroups", "pods", "security"];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
 fn test_vm() -> Result<()> {
@@ -92,9 +93,15 @@ fn test_vm() -> Result<()> {
     if bins.len() != VM_SUITES.len() {
         bail!("expected {} test binaries, found {bins:?}", VM_SUITES.len());
     }
+    // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
+    // read-only at its own path.
+    let workspace = std::env::current_dir().context("current directory")?;
     for (name, exe) in bins {
         eprintln!("xtask: VM tier: {name}");
-        run(Command::new("hack/vm-run").args(["-t", "1500", "--", &exe, "--test-threads=2"]))?;
+        run(Command::new("hack/vm-run")
+            .args(["-t", "1500", "-r"])
+            .arg(&workspace)
+            .args(["--", &exe, "--test-threads=2"]))?;
     }
     Ok(())
 }

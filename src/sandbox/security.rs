@@ -1,0 +1,447 @@
+//! The security profiles of a CRI security context: which seccomp filter a container gets
+//! (RuntimeDefault, a Localhost profile file, or none), compiled once per distinct profile and
+//! cached; and AppArmor and SELinux, which are applied where the host has them and refused
+//! clearly where it has not, so that nothing runs unconfined after a profile was asked for.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::security_profile::ProfileType;
+use oci_spec::runtime::LinuxSeccomp;
+use sha2::{Digest as _, Sha256};
+
+use super::{Error, invalid};
+use crate::runtime::seccomp;
+
+/// The seccomp profile a container asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeccompChoice {
+    Unconfined,
+    RuntimeDefault,
+    Localhost(PathBuf),
+}
+
+/// The profile from the `seccomp` field, or the deprecated `seccomp_profile_path`; neither set
+/// means unconfined, as kubelet expects.
+pub fn seccomp_choice(
+    profile: Option<&cri::SecurityProfile>,
+    path: &str,
+    field: &str,
+) -> Result<SeccompChoice, Error> {
+    if let Some(p) = profile {
+        let f = format!("{field}.seccomp");
+        return match ProfileType::try_from(p.profile_type) {
+            Ok(ProfileType::RuntimeDefault) => Ok(SeccompChoice::RuntimeDefault),
+            Ok(ProfileType::Unconfined) => Ok(SeccompChoice::Unconfined),
+            Ok(ProfileType::Localhost) => {
+                localhost(&p.localhost_ref, &format!("{f}.localhost_ref"))
+            }
+            Err(_) => Err(invalid(
+                &format!("{f}.profile_type"),
+                format!("unknown profile type {}", p.profile_type),
+            )),
+        };
+    }
+    let f = format!("{field}.seccomp_profile_path");
+    match path {
+        "" | "unconfined" => Ok(SeccompChoice::Unconfined),
+        "runtime/default" | "docker/default" => Ok(SeccompChoice::RuntimeDefault),
+        p => match p.strip_prefix("localhost/") {
+            Some(rest) => localhost(rest, &f),
+            None => Err(invalid(&f, format!("unknown seccomp profile {p:?}"))),
+        },
+    }
+}
+
+fn localhost(path: &str, field: &str) -> Result<SeccompChoice, Error> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(invalid(
+            field,
+            format!("{path:?} must be an absolute path to a profile on the node"),
+        ));
+    }
+    Ok(SeccompChoice::Localhost(p.to_path_buf()))
+}
+
+/// A resolved and compiled filter, shared by every container with the same profile.
+#[derive(Debug)]
+pub struct Filter {
+    pub profile: LinuxSeccomp,
+    /// The program as the bundle stores it.
+    pub program: Vec<u8>,
+    pub flags: u32,
+}
+
+/// Compiled filters by the digest of their resolved profile.
+#[derive(Default)]
+pub struct Filters {
+    compiled: Mutex<HashMap<[u8; 32], Arc<Filter>>>,
+}
+
+impl Filters {
+    /// The filter for a container with bounding set `bounding`, or none (unconfined or
+    /// privileged).
+    pub fn resolve(
+        &self,
+        choice: &SeccompChoice,
+        bounding: &[String],
+        field: &str,
+    ) -> Result<Option<Arc<Filter>>, Error> {
+        let profile = match choice {
+            SeccompChoice::Unconfined => return Ok(None),
+            SeccompChoice::RuntimeDefault => seccomp::runtime_default(bounding),
+            SeccompChoice::Localhost(path) => {
+                seccomp::load(path, bounding).map_err(|e| invalid(field, e.to_string()))?
+            }
+        };
+        let json = serde_json::to_vec(&profile).map_err(|e| invalid(field, e.to_string()))?;
+        let key: [u8; 32] = Sha256::digest(&json).into();
+        let mut compiled = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(f) = compiled.get(&key) {
+            return Ok(Some(f.clone()));
+        }
+        let c = seccomp::compile(&profile).map_err(|e| invalid(field, e.to_string()))?;
+        let f = Arc::new(Filter {
+            profile,
+            program: seccomp::bpf::to_bytes(&c.program),
+            flags: c.flags,
+        });
+        compiled.insert(key, f.clone());
+        Ok(Some(f))
+    }
+}
+
+/// Whether the host runs AppArmor.
+pub fn apparmor_enabled() -> bool {
+    std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y")
+}
+
+/// Whether the host runs SELinux.
+pub fn selinux_enabled() -> bool {
+    Path::new("/sys/fs/selinux/enforce").exists()
+}
+
+/// The AppArmor profile name a container runs under, if any. On a host with AppArmor, nothing
+/// asked for means crius's default, as with containerd; when that cannot be loaded (no
+/// `apparmor_parser`) the container runs unconfined with a warning, since no profile was asked
+/// for. RuntimeDefault asked for explicitly must be applied or refused; on a host without
+/// AppArmor it means no profile. A named profile on a host without AppArmor, or one the host has
+/// not loaded, is refused.
+pub fn apparmor_profile(
+    profile: Option<&cri::SecurityProfile>,
+    deprecated: &str,
+    privileged: bool,
+    state: &Path,
+    field: &str,
+) -> Result<Option<String>, Error> {
+    let unset = profile.is_none() && deprecated.is_empty();
+    let (kind, name, f) = match profile {
+        Some(p) => match ProfileType::try_from(p.profile_type) {
+            Ok(t) => (t, p.localhost_ref.clone(), format!("{field}.apparmor")),
+            Err(_) => {
+                return Err(invalid(
+                    &format!("{field}.apparmor.profile_type"),
+                    format!("unknown profile type {}", p.profile_type),
+                ));
+            }
+        },
+        None => {
+            let f = format!("{field}.apparmor_profile");
+            match deprecated {
+                "" | "runtime/default" => (ProfileType::RuntimeDefault, String::new(), f),
+                "unconfined" => (ProfileType::Unconfined, String::new(), f),
+                p => match p.strip_prefix("localhost/") {
+                    Some(n) => (ProfileType::Localhost, n.to_string(), f),
+                    None => return Err(invalid(&f, format!("unknown AppArmor profile {p:?}"))),
+                },
+            }
+        }
+    };
+    match kind {
+        ProfileType::Unconfined => Ok(None),
+        ProfileType::RuntimeDefault if privileged || !apparmor_enabled() => Ok(None),
+        ProfileType::RuntimeDefault => match load_default_apparmor(state) {
+            Ok(()) => Ok(Some(APPARMOR_DEFAULT.to_string())),
+            Err(e) if unset => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        error = %e,
+                        "AppArmor is enabled but crius's default profile cannot be loaded; \
+                         containers that ask for no profile run unconfined"
+                    );
+                });
+                Ok(None)
+            }
+            Err(e) => Err(invalid(&f, e)),
+        },
+        ProfileType::Localhost => {
+            if name.is_empty() {
+                return Err(invalid(&f, "a Localhost profile needs its name"));
+            }
+            if !apparmor_enabled() {
+                return Err(invalid(
+                    &f,
+                    format!(
+                        "AppArmor profile {name:?} asked for, but AppArmor is not enabled on this node"
+                    ),
+                ));
+            }
+            let loaded = std::fs::read_to_string("/sys/kernel/security/apparmor/profiles")
+                .unwrap_or_default();
+            if !loaded
+                .lines()
+                .any(|l| l.rsplit_once(" (").is_some_and(|(n, _)| n == name))
+            {
+                return Err(invalid(
+                    &f,
+                    format!("AppArmor profile {name:?} is not loaded on this node"),
+                ));
+            }
+            Ok(Some(name))
+        }
+    }
+}
+
+/// The AppArmor profile crius applies by default on hosts that run AppArmor.
+pub const APPARMOR_DEFAULT: &str = "crius-default";
+
+/// crius's default AppArmor profile: everything a container normally does, but no mounts, no
+/// writes to the kernel's knobs under /proc and /sys (bar the container's own cgroup tree), no
+/// reads of kernel memory or firmware, and ptrace and signals only among its own kind.
+fn apparmor_default_text() -> String {
+    let name = APPARMOR_DEFAULT;
+    format!(
+        r#"#include <tunables/global>
+
+profile {name} flags=(attach_disconnected,mediate_deleted) {{
+  #include <abstractions/base>
+
+  network,
+  capability,
+  file,
+  umount,
+  signal (send,receive) peer={name},
+  signal (receive) peer=unconfined,
+  ptrace (trace,read,tracedby,readby) peer={name},
+
+  deny mount,
+  deny pivot_root,
+  deny @{{PROC}}/sysrq-trigger rwklx,
+  deny @{{PROC}}/kcore rwklx,
+  deny @{{PROC}}/kmem rwklx,
+  deny @{{PROC}}/mem rwklx,
+  deny @{{PROC}}/sys/kernel/core_pattern w,
+  deny @{{PROC}}/sys/kernel/modprobe w,
+  deny @{{PROC}}/sys/vm/** w,
+  deny @{{PROC}}/sys/fs/** w,
+  deny @{{PROC}}/sys/dev/** w,
+  deny @{{PROC}}/sys/debug/** w,
+  deny /sys/firmware/** rwklx,
+  deny /sys/kernel/security/** rwklx,
+  deny /sys/kernel/debug/** rwklx,
+  deny /sys/module/** wklx,
+  deny /sys/devices/** wklx,
+  deny /sys/class/** wklx,
+  deny /sys/bus/** wklx,
+  deny /sys/power/** wklx,
+}}
+"#
+    )
+}
+
+/// Loads crius's default AppArmor profile unless the host already has it: written under the
+/// state directory and handed to `apparmor_parser`, once per daemon.
+fn load_default_apparmor(state: &Path) -> Result<(), String> {
+    static LOADED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let loaded = std::fs::read_to_string("/sys/kernel/security/apparmor/profiles")
+                .unwrap_or_default();
+            if loaded
+                .lines()
+                .any(|l| l.starts_with(&format!("{APPARMOR_DEFAULT} (")))
+            {
+                return Ok(());
+            }
+            let dir = state.join("apparmor");
+            let file = dir.join(APPARMOR_DEFAULT);
+            std::fs::create_dir_all(&dir)
+                .and_then(|_| {
+                    crate::atomic::write(&file, apparmor_default_text().as_bytes(), 0o644)
+                })
+                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            let out = std::process::Command::new("apparmor_parser")
+                .arg("-Kr")
+                .arg(&file)
+                .output()
+                .map_err(|e| {
+                    format!("loading crius's default AppArmor profile needs apparmor_parser: {e}")
+                })?;
+            if !out.status.success() {
+                return Err(format!(
+                    "apparmor_parser {}: {}",
+                    file.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(())
+        })
+        .clone()
+}
+
+/// SELinux options: refused on a host without SELinux; on a host with it, crius does not label
+/// processes or mounts yet, so a request is refused too rather than run unlabelled.
+pub fn check_selinux(options: Option<&cri::SeLinuxOption>, field: &str) -> Result<(), Error> {
+    let Some(o) = options else {
+        return Ok(());
+    };
+    if o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty() {
+        return Ok(());
+    }
+    let f = format!("{field}.selinux_options");
+    if !selinux_enabled() {
+        return Err(invalid(
+            &f,
+            "SELinux options given, but SELinux is not enabled on this node",
+        ));
+    }
+    Err(invalid(
+        &f,
+        "SELinux labelling is not supported by crius yet",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(e: Error) -> String {
+        match e {
+            Error::Invalid { field, .. } => field,
+            e => panic!("{e}"),
+        }
+    }
+
+    fn reason(e: &Error) -> String {
+        match e {
+            Error::Invalid { reason, .. } => reason.clone(),
+            e => panic!("{e}"),
+        }
+    }
+
+    fn prof(t: ProfileType, r: &str) -> cri::SecurityProfile {
+        cri::SecurityProfile {
+            profile_type: t as i32,
+            localhost_ref: r.into(),
+        }
+    }
+
+    #[test]
+    fn seccomp_choices() {
+        let f = "sc";
+        assert_eq!(
+            seccomp_choice(None, "", f).unwrap(),
+            SeccompChoice::Unconfined
+        );
+        assert_eq!(
+            seccomp_choice(None, "runtime/default", f).unwrap(),
+            SeccompChoice::RuntimeDefault
+        );
+        assert_eq!(
+            seccomp_choice(None, "localhost//p/x.json", f).unwrap(),
+            SeccompChoice::Localhost("/p/x.json".into())
+        );
+        assert!(seccomp_choice(None, "bogus", f).is_err());
+        let p = prof(ProfileType::RuntimeDefault, "");
+        assert_eq!(
+            seccomp_choice(Some(&p), "", f).unwrap(),
+            SeccompChoice::RuntimeDefault
+        );
+        let p = prof(ProfileType::Localhost, "rel.json");
+        let e = seccomp_choice(Some(&p), "", f).unwrap_err();
+        assert_eq!(field(e), "sc.seccomp.localhost_ref");
+    }
+
+    #[test]
+    fn filters_are_cached() {
+        let filters = Filters::default();
+        let caps = vec!["CHOWN".to_string()];
+        let a = filters
+            .resolve(&SeccompChoice::RuntimeDefault, &caps, "f")
+            .unwrap()
+            .unwrap();
+        let b = filters
+            .resolve(&SeccompChoice::RuntimeDefault, &caps, "f")
+            .unwrap()
+            .unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let other = filters
+            .resolve(
+                &SeccompChoice::RuntimeDefault,
+                &["SYS_ADMIN".to_string()],
+                "f",
+            )
+            .unwrap()
+            .unwrap();
+        assert!(!Arc::ptr_eq(&a, &other));
+        assert!(
+            filters
+                .resolve(&SeccompChoice::Unconfined, &caps, "f")
+                .unwrap()
+                .is_none()
+        );
+        let e = filters
+            .resolve(
+                &SeccompChoice::Localhost("/nonexistent.json".into()),
+                &caps,
+                "f.ref",
+            )
+            .unwrap_err();
+        assert!(reason(&e).contains("/nonexistent.json"), "{}", reason(&e));
+        assert_eq!(field(e), "f.ref");
+    }
+
+    #[test]
+    fn lsm_requests_fail_without_the_lsm() {
+        if apparmor_enabled() || selinux_enabled() {
+            return;
+        }
+        let p = prof(ProfileType::Localhost, "my-profile");
+        let e = apparmor_profile(Some(&p), "", false, Path::new("/tmp"), "c").unwrap_err();
+        assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
+        assert_eq!(
+            apparmor_profile(None, "", false, Path::new("/tmp"), "c").unwrap(),
+            None
+        );
+        let p = prof(ProfileType::RuntimeDefault, "");
+        assert_eq!(
+            apparmor_profile(Some(&p), "", false, Path::new("/tmp"), "c").unwrap(),
+            None
+        );
+        let e = apparmor_profile(None, "localhost/x", false, Path::new("/tmp"), "c").unwrap_err();
+        assert_eq!(field(e), "c.apparmor_profile");
+        let o = cri::SeLinuxOption {
+            level: "s0:c1,c2".into(),
+            ..Default::default()
+        };
+        let e = check_selinux(Some(&o), "c").unwrap_err();
+        assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
+        assert!(check_selinux(Some(&cri::SeLinuxOption::default()), "c").is_ok());
+    }
+
+    #[test]
+    fn default_apparmor_profile_names_itself() {
+        let t = apparmor_default_text();
+        assert!(t.contains("profile crius-default flags="));
+        assert!(t.contains("deny mount,"));
+        assert!(t.contains("@{PROC}/sysrq-trigger"));
+    }
+}

@@ -1,0 +1,716 @@
+//! The CRI security context, shown from inside containers: capabilities, no_new_privs,
+//! read-only rootfs, masked and read-only paths, seccomp, LSM requests, device access and
+//! recursively read-only mounts.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use k8s_cri::v1 as cri;
+use tonic::Code;
+
+const LONG: &[&str] = &["sleep", "100000"];
+
+/// containerd's 14 default capabilities as a /proc mask.
+const DEFAULT_CAPS: u64 = 0xa804_25fb;
+
+fn secured(
+    env: &PodEnv,
+    name: &str,
+    cmd: &[&str],
+    f: impl FnOnce(&mut cri::LinuxContainerSecurityContext),
+) -> cri::ContainerConfig {
+    let mut cfg = env.container_config(name, cmd);
+    let sc = cfg
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default);
+    f(sc);
+    cfg
+}
+
+fn privileged_pod(env: &PodEnv, name: &str) -> cri::PodSandboxConfig {
+    let mut sb = env.sandbox_config(name);
+    if let Some(sc) = sb.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+        sc.privileged = true;
+    }
+    sb
+}
+
+/// `Name:\tvalue` fields of a /proc status file.
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("{name} not in {status}"))
+}
+
+fn mask(status: &str, name: &str) -> u64 {
+    u64::from_str_radix(&status_field(status, name), 16).expect("hex mask")
+}
+
+async fn sh(env: &PodEnv, id: &str, script: &str) -> (String, String, i32) {
+    env.exec(id, &["sh", "-c", script], 20).await.expect("exec")
+}
+
+async fn init_status(env: &PodEnv, id: &str) -> String {
+    env.exec(id, &["cat", "/proc/1/status"], 10)
+        .await
+        .expect("exec")
+        .0
+}
+
+#[tokio::test]
+async fn capability_sets_and_no_new_privs() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("caps");
+    let pod = env.run_pod(&sb).await.unwrap();
+
+    let c = env
+        .run(&pod, &sb, env.container_config("plain", LONG))
+        .await;
+    let s = init_status(&env, &c).await;
+    for set in ["CapPrm", "CapEff", "CapBnd"] {
+        assert_eq!(mask(&s, set), DEFAULT_CAPS, "{set}: {s}");
+    }
+    assert_eq!(mask(&s, "CapInh"), 0);
+    assert_eq!(mask(&s, "CapAmb"), 0);
+    assert_eq!(status_field(&s, "NoNewPrivs"), "0");
+    // An exec'd command gets the same sets.
+    let own = env
+        .exec(&c, &["cat", "/proc/self/status"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(mask(&own, "CapEff"), DEFAULT_CAPS);
+
+    let cfg = secured(&env, "adddrop", LONG, |sc| {
+        sc.capabilities = Some(cri::Capability {
+            add_capabilities: vec!["SYS_ADMIN".into()],
+            drop_capabilities: vec!["CAP_NET_RAW".into()],
+            ..Default::default()
+        });
+        sc.no_new_privs = true;
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let s = init_status(&env, &c).await;
+    let want = (DEFAULT_CAPS | 1 << 21) & !(1 << 13);
+    assert_eq!(mask(&s, "CapEff"), want, "{s}");
+    assert_eq!(mask(&s, "CapBnd"), want, "{s}");
+    assert_eq!(status_field(&s, "NoNewPrivs"), "1");
+
+    let cfg = secured(&env, "none", LONG, |sc| {
+        sc.capabilities = Some(cri::Capability {
+            drop_capabilities: vec!["ALL".into()],
+            ..Default::default()
+        });
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let s = init_status(&env, &c).await;
+    for set in ["CapPrm", "CapEff", "CapBnd", "CapInh", "CapAmb"] {
+        assert_eq!(mask(&s, set), 0, "{set}: {s}");
+    }
+
+    // A non-root user keeps only its ambient capabilities across exec.
+    let cfg = secured(&env, "ambient", LONG, |sc| {
+        sc.run_as_user = Some(cri::Int64Value { value: 1000 });
+        sc.capabilities = Some(cri::Capability {
+            add_ambient_capabilities: vec!["NET_BIND_SERVICE".into()],
+            ..Default::default()
+        });
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let s = init_status(&env, &c).await;
+    assert_eq!(
+        status_field(&s, "Uid").split_whitespace().next(),
+        Some("1000")
+    );
+    for set in ["CapAmb", "CapEff", "CapPrm", "CapInh"] {
+        assert_eq!(mask(&s, set), 1 << 10, "{set}: {s}");
+    }
+    assert_eq!(mask(&s, "CapBnd"), DEFAULT_CAPS);
+    let cfg = secured(&env, "user", LONG, |sc| {
+        sc.run_as_user = Some(cri::Int64Value { value: 1000 });
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let s = init_status(&env, &c).await;
+    assert_eq!(mask(&s, "CapEff"), 0, "{s}");
+    assert_eq!(mask(&s, "CapBnd"), DEFAULT_CAPS, "{s}");
+
+    let bad = secured(&env, "badcap", LONG, |sc| {
+        sc.capabilities = Some(cri::Capability {
+            add_capabilities: vec!["CAP_FLY".into()],
+            ..Default::default()
+        });
+    });
+    let e = env.create(&pod, &sb, bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("add_capabilities"), "{}", e.message());
+
+    // Privileged: every capability the node has, writable /sys, no masks.
+    let psb = privileged_pod(&env, "priv");
+    let ppod = env.run_pod(&psb).await.unwrap();
+    let cfg = secured(&env, "root", LONG, |sc| {
+        sc.privileged = true;
+        sc.masked_paths = vec!["/proc/timer_list".into()];
+        sc.readonly_paths = vec!["/proc/sys".into()];
+    });
+    let c = env.run(&ppod, &psb, cfg).await;
+    let s = init_status(&env, &c).await;
+    let node = std::fs::read_to_string("/proc/self/status").unwrap();
+    assert_eq!(mask(&s, "CapEff"), mask(&node, "CapBnd"), "{s}");
+    let (out, _, code) = sh(
+        &env,
+        &c,
+        "grep ' /sys sysfs ' /proc/mounts; wc -c < /proc/timer_list; ls /dev",
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("/sys sysfs rw"), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_ne!(lines[1].trim(), "0", "timer_list stays unmasked: {out}");
+    // The host's devices, too.
+    for dev in ["kmsg", "loop-control", "null"] {
+        if Path::new("/dev").join(dev).exists() {
+            assert!(out.lines().any(|l| l == dev), "/dev/{dev} missing: {out}");
+        }
+    }
+    let unpriv = secured(&env, "escalate", LONG, |sc| sc.privileged = true);
+    let e = env.create(&pod, &sb, unpriv).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("privileged"), "{}", e.message());
+    env.remove_pod(&pod).await;
+    env.remove_pod(&ppod).await;
+}
+
+#[tokio::test]
+async fn readonly_rootfs_masked_and_readonly_paths() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("paths");
+    let pod = env.run_pod(&sb).await.unwrap();
+
+    let cfg = secured(&env, "ro", LONG, |sc| {
+        sc.readonly_rootfs = true;
+        sc.masked_paths = vec!["/proc/timer_list".into(), "/sys/firmware".into()];
+        sc.readonly_paths = vec!["/proc/sys".into()];
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let (_, err, code) = sh(&env, &c, "touch /newfile").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+    let (_, err, code) = sh(&env, &c, "touch /dev/shm/ok && echo x > /etc/hosts").await;
+    assert_ne!(code, 0, "/etc/hosts follows the read-only rootfs");
+    assert!(err.contains("Read-only file system"), "{err}");
+    let (out, _, _) = sh(
+        &env,
+        &c,
+        "wc -c < /proc/timer_list; ls -A /sys/firmware | wc -l",
+    )
+    .await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["0", "0"],
+        "{out}"
+    );
+    let (_, err, code) = sh(&env, &c, "echo 1 > /proc/sys/net/ipv4/ip_forward").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+    let (_, err, code) = sh(&env, &c, "touch /sys/kernel/x").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+
+    // Empty lists mask nothing (procMount: Unmasked): the same writes and reads work (the
+    // network sysctl with CAP_NET_ADMIN).
+    let cfg = secured(&env, "rw", LONG, |sc| {
+        sc.capabilities = Some(cri::Capability {
+            add_capabilities: vec!["NET_ADMIN".into()],
+            ..Default::default()
+        });
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let (out, err, code) = sh(
+        &env,
+        &c,
+        "touch /newfile && echo 1 > /proc/sys/net/ipv4/ip_forward && wc -c < /proc/timer_list",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_ne!(out.trim(), "0");
+    env.remove_pod(&pod).await;
+}
+
+fn write_profile(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+fn seccomp(kind: cri::security_profile::ProfileType, path: &str) -> Option<cri::SecurityProfile> {
+    Some(cri::SecurityProfile {
+        profile_type: kind as i32,
+        localhost_ref: path.into(),
+    })
+}
+
+/// Whether unprivileged user namespaces can be made here (what the seccomp test uses as the
+/// call only RuntimeDefault denies).
+fn userns_allowed() -> bool {
+    std::fs::read_to_string("/proc/sys/user/max_user_namespaces").is_ok_and(|s| s.trim() != "0")
+        && std::fs::read_to_string("/proc/sys/kernel/unprivileged_userns_clone")
+            .map(|s| s.trim() == "1")
+            .unwrap_or(true)
+}
+
+// The deprecated seccomp_profile_path is still what older kubelets send.
+#[allow(deprecated)]
+#[tokio::test]
+async fn seccomp_runtime_default_localhost_and_unconfined() {
+    use cri::security_profile::ProfileType;
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("seccomp");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let profiles = tempfile::tempdir().unwrap();
+
+    // Unset is unconfined, as kubelet expects.
+    let c = env
+        .run(&pod, &sb, env.container_config("unset", LONG))
+        .await;
+    assert_eq!(status_field(&init_status(&env, &c).await, "Seccomp"), "0");
+
+    let cfg = secured(&env, "default", LONG, |sc| {
+        sc.seccomp = seccomp(ProfileType::RuntimeDefault, "");
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let s = init_status(&env, &c).await;
+    assert_eq!(status_field(&s, "Seccomp"), "2", "{s}");
+    // Exec'd commands run under the same filter.
+    let own = env
+        .exec(&c, &["cat", "/proc/self/status"], 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(status_field(&own, "Seccomp"), "2");
+    let (_, err, code) = sh(&env, &c, "unshare -U true").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Operation not permitted"), "{err}");
+    // Allowed personas pass; the usual tools work.
+    let (out, err, code) = sh(&env, &c, "linux32 uname -m; ls / >/dev/null; echo ok").await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with("ok\n"), "{out}");
+
+    let cfg = secured(&env, "unconfined", LONG, |sc| {
+        sc.seccomp = seccomp(ProfileType::Unconfined, "");
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    assert_eq!(status_field(&init_status(&env, &c).await, "Seccomp"), "0");
+    if userns_allowed() {
+        let (_, err, code) = sh(&env, &c, "unshare -U true").await;
+        assert_eq!(code, 0, "{err}");
+    }
+
+    // The filter goes on before the user changes without no_new_privs, and after with it.
+    for (name, nnp) in [("user", false), ("user-nnp", true)] {
+        let cfg = secured(&env, name, LONG, |sc| {
+            sc.seccomp = seccomp(ProfileType::RuntimeDefault, "");
+            sc.run_as_user = Some(cri::Int64Value { value: 1000 });
+            sc.no_new_privs = nnp;
+        });
+        let c = env.run(&pod, &sb, cfg).await;
+        let s = init_status(&env, &c).await;
+        assert_eq!(status_field(&s, "Seccomp"), "2", "{s}");
+        assert_eq!(status_field(&s, "NoNewPrivs"), if nnp { "1" } else { "0" });
+    }
+
+    // A Localhost profile that blocks sethostname, for a container that may otherwise set it.
+    let block = write_profile(
+        profiles.path(),
+        "no-hostname.json",
+        r#"{"defaultAction": "SCMP_ACT_ALLOW",
+            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+            "syscalls": [{"names": ["sethostname", "setdomainname"], "action": "SCMP_ACT_ERRNO"}]}"#,
+    );
+    let with_admin = |name: &str, profile: Option<cri::SecurityProfile>, path: &str| {
+        let path = path.to_string();
+        secured(&env, name, LONG, move |sc| {
+            sc.seccomp = profile;
+            sc.seccomp_profile_path = path;
+            sc.capabilities = Some(cri::Capability {
+                add_capabilities: vec!["SYS_ADMIN".into()],
+                ..Default::default()
+            });
+        })
+    };
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            with_admin("blocked", seccomp(ProfileType::Localhost, &block), ""),
+        )
+        .await;
+    let (_, err, code) = sh(&env, &c, "hostname blocked-name").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Operation not permitted"), "{err}");
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            with_admin("legacy", None, &format!("localhost/{block}")),
+        )
+        .await;
+    let (_, err, code) = sh(&env, &c, "hostname blocked-name").await;
+    assert_ne!(code, 0, "the deprecated path field works too: {err}");
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            with_admin("free", seccomp(ProfileType::Unconfined, ""), ""),
+        )
+        .await;
+    let (_, err, code) = sh(&env, &c, "hostname seccomp-ok && hostname").await;
+    assert_eq!(code, 0, "{err}");
+
+    // A privileged container runs without a filter, whatever it asks for.
+    let psb = privileged_pod(&env, "seccomp-priv");
+    let ppod = env.run_pod(&psb).await.unwrap();
+    let cfg = secured(&env, "priv", LONG, |sc| {
+        sc.privileged = true;
+        sc.seccomp = seccomp(ProfileType::RuntimeDefault, "");
+    });
+    let c = env.run(&ppod, &psb, cfg).await;
+    assert_eq!(status_field(&init_status(&env, &c).await, "Seccomp"), "0");
+
+    // Bad profiles: clear errors naming the field and file, nothing left behind.
+    let before = list_names(&env.d.state.join("containers"));
+    let missing = profiles.path().join("missing.json").display().to_string();
+    let bad_json = write_profile(
+        profiles.path(),
+        "bad.json",
+        "{\n  \"defaultAction\": 7\n}\n",
+    );
+    let bad_action = write_profile(
+        profiles.path(),
+        "bad-action.json",
+        r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_SOMETIMES"}]}"#,
+    );
+    let cases = [
+        (
+            seccomp(ProfileType::Localhost, &missing),
+            "",
+            "missing.json",
+        ),
+        (seccomp(ProfileType::Localhost, &bad_json), "", "line 2"),
+        (
+            seccomp(ProfileType::Localhost, &bad_action),
+            "",
+            "syscalls[0].action",
+        ),
+        (
+            seccomp(ProfileType::Localhost, "relative.json"),
+            "",
+            "absolute",
+        ),
+        (None, "localhost/relative.json", "absolute"),
+        (None, "sometimes", "unknown seccomp profile"),
+    ];
+    for (i, (profile, path, want)) in cases.into_iter().enumerate() {
+        let path = path.to_string();
+        let cfg = secured(&env, &format!("bad{i}"), LONG, move |sc| {
+            sc.seccomp = profile;
+            sc.seccomp_profile_path = path;
+        });
+        let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(want), "{want}: {}", e.message());
+        assert!(e.message().contains("seccomp"), "{}", e.message());
+    }
+    assert_eq!(list_names(&env.d.state.join("containers")), before);
+    env.remove_pod(&pod).await;
+    env.remove_pod(&ppod).await;
+}
+
+fn lsm_present() -> bool {
+    Path::new("/sys/fs/selinux/enforce").exists()
+        || std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+            .is_ok_and(|s| s.trim() == "Y")
+}
+
+#[tokio::test]
+async fn apparmor_and_selinux_requests_fail_clearly_without_them() {
+    use cri::security_profile::ProfileType;
+    if lsm_present() {
+        eprintln!("skipped: this host runs AppArmor or SELinux");
+        return;
+    }
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("lsm");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let cfg = secured(&env, "aa", LONG, |sc| {
+        sc.apparmor = seccomp(ProfileType::Localhost, "my-profile");
+    });
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("apparmor") && e.message().contains("not enabled"),
+        "{}",
+        e.message()
+    );
+    let cfg = secured(&env, "se", LONG, |sc| {
+        sc.selinux_options = Some(cri::SeLinuxOption {
+            r#type: "container_t".into(),
+            level: "s0:c1,c2".into(),
+            ..Default::default()
+        });
+    });
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("selinux_options"), "{}", e.message());
+    // The runtime default and unconfined need nothing from the host.
+    let cfg = secured(&env, "aa-default", LONG, |sc| {
+        sc.apparmor = seccomp(ProfileType::RuntimeDefault, "");
+    });
+    env.run(&pod, &sb, cfg).await;
+    // A pod asking for a profile fails too.
+    let mut psb = env.sandbox_config("lsm-pod");
+    if let Some(sc) = psb.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+        sc.apparmor = seccomp(ProfileType::Localhost, "my-profile");
+    }
+    let e = env.run_pod(&psb).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not enabled"), "{}", e.message());
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn device_nodes_outside_dev_open_nothing() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("nodev");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let vol = tempfile::tempdir().unwrap();
+    let mut cfg = env.container_config("mk", LONG);
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/vol".into(),
+        host_path: vol.path().display().to_string(),
+        ..Default::default()
+    }];
+    let c = env.run(&pod, &sb, cfg).await;
+    // CAP_MKNOD makes the node; nodev on the rootfs and on volumes keeps it closed.
+    for dir in ["/tmp", "/vol"] {
+        let (_, err, code) = sh(
+            &env,
+            &c,
+            &format!("mknod {dir}/zero c 1 5 && head -c 1 {dir}/zero"),
+        )
+        .await;
+        assert_ne!(code, 0, "{dir}");
+        assert!(err.contains("Permission denied"), "{dir}: {err}");
+    }
+    // The container's own /dev works.
+    let (out, err, code) = sh(&env, &c, "head -c 3 /dev/zero | wc -c").await;
+    assert_eq!((out.trim(), code), ("3", 0), "{err}");
+    env.remove_pod(&pod).await;
+}
+
+#[tokio::test]
+async fn recursive_read_only_mounts() {
+    let env = PodEnv::start().await;
+    let status = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    let rro = status.runtime_handlers[0]
+        .features
+        .as_ref()
+        .is_some_and(|f| f.recursive_read_only_mounts);
+    assert!(rro, "kernel 5.12+ has mount_setattr");
+
+    let sb = env.sandbox_config("rro");
+    let pod = env.run_pod(&sb).await.unwrap();
+    // A volume with a submount: plain read-only leaves the submount writable, rro does not.
+    let vol = tempfile::tempdir().unwrap();
+    let sub = vol.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _guard = Unmount(sub.clone());
+    let volume = |rro: bool, propagation: cri::MountPropagation| cri::Mount {
+        container_path: "/vol".into(),
+        host_path: vol.path().display().to_string(),
+        readonly: true,
+        recursive_read_only: rro,
+        propagation: propagation as i32,
+        ..Default::default()
+    };
+    let mut cfg = env.container_config("ro", LONG);
+    cfg.mounts = vec![volume(false, cri::MountPropagation::PropagationPrivate)];
+    let c = env.run(&pod, &sb, cfg).await;
+    let (_, err, code) = sh(&env, &c, "touch /vol/sub/x").await;
+    assert_eq!(
+        code, 0,
+        "a plain read-only bind leaves submounts writable: {err}"
+    );
+    let (_, err, code) = sh(&env, &c, "touch /vol/x").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+
+    let mut cfg = env.container_config("rro", LONG);
+    cfg.mounts = vec![volume(true, cri::MountPropagation::PropagationPrivate)];
+    let c = env.run(&pod, &sb, cfg).await;
+    let (_, err, code) = sh(&env, &c, "touch /vol/sub/y").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+
+    for (name, m, want) in [
+        (
+            "rw",
+            cri::Mount {
+                readonly: false,
+                ..volume(true, cri::MountPropagation::PropagationPrivate)
+            },
+            "needs readonly",
+        ),
+        (
+            "slave",
+            volume(true, cri::MountPropagation::PropagationHostToContainer),
+            "needs private propagation",
+        ),
+    ] {
+        let mut cfg = env.container_config(name, LONG);
+        cfg.mounts = vec![m];
+        let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("recursive_read_only") && e.message().contains(want),
+            "{}",
+            e.message()
+        );
+    }
+    env.remove_pod(&pod).await;
+}
+
+/// Whether AppArmor can confine containers here: enabled in the kernel, with its filesystem
+/// mounted and apparmor_parser installed (the VM tier has all three).
+fn apparmor_usable() -> bool {
+    std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y")
+        && Path::new("/sys/kernel/security/apparmor/profiles").exists()
+        && which("apparmor_parser").is_some()
+}
+
+#[tokio::test]
+async fn apparmor_profiles_confine_containers() {
+    use cri::security_profile::ProfileType;
+    if !apparmor_usable() {
+        eprintln!("skipped: AppArmor is not usable here; cargo xtask test-vm runs this in a VM");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crius-test-deny-tmp");
+    std::fs::write(
+        &file,
+        "profile crius-test-deny-tmp flags=(attach_disconnected,mediate_deleted) {\n  file,\n  \
+         capability,\n  network,\n  signal,\n  ptrace,\n  mount,\n  umount,\n  deny /tmp/** w,\n}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new("apparmor_parser")
+        .arg("-r")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("apparmor");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let admin = |sc: &mut cri::LinuxContainerSecurityContext| {
+        sc.capabilities = Some(cri::Capability {
+            add_capabilities: vec!["SYS_ADMIN".into()],
+            ..Default::default()
+        });
+    };
+
+    // Nothing asked for: crius's default profile, for exec'd commands too.
+    let c = env
+        .run(&pod, &sb, secured(&env, "default", LONG, admin))
+        .await;
+    let (out, _, _) = sh(&env, &c, "cat /proc/1/attr/current /proc/self/attr/current").await;
+    assert_eq!(out, "crius-default (enforce)\ncrius-default (enforce)\n");
+    let (_, err, code) = sh(&env, &c, "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t").await;
+    assert_ne!(code, 0, "the default profile denies mount");
+    assert!(err.contains("Permission denied"), "{err}");
+
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            secured(&env, "unconfined", LONG, |sc| {
+                admin(sc);
+                sc.apparmor = seccomp(ProfileType::Unconfined, "");
+            }),
+        )
+        .await;
+    let (out, err, code) = sh(
+        &env,
+        &c,
+        "cat /proc/1/attr/current; mkdir -p /mnt/t && mount -t tmpfs none /mnt/t",
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("unconfined\n", 0), "{err}");
+
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            secured(&env, "local", LONG, |sc| {
+                sc.apparmor = seccomp(ProfileType::Localhost, "crius-test-deny-tmp");
+            }),
+        )
+        .await;
+    let (out, err, code) = sh(&env, &c, "cat /proc/1/attr/current; touch /tmp/x").await;
+    assert_eq!(out, "crius-test-deny-tmp (enforce)\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("Permission denied"), "{err}");
+
+    let cfg = secured(&env, "missing", LONG, |sc| {
+        sc.apparmor = seccomp(ProfileType::Localhost, "crius-no-such-profile");
+    });
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not loaded"), "{}", e.message());
+
+    let psb = privileged_pod(&env, "apparmor-priv");
+    let ppod = env.run_pod(&psb).await.unwrap();
+    let c = env
+        .run(
+            &ppod,
+            &psb,
+            secured(&env, "priv", LONG, |sc| sc.privileged = true),
+        )
+        .await;
+    let (out, _, _) = sh(&env, &c, "cat /proc/1/attr/current").await;
+    assert_eq!(out, "unconfined\n");
+    env.remove_pod(&pod).await;
+    env.remove_pod(&ppod).await;
+}
