@@ -714,3 +714,314 @@ async fn apparmor_profiles_confine_containers() {
     env.remove_pod(&pod).await;
     env.remove_pod(&ppod).await;
 }
+
+fn with_userns(env: &PodEnv, name: &str, u: Option<cri::UserNamespace>) -> cri::PodSandboxConfig {
+    let mut sb = env.sandbox_config(name);
+    sb.linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+        .unwrap()
+        .userns_options = u;
+    sb
+}
+
+fn pod_userns(uids: Vec<cri::IdMapping>, gids: Vec<cri::IdMapping>) -> cri::UserNamespace {
+    cri::UserNamespace {
+        mode: cri::NamespaceMode::Pod as i32,
+        uids,
+        gids,
+    }
+}
+
+fn idmap(host: u32, container: u32, len: u32) -> cri::IdMapping {
+    cri::IdMapping {
+        host_id: host,
+        container_id: container,
+        length: len,
+    }
+}
+
+async fn host_pid(env: &PodEnv, id: &str) -> u32 {
+    let st = env
+        .d
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    info["pid"].as_u64().expect("pid") as u32
+}
+
+#[tokio::test]
+async fn user_namespaces_map_pods_onto_unprivileged_ids() {
+    use std::os::unix::fs::MetadataExt;
+    let env = PodEnv::start().await;
+    let features = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .runtime_handlers[0]
+        .features
+        .unwrap();
+    assert!(
+        features.user_namespaces,
+        "kernel 6.3+ idmaps overlayfs and tmpfs"
+    );
+
+    // Kubelet's maps: container root is host 983040.
+    const BASE: u32 = 15 * 65536;
+    let u = pod_userns(vec![idmap(BASE, 0, 65536)], vec![idmap(BASE, 0, 65536)]);
+    let sb = with_userns(&env, "userns", Some(u));
+    let pod = env.run_pod(&sb).await.unwrap();
+    let vol = tempfile::tempdir().unwrap();
+    std::fs::write(vol.path().join("from-host"), "x").unwrap();
+    let mut cfg = env.container_config("app", LONG);
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/vol".into(),
+        host_path: vol.path().display().to_string(),
+        ..Default::default()
+    }];
+    let c = env.run(&pod, &sb, cfg).await;
+    let (out, err, code) = sh(
+        &env,
+        &c,
+        "cat /proc/self/uid_map /proc/self/gid_map; id -u; stat -c %u:%g /etc/passwd /vol/from-host; \
+         touch /etc/made-inside /vol/made-inside && echo x > /dev/null && echo ok",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0], ["0", "983040", "65536"], "{out}");
+    assert_eq!(lines[1], ["0", "983040", "65536"], "{out}");
+    assert_eq!(lines[2], ["0"], "root inside: {out}");
+    assert_eq!(
+        lines[3],
+        ["0:0"],
+        "the image's files are root's inside: {out}"
+    );
+    assert_eq!(lines[4], ["0:0"], "a volume's files too: {out}");
+    assert_eq!(lines[5], ["ok"]);
+    // Outside, the container is an unprivileged user. Through the idmapped volume, what it
+    // made is stored with its IDs inside, as the volume's own files are.
+    let pid = host_pid(&env, &c).await;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert_eq!(
+        status_field(&status, "Uid").split_whitespace().next(),
+        Some("983040")
+    );
+    let made = std::fs::metadata(vol.path().join("made-inside")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (0, 0));
+    // Its capabilities are the namespace's: nothing of the host's can be done with them.
+    let (_, err, code) = sh(&env, &c, "mknod /tmp/null c 1 3").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Operation not permitted"), "{err}");
+
+    // Another user in the pod maps to its own host ID.
+    let cfg = secured(&env, "user", LONG, |sc| {
+        sc.run_as_user = Some(cri::Int64Value { value: 1000 });
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", host_pid(&env, &c).await)).unwrap();
+    assert_eq!(
+        status_field(&status, "Uid").split_whitespace().next(),
+        Some("984040")
+    );
+    let cfg = secured(&env, "unmapped", LONG, |sc| {
+        sc.run_as_user = Some(cri::Int64Value { value: 70000 });
+    });
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not mapped"), "{}", e.message());
+
+    // The pod's status reports the maps.
+    let st = env
+        .d
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    let got = st
+        .linux
+        .unwrap()
+        .namespaces
+        .unwrap()
+        .options
+        .unwrap()
+        .userns_options
+        .unwrap();
+    assert_eq!(got.uids, vec![idmap(BASE, 0, 65536)]);
+
+    // Without maps, crius picks a free 65536-ID block per pod.
+    let auto = pod_userns(vec![], vec![]);
+    let sb1 = with_userns(&env, "auto1", Some(auto.clone()));
+    let sb2 = with_userns(&env, "auto2", Some(auto));
+    let p1 = env.run_pod(&sb1).await.unwrap();
+    let p2 = env.run_pod(&sb2).await.unwrap();
+    let c1 = env.run(&p1, &sb1, env.container_config("a", LONG)).await;
+    let c2 = env.run(&p2, &sb2, env.container_config("b", LONG)).await;
+    let m1 = sh(&env, &c1, "cat /proc/self/uid_map").await.0;
+    let m2 = sh(&env, &c2, "cat /proc/self/uid_map").await.0;
+    let host = |m: &str| m.split_whitespace().nth(1).unwrap().parse::<u32>().unwrap();
+    assert!(host(&m1) >= 524288 && host(&m1) % 65536 == 0, "{m1}");
+    assert!(host(&m1).abs_diff(host(&m2)) >= 65536, "{m1} {m2}");
+
+    // What kubelet expects refused.
+    let bad = [
+        (
+            pod_userns(
+                vec![idmap(BASE * 2, 0, 1000), idmap(BASE * 2 + 1000, 1000, 1000)],
+                vec![idmap(BASE * 2, 0, 65536)],
+            ),
+            "exactly one mapping",
+        ),
+        (
+            pod_userns(
+                vec![idmap(BASE * 2, 1, 65536)],
+                vec![idmap(BASE * 2, 0, 65536)],
+            ),
+            "container ID 0",
+        ),
+        (
+            cri::UserNamespace {
+                mode: cri::NamespaceMode::Container as i32,
+                ..Default::default()
+            },
+            "CONTAINER mode is not supported",
+        ),
+        (
+            cri::UserNamespace {
+                mode: cri::NamespaceMode::Target as i32,
+                ..Default::default()
+            },
+            "TARGET mode is not supported",
+        ),
+        (
+            pod_userns(
+                vec![idmap(BASE + 100, 0, 65536)],
+                vec![idmap(BASE + 100, 0, 65536)],
+            ),
+            "overlap",
+        ),
+    ];
+    for (i, (u, want)) in bad.into_iter().enumerate() {
+        let e = env
+            .run_pod(&with_userns(&env, &format!("bad{i}"), Some(u)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{want}: {e:?}");
+        assert!(e.message().contains(want), "{want}: {}", e.message());
+        assert!(e.message().contains("userns_options"), "{}", e.message());
+    }
+    let mut hostnet = with_userns(&env, "hostnet", Some(pod_userns(vec![], vec![])));
+    hostnet
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+        .unwrap()
+        .network = cri::NamespaceMode::Node as i32;
+    let e = env.run_pod(&hostnet).await.unwrap_err();
+    assert!(
+        e.message().contains("namespace_options.network"),
+        "{}",
+        e.message()
+    );
+
+    for p in [pod, p1, p2] {
+        env.remove_pod(&p).await;
+    }
+    // Nothing stays mounted: no rootfs, no idmapped layer, no namespace handle.
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = env.d.dir.path().display().to_string();
+    let state = env.d.state.display().to_string();
+    let left: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains(&root) && l.split(' ').nth(4) != Some(state.as_str()))
+        .collect();
+    assert!(left.is_empty(), "{left:#?}");
+}
+
+#[tokio::test]
+async fn target_pid_namespace_for_ephemeral_containers() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("target");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let app = env
+        .run(&pod, &sb, env.container_config("app", &["sleep", "4242"]))
+        .await;
+    let target = |name: &str, id: &str| {
+        let id = id.to_string();
+        secured(&env, name, LONG, move |sc| {
+            sc.namespace_options = Some(cri::NamespaceOption {
+                pid: cri::NamespaceMode::Target as i32,
+                target_id: id,
+                ..Default::default()
+            });
+        })
+    };
+    let debug = env.run(&pod, &sb, target("debug", &app)).await;
+    // The debugger sees the app as PID 1, and itself beside it.
+    let (out, err, code) = sh(
+        &env,
+        &debug,
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0].trim(), "sleep 4242", "{out}");
+    assert!(lines[1].trim().parse::<u32>().unwrap() >= 3, "{out}");
+    // Stopping the debugger leaves the app running.
+    env.d
+        .runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: debug.clone(),
+            timeout: 2,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        env.status(&app).await.state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    for (name, id, want) in [
+        ("none", "", "needs the target"),
+        ("ghost", "0123456789ab", "not found"),
+        ("stopped", debug.as_str(), "not running"),
+    ] {
+        let e = env.create(&pod, &sb, target(name, id)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("target_id") && e.message().contains(want),
+            "{want}: {}",
+            e.message()
+        );
+    }
+    let sb2 = env.sandbox_config("other");
+    let pod2 = env.run_pod(&sb2).await.unwrap();
+    let e = env
+        .create(&pod2, &sb2, target("cross", &app))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("another pod"), "{}", e.message());
+    env.remove_pod(&pod).await;
+    env.remove_pod(&pod2).await;
+}

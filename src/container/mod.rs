@@ -87,6 +87,7 @@ impl From<spec::Invalid> for Error {
     }
 }
 
+const NS_TARGET: i32 = cri::NamespaceMode::Target as i32;
 const CREATED: i32 = cri::ContainerState::ContainerCreated as i32;
 const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
 const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
@@ -218,6 +219,71 @@ pub fn parse_signal(s: &str) -> Option<i32> {
         .map(|s| s as i32)
 }
 
+/// A container of a pod with its own user namespace: the container may only restate the pod's
+/// namespace, and cannot be privileged or share mounts back to the host.
+fn check_userns(config: &cri::ContainerConfig, sandbox: &sandbox::Record) -> Result<(), Error> {
+    const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
+    let sc = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref());
+    if let Some(u) = sc
+        .and_then(|s| s.namespace_options.as_ref())
+        .and_then(|n| n.userns_options.as_ref())
+    {
+        let same = match (&sandbox.userns, u.mode) {
+            (None, NS_NODE) => u.uids.is_empty() && u.gids.is_empty(),
+            (Some(p), NS_POD) => {
+                let one = |m: &[cri::IdMapping], want: &runtime::IdMapping| {
+                    m.is_empty()
+                        || (m.len() == 1
+                            && m[0].container_id == want.container_id
+                            && m[0].host_id == want.host_id
+                            && m[0].length == want.size)
+                };
+                one(&u.uids, &p.uids) && one(&u.gids, &p.gids)
+            }
+            _ => false,
+        };
+        if !same {
+            return Err(invalid(
+                FIELD,
+                "a container's user namespace must be its pod's (same mode and maps)",
+            ));
+        }
+    }
+    if sandbox.userns.is_none() {
+        return Ok(());
+    }
+    if sc.is_some_and(|s| s.privileged) {
+        return Err(invalid(
+            "config.linux.security_context.privileged",
+            "a container in a user namespace cannot be privileged",
+        ));
+    }
+    for (i, m) in config.mounts.iter().enumerate() {
+        if m.propagation == cri::MountPropagation::PropagationBidirectional as i32 {
+            return Err(invalid(
+                format!("config.mounts[{i}].propagation"),
+                "Bidirectional propagation cannot cross a user namespace",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether pods here can have user namespaces: the kernel must idmap the mounts of overlayfs
+/// layers and tmpfs (6.3 and later).
+pub fn user_namespaces() -> bool {
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (6, 3)
+}
+
 /// Whether containers here can have recursively read-only mounts.
 pub fn recursive_read_only_mounts() -> bool {
     crate::runtime::mounts::recursive_read_only_supported()
@@ -330,7 +396,9 @@ impl ContainerService {
             let id = entry.file_name().to_string_lossy().into_owned();
             if !known.contains(&id) {
                 tracing::info!(id, "removing the writable layer of a forgotten container");
-                let _ = std::fs::remove_dir_all(entry.path());
+                if let Err(e) = runtime::mounts::remove_tree(&entry.path()) {
+                    tracing::warn!(id, error = %e, "removing the writable layer");
+                }
             }
         }
         Ok(())
@@ -473,13 +541,13 @@ impl ContainerService {
         let ns = sc
             .and_then(|s| s.namespace_options.clone())
             .unwrap_or_default();
-        if ns.pid == cri::NamespaceMode::Target as i32 {
-            return Err(invalid(
-                "config.linux.security_context.namespace_options.pid",
-                "TARGET mode is not supported yet",
-            ));
-        }
+        let target_pid = if ns.pid == cri::NamespaceMode::Target as i32 {
+            Some(self.target_pid_ns(&ns.target_id, &sandbox.id).await?)
+        } else {
+            None
+        };
         let confinement = self.confinement(sc)?;
+        check_userns(&config, &sandbox)?;
 
         let id = random_id()?;
         let key = format!("{}/{}/{}", sandbox.id, meta.name, meta.attempt);
@@ -502,7 +570,16 @@ impl ContainerService {
             self.inner.images.hold(c);
         }
         let result = self
-            .prepare(&id, &b, &config, &sandbox, &image, log_path, &confinement)
+            .prepare(
+                &id,
+                &b,
+                &config,
+                &sandbox,
+                &image,
+                log_path,
+                &confinement,
+                target_pid,
+            )
             .await;
         match result {
             Ok(record) => {
@@ -529,6 +606,33 @@ impl ContainerService {
                 self.names().remove(&key);
                 Err(e)
             }
+        }
+    }
+
+    /// The PID namespace of a running container of the same pod, for TARGET mode.
+    async fn target_pid_ns(&self, target: &str, pod: &str) -> Result<PathBuf, Error> {
+        const FIELD: &str = "config.linux.security_context.namespace_options.target_id";
+        if target.is_empty() {
+            return Err(invalid(
+                FIELD,
+                "TARGET mode needs the target container's ID",
+            ));
+        }
+        let entry = self
+            .entry(target)
+            .map_err(|e| invalid(FIELD, e.to_string()))?;
+        let r = entry.lock().await;
+        if r.sandbox_id != pod {
+            return Err(invalid(
+                FIELD,
+                format!("container {} is in another pod sandbox", r.id),
+            ));
+        }
+        match r.init {
+            Some(p) if r.state == RUNNING && p.alive() => {
+                Ok(PathBuf::from(format!("/proc/{}/ns/pid", p.pid)))
+            }
+            _ => Err(invalid(FIELD, format!("container {} is not running", r.id))),
         }
     }
 
@@ -584,6 +688,7 @@ impl ContainerService {
         image: &image::Image,
         log_path: Option<PathBuf>,
         confinement: &Confinement,
+        target_pid: Option<PathBuf>,
     ) -> Result<Record, Error> {
         for d in [
             b.dir.clone(),
@@ -601,6 +706,25 @@ impl ContainerService {
             let empty = b.layer.join("empty");
             std::fs::create_dir_all(&empty).map_err(io_err(&empty))?;
             lowers.push(empty);
+        }
+        if let Some(u) = &sandbox.userns {
+            // The layers seen through the pod's user namespace: files of host root are the
+            // container's root's. The writable layer is the container root's own.
+            let ns = self.inner.sandboxes.paths(&sandbox.id).ns("user");
+            let mut mapped = Vec::new();
+            for (i, l) in lowers.iter().enumerate() {
+                let dir = b.layer.join("idmap").join(i.to_string());
+                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                let tree =
+                    runtime::mounts::idmapped(l, &ns, false, runtime::mounts::ATTR_RDONLY, false)
+                        .map_err(io_err(l))?;
+                runtime::mounts::attach(&tree, &dir).map_err(io_err(&dir))?;
+                mapped.push(dir);
+            }
+            lowers = mapped;
+            let upper = b.layer.join("upper");
+            std::os::unix::fs::chown(&upper, Some(u.uids.host_id), Some(u.gids.host_id))
+                .map_err(io_err(&upper))?;
         }
         let lower = lowers
             .iter()
@@ -640,6 +764,25 @@ impl ContainerService {
             .and_then(|l| l.security_context.as_ref());
         let user = user::resolve(&rootfs, sc, &image.config.config.user)
             .map_err(|r| invalid("config.linux.security_context", r))?;
+        if let Some(u) = &sandbox.userns {
+            let gids = std::iter::once(&user.gid).chain(&user.additional_gids);
+            let unmapped = (u.uids.host(user.uid).is_none())
+                .then(|| format!("user ID {}", user.uid))
+                .or_else(|| {
+                    gids.into_iter()
+                        .find(|g| u.gids.host(**g).is_none())
+                        .map(|g| format!("group ID {g}"))
+                });
+            if let Some(what) = unmapped {
+                return Err(invalid(
+                    "config.linux.security_context",
+                    format!(
+                        "{what} is not mapped in the pod's user namespace (IDs 0 to {})",
+                        u.uids.size.min(u.gids.size) - 1
+                    ),
+                ));
+            }
+        }
         let cgroup = self.container_cgroup(id, sandbox, config)?;
         let sandbox_paths = self.inner.sandboxes.paths(&sandbox.id);
         let mut oci = spec::build(&spec::Context {
@@ -685,7 +828,14 @@ impl ContainerService {
                 });
             }
         }
-        let pid_mode = if ns.pid == NS_NODE || sandbox.pid == NS_NODE {
+        let pid_mode = if let Some(path) = target_pid {
+            // Another container's PID namespace (an ephemeral container's target).
+            join.push(JoinNamespace {
+                kind: "pid".into(),
+                path,
+            });
+            NS_TARGET
+        } else if ns.pid == NS_NODE || sandbox.pid == NS_NODE {
             NS_NODE
         } else if ns.pid == NS_POD || sandbox.pid == NS_POD {
             NS_POD
@@ -723,6 +873,7 @@ impl ContainerService {
             exit_file: b.exit(),
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
             seccomp: None,
+            userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
         };
         if let Some(f) = &confinement.seccomp {
             let path = b.dir.join("seccomp.bpf");
@@ -1533,14 +1684,9 @@ fn kill_all(init: ProcessId, own_pid_ns: bool, mnt_ns: Option<u64>, cgroup: Opti
 }
 
 fn remove_files(b: &Bundle) {
-    let rootfs = b.rootfs();
-    if rootfs.exists() {
-        let _ = umount2(&rootfs, MntFlags::MNT_DETACH);
-    }
-    for d in [&b.dir, &b.layer] {
-        if let Err(e) = std::fs::remove_dir_all(d)
-            && e.kind() != io::ErrorKind::NotFound
-        {
+    // The rootfs and any idmapped layers are unmounted first; a tree that keeps a mount is left.
+    for d in [&b.layer, &b.dir] {
+        if let Err(e) = runtime::mounts::remove_tree(d) {
             tracing::warn!(dir = %d.display(), error = %e, "removing container files");
         }
     }

@@ -309,7 +309,7 @@ impl RuntimeService for Runtime {
             let features = || {
                 Some(cri::RuntimeHandlerFeatures {
                     recursive_read_only_mounts: crate::container::recursive_read_only_mounts(),
-                    user_namespaces: false,
+                    user_namespaces: crate::container::user_namespaces(),
                 })
             };
             let mut runtime_handlers = vec![cri::RuntimeHandler {

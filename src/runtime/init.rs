@@ -53,16 +53,23 @@ pub struct Stdio {
     pub tty: bool,
 }
 
+/// What the init sets up.
+pub struct Plan<'a> {
+    pub spec: &'a Spec,
+    pub join: &'a [super::JoinNamespace],
+    pub cgroup: Option<&'a Path>,
+    pub seccomp: Option<&'a Compiled>,
+    /// The pod's user namespace (its handle): joined first; bind mounts are idmapped into it.
+    pub userns: Option<&'a Path>,
+    /// With a user namespace and a PID namespace of the container's own, which must belong to
+    /// the user namespace: the init makes it, forks once more, sends the new process's pid here
+    /// and exits; the new process is the container.
+    pub pid_report: Option<OwnedFd>,
+}
+
 /// Runs the container init in the forked child; never returns.
-pub fn run(
-    spec: &Spec,
-    join: &[super::JoinNamespace],
-    cgroup: Option<&Path>,
-    seccomp: Option<&Compiled>,
-    stdio: Stdio,
-    errors: OwnedFd,
-) -> ! {
-    let e = match setup(spec, join, cgroup, seccomp, stdio) {
+pub fn run(plan: Plan, stdio: Stdio, errors: OwnedFd) -> ! {
+    let e = match setup(plan, stdio) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -79,6 +86,7 @@ fn ns_flag(kind: &str) -> Option<CloneFlags> {
         "pid" => CloneFlags::CLONE_NEWPID,
         "mnt" => CloneFlags::CLONE_NEWNS,
         "cgroup" => CloneFlags::CLONE_NEWCGROUP,
+        "user" => CloneFlags::CLONE_NEWUSER,
         _ => return None,
     })
 }
@@ -94,13 +102,80 @@ pub fn join_namespace(kind: &str, path: &Path) -> Result<(), InitError> {
     setns(fd.as_fd(), flag).map_err(fail(format!("join {kind} namespace {}", path.display())))
 }
 
-fn setup(
-    spec: &Spec,
-    join: &[super::JoinNamespace],
-    cgroup: Option<&Path>,
-    seccomp: Option<&Compiled>,
-    stdio: Stdio,
-) -> Result<Infallible, InitError> {
+/// Bind mounts as idmapped mounts of the user namespace, made on the host's side (only there
+/// may they be made) for the init to attach inside; one slot per spec mount.
+fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, InitError> {
+    let mut out = Vec::new();
+    for m in spec.mounts().as_deref().unwrap_or_default() {
+        let opts = Options::parse(m.options().as_deref().unwrap_or_default());
+        let kind = m.typ().as_deref().unwrap_or("bind");
+        if !(opts.flags.contains(MsFlags::MS_BIND) || kind == "bind") {
+            out.push(None);
+            continue;
+        }
+        let source = m.source().clone().unwrap_or_default();
+        let mut attrs = 0;
+        for (flag, attr) in [
+            (MsFlags::MS_RDONLY, mounts::ATTR_RDONLY),
+            (MsFlags::MS_NOSUID, mounts::ATTR_NOSUID),
+            (MsFlags::MS_NODEV, mounts::ATTR_NODEV),
+            (MsFlags::MS_NOEXEC, mounts::ATTR_NOEXEC),
+        ] {
+            if opts.flags.contains(flag) {
+                attrs |= attr;
+            }
+        }
+        let recursive = opts.flags.contains(MsFlags::MS_REC);
+        let tree = mounts::idmapped(&source, userns, recursive, attrs, opts.recursive_ro).map_err(
+            fail(format!(
+                "mount {} on {}",
+                source.display(),
+                m.destination().display()
+            )),
+        )?;
+        out.push(Some(tree));
+    }
+    Ok(out)
+}
+
+/// Joins the pod's user namespace as its root (the IDs the container's files are made with
+/// until the process takes its own); with `pid_report`, also a new PID namespace of that user
+/// namespace, entered by forking: the parent reports the child's pid and exits.
+fn enter_userns(userns: &Path, pid_report: Option<OwnedFd>) -> Result<(), InitError> {
+    join_namespace("user", userns)?;
+    let root = Gid::from_raw(0);
+    nix::unistd::setresgid(root, root, root).map_err(fail("setgid 0 in the user namespace"))?;
+    let root = Uid::from_raw(0);
+    nix::unistd::setresuid(root, root, root).map_err(fail("setuid 0 in the user namespace"))?;
+    let Some(report) = pid_report else {
+        return Ok(());
+    };
+    unshare(CloneFlags::CLONE_NEWPID).map_err(fail("new pid namespace"))?;
+    match sys::fork().map_err(fail("fork into the pid namespace"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(report);
+            Ok(())
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let mut f = std::fs::File::from(report);
+            let code = match f.write_all(&child.as_raw().to_ne_bytes()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            sys::exit_now(code)
+        }
+    }
+}
+
+fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
+    let Plan {
+        spec,
+        join,
+        cgroup,
+        seccomp,
+        userns,
+        pid_report,
+    } = plan;
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
     // starts with no signal blocked or ignored.
     sys::reset_signals().map_err(fail("reset signals"))?;
@@ -109,7 +184,14 @@ fn setup(
         std::fs::write(cg.join("cgroup.procs"), "0")
             .map_err(fail(format!("joining cgroup {}", cg.display())))?;
     }
-    for ns in join.iter().filter(|n| n.kind != "pid") {
+    let mut idmapped = match userns {
+        Some(ns) => idmapped_binds(spec, ns)?,
+        None => Vec::new(),
+    };
+    if let Some(ns) = userns {
+        enter_userns(ns, pid_report)?;
+    }
+    for ns in join.iter().filter(|n| n.kind != "pid" && n.kind != "user") {
         join_namespace(&ns.kind, &ns.path)?;
     }
     // A cgroup namespace rooted at the container's cgroup, so its /sys/fs/cgroup shows only itself.
@@ -154,6 +236,16 @@ fn setup(
         )
         .map_err(fail(format!("make {} private", m.display())))?;
     }
+    // A mount of our own on the rootfs: in a user namespace the one copied from the host is
+    // locked, and pivot_root refuses a locked new root.
+    mount(
+        Some(&root),
+        &root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail(format!("bind rootfs {}", root.display())))?;
     let rootfd: OwnedFd = nix::fcntl::open(
         &root,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -162,12 +254,24 @@ fn setup(
     .map_err(fail(format!("open rootfs {}", root.display())))?;
 
     let mut has_dev = false;
-    for m in spec.mounts().as_deref().unwrap_or_default() {
+    for (i, m) in spec
+        .mounts()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
         let dest = m.destination().display().to_string();
         let opts = Options::parse(m.options().as_deref().unwrap_or_default());
         let kind = m.typ().as_deref().unwrap_or("bind");
         let step = format!("mount {kind} on {dest}");
-        if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
+        if let Some(tree) = idmapped.get_mut(i).and_then(Option::take) {
+            let source = m.source().clone().unwrap_or_default();
+            let meta = std::fs::metadata(&source)
+                .map_err(fail(format!("{step}: source {}", source.display())))?;
+            let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+            mounts::attach_at(&tree, &target, opts.propagation).map_err(fail(&step))?;
+        } else if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
             let source = m.source().clone().unwrap_or_default();
             let meta = std::fs::metadata(&source)
                 .map_err(fail(format!("{step}: source {}", source.display())))?;
@@ -187,7 +291,7 @@ fn setup(
         }
     }
     if has_dev {
-        populate_dev(spec, &rootfd)?;
+        populate_dev(spec, &rootfd, userns.is_some())?;
     }
     let process = spec.process().as_ref().ok_or_else(|| InitError {
         step: "process".into(),
@@ -246,7 +350,34 @@ fn install_stdio(stdio: Stdio) -> Result<(), InitError> {
     Ok(())
 }
 
-fn populate_dev(spec: &Spec, rootfd: &OwnedFd) -> Result<(), InitError> {
+/// A device node on the host with this type and number, for binding into a user namespace's
+/// /dev, where nodes cannot be made.
+fn host_node(kind: SFlag, rdev: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    fn walk(dir: &Path, kind: SFlag, rdev: u64, depth: u32) -> Option<PathBuf> {
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            let Ok(m) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            let ft = m.file_type();
+            if ft.is_dir() && depth < 4 && !p.ends_with("pts") && !p.ends_with("shm") {
+                if let Some(found) = walk(&p, kind, rdev, depth + 1) {
+                    return Some(found);
+                }
+            } else if m.rdev() == rdev
+                && ((kind == SFlag::S_IFCHR && ft.is_char_device())
+                    || (kind == SFlag::S_IFBLK && ft.is_block_device()))
+            {
+                return Some(p);
+            }
+        }
+        None
+    }
+    walk(Path::new("/dev"), kind, rdev, 0)
+}
+
+fn populate_dev(spec: &Spec, rootfd: &OwnedFd, userns: bool) -> Result<(), InitError> {
     let dev = mounts::target(rootfd, "/dev", true).map_err(fail("open /dev"))?;
     let devdir = openat2(
         dev.as_fd(),
@@ -270,8 +401,8 @@ fn populate_dev(spec: &Spec, rootfd: &OwnedFd) -> Result<(), InitError> {
             SFlag::S_IFCHR,
             0o666,
             makedev(major, minor),
-            0,
-            0,
+            (0, 0),
+            userns,
         )?;
     }
     let links = [
@@ -336,26 +467,49 @@ fn populate_dev(spec: &Spec, rootfd: &OwnedFd) -> Result<(), InitError> {
             kind,
             d.file_mode().unwrap_or(0o666),
             makedev(d.major() as u64, d.minor() as u64),
-            d.uid().unwrap_or(0),
-            d.gid().unwrap_or(0),
+            (d.uid().unwrap_or(0), d.gid().unwrap_or(0)),
+            userns,
         )?;
     }
     Ok(())
 }
 
+/// Makes a device node in the container's /dev; in a user namespace, where the kernel refuses
+/// mknod, binds the host's node of the same number onto an empty file instead.
 fn make_node(
     dir: &OwnedFd,
     name: &str,
     kind: SFlag,
     mode: u32,
     dev: u64,
-    uid: u32,
-    gid: u32,
+    (uid, gid): (u32, u32),
+    userns: bool,
 ) -> Result<(), InitError> {
     let step = format!("/dev/{name}");
     match unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
         Err(e) => return Err(fail(&step)(e)),
+    }
+    if userns {
+        let host = host_node(kind, dev).ok_or_else(|| InitError {
+            step: step.clone(),
+            detail: "no device node with this number on the host to bind".into(),
+        })?;
+        let file: OwnedFd = nix::fcntl::openat(
+            dir.as_fd(),
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(fail(&step))?;
+        return mount(
+            Some(&host),
+            &mounts::fd_path(&file),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(fail(format!("{step}: bind {}", host.display())));
     }
     mknodat(dir.as_fd(), name, kind, Mode::from_bits_truncate(mode), dev).map_err(fail(&step))?;
     // mknod applied the umask; set the mode and owner exactly.
@@ -502,7 +656,11 @@ pub fn set_oom_score_adj(want: i32) -> Result<(), InitError> {
     } else {
         want
     };
-    std::fs::write(path, value.to_string()).map_err(fail(format!("oom_score_adj {value}")))
+    match std::fs::write(path, value.to_string()) {
+        // Capabilities of a user namespace do not count for this: keep the current value.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && value < current => Ok(()),
+        r => r.map_err(fail(format!("oom_score_adj {value}"))),
+    }
 }
 
 fn cap_set(set: Option<&oci_spec::runtime::Capabilities>) -> Result<caps::CapsHashSet, InitError> {

@@ -59,6 +59,32 @@ pub struct MonitorConfig {
     /// The compiled seccomp filter of the container and its exec'd commands.
     #[serde(default)]
     pub seccomp: Option<SeccompFilter>,
+    /// The pod's user namespace (its handle): joined first, with every bind mount idmapped
+    /// into it.
+    #[serde(default)]
+    pub userns: Option<PathBuf>,
+}
+
+/// One range of a user namespace's ID map: `size` IDs from `container_id` inside are `host_id`
+/// and up outside.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IdMapping {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub size: u32,
+}
+
+impl IdMapping {
+    /// The host ID of a container ID, if mapped.
+    pub fn host(&self, id: u32) -> Option<u32> {
+        (id >= self.container_id && id - self.container_id < self.size)
+            .then(|| self.host_id + (id - self.container_id))
+    }
+
+    /// As `/proc/PID/uid_map` takes it.
+    pub fn line(&self) -> String {
+        format!("{} {} {}\n", self.container_id, self.host_id, self.size)
+    }
 }
 
 /// A compiled seccomp program (a `sock_filter` array in native byte order) and its flags.
@@ -105,6 +131,12 @@ pub struct PauseConfig {
     /// The cgroup (absolute path) the pause process moves itself into first.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// A new user namespace with these maps, made before every other namespace so that it owns
+    /// them; the pause process becomes its root.
+    #[serde(default)]
+    pub uid_map: Vec<IdMapping>,
+    #[serde(default)]
+    pub gid_map: Vec<IdMapping>,
 }
 
 /// The line `crius pause` writes when its namespaces are ready.

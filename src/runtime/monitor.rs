@@ -90,6 +90,8 @@ struct Monitor {
     process: Process,
     /// The container's seccomp filter, installed in exec'd commands too.
     seccomp: Option<Compiled>,
+    /// Whether the container is in a user namespace of its pod, which exec'd commands join.
+    userns: bool,
     /// The container's cgroup: exec'd commands join it, and its memory.events tell an OOM kill.
     cgroup: Option<std::path::PathBuf>,
     exit_file: std::path::PathBuf,
@@ -219,37 +221,79 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         .map_err(|e| format!("signalfd: {e}"))?;
 
     // The PID namespace applies to every later child: the pod's, or a new one for this container
-    // (whose PID 1 is the first child). Exec'd commands land there too.
+    // (whose PID 1 is the first child). Exec'd commands land there too. In a user namespace the
+    // new one must belong to it, so the init makes it and forks the container into it (see
+    // `init::Plan::pid_report`); we reap that grandchild as subreaper and join its namespace.
+    let userns_pid = cfg.userns.is_some() && cfg.new_pid_ns;
     if let Some(ns) = cfg.join.iter().find(|n| n.kind == "pid") {
         let f = std::fs::File::open(&ns.path)
             .map_err(|e| format!("pid namespace {}: {e}", ns.path.display()))?;
         setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
             .map_err(|e| format!("join pid namespace: {e}"))?;
+    } else if userns_pid {
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("child subreaper: {e}"))?;
     } else if cfg.new_pid_ns {
         unshare(CloneFlags::CLONE_NEWPID).map_err(|e| format!("new pid namespace: {e}"))?;
     }
+    let (pid_r, pid_w) = if userns_pid {
+        let (r, w) = cloexec_pipe()?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
 
     match sys::fork().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(err_r);
+            drop(pid_r);
             init::run(
-                &spec,
-                &cfg.join,
-                cfg.cgroup.as_deref(),
-                seccomp.as_ref(),
+                init::Plan {
+                    spec: &spec,
+                    join: &cfg.join,
+                    cgroup: cfg.cgroup.as_deref(),
+                    seccomp: seccomp.as_ref(),
+                    userns: cfg.userns.as_deref(),
+                    pid_report: pid_w,
+                },
                 child_stdio,
                 err_w,
             )
         }
-        ForkResult::Parent { child } => {
+        ForkResult::Parent { child: forked } => {
             drop(err_w);
+            drop(pid_w);
             drop(child_stdio);
+            let child = match pid_r {
+                None => Some(forked),
+                Some(r) => {
+                    let mut b = [0u8; 4];
+                    let got = std::fs::File::from(r).read_exact(&mut b);
+                    let _ = waitpid(forked, None);
+                    got.ok().map(|_| Pid::from_raw(i32::from_ne_bytes(b)))
+                }
+            };
             let mut msg = Vec::new();
             let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
-            if !msg.is_empty() {
-                let _ = waitpid(child, None);
+            if !msg.is_empty() || child.is_none() {
+                if let Some(c) = child {
+                    let _ = waitpid(c, None);
+                }
                 let _ = std::fs::remove_file(&sock_path);
-                return Err(String::from_utf8_lossy(&msg).into_owned());
+                let msg = String::from_utf8_lossy(&msg).into_owned();
+                return Err(if msg.is_empty() {
+                    "the container init ended before starting the container".into()
+                } else {
+                    msg
+                });
+            }
+            let Some(child) = child else {
+                return Err("no container process".into());
+            };
+            if userns_pid {
+                let ns = format!("/proc/{child}/ns/pid");
+                let f = std::fs::File::open(&ns).map_err(|e| format!("{ns}: {e}"))?;
+                setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
+                    .map_err(|e| format!("join the container's pid namespace: {e}"))?;
             }
             let started_at = now_nanos();
             let id = ProcessId::of(child.as_raw())
@@ -266,6 +310,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 execs: Vec::new(),
                 process,
                 seccomp,
+                userns: cfg.userns.is_some(),
                 cgroup: cfg.cgroup.clone(),
                 exit_file: cfg.exit_file.clone(),
                 _stdin: stdin_keep,
@@ -543,15 +588,7 @@ impl Monitor {
         match sys::fork().map_err(|e| format!("fork: {e}"))? {
             ForkResult::Child => {
                 drop(err_r);
-                let e = match exec_child(
-                    &self.init_fd,
-                    self.cgroup.as_deref(),
-                    &self.process,
-                    self.seccomp.as_ref(),
-                    &req,
-                    stdout,
-                    stderr,
-                ) {
+                let e = match self.exec_child(&req, stdout, stderr) {
                     Ok(never) => match never {},
                     Err(e) => e,
                 };
@@ -582,47 +619,57 @@ fn exec_error(message: String) -> ExecReport {
     }
 }
 
-/// The exec'd command's side of the fork: the container's namespaces (its PID namespace is
-/// already ours), its process settings, then exec.
-fn exec_child(
-    init: &OwnedFd,
-    cgroup: Option<&Path>,
-    process: &Process,
-    seccomp: Option<&Compiled>,
-    req: &ExecRequest,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-) -> Result<std::convert::Infallible, InitError> {
-    let fail = |step: &str| {
-        let step = step.to_string();
-        move |e: io::Error| InitError {
-            step,
-            detail: e.to_string(),
+impl Monitor {
+    /// The exec'd command's side of the fork: the container's namespaces (its PID namespace is
+    /// already ours), its process settings, then exec.
+    fn exec_child(
+        &self,
+        req: &ExecRequest,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<std::convert::Infallible, InitError> {
+        let (init, cgroup, process, seccomp, userns) = (
+            &self.init_fd,
+            self.cgroup.as_deref(),
+            &self.process,
+            self.seccomp.as_ref(),
+            self.userns,
+        );
+        let fail = |step: &str| {
+            let step = step.to_string();
+            move |e: io::Error| InitError {
+                step,
+                detail: e.to_string(),
+            }
+        };
+        sys::reset_signals().map_err(fail("reset signals"))?;
+        // The command counts against the container's limits, like the container's own processes.
+        if let Some(cg) = cgroup {
+            std::fs::write(cg.join("cgroup.procs"), "0")
+                .map_err(fail("joining the container's cgroup"))?;
         }
-    };
-    sys::reset_signals().map_err(fail("reset signals"))?;
-    // The command counts against the container's limits, like the container's own processes.
-    if let Some(cg) = cgroup {
-        std::fs::write(cg.join("cgroup.procs"), "0")
-            .map_err(fail("joining the container's cgroup"))?;
+        let mut flags = CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWCGROUP;
+        if userns {
+            flags |= CloneFlags::CLONE_NEWUSER;
+        }
+        setns(init.as_fd(), flags)
+            .map_err(|e| fail("joining the container's namespaces")(e.into()))?;
+        let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
+        sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
+        sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
+        sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
+        let cwd = process.cwd();
+        std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
+        let mut p = process.clone();
+        p.set_args(Some(req.args.clone()));
+        p.set_terminal(Some(false));
+        init::apply_process(&p, seccomp)?;
+        init::exec(&p)
     }
-    let flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWCGROUP;
-    setns(init.as_fd(), flags).map_err(|e| fail("joining the container's namespaces")(e.into()))?;
-    let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
-    sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
-    sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
-    sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
-    let cwd = process.cwd();
-    std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
-    let mut p = process.clone();
-    p.set_args(Some(req.args.clone()));
-    p.set_terminal(Some(false));
-    init::apply_process(&p, seccomp)?;
-    init::exec(&p)
 }
 
 /// The `oom_kill` count of a cgroup's memory.events.

@@ -86,6 +86,116 @@ impl Options {
     }
 }
 
+pub use crate::sys::{
+    MOUNT_ATTR_NODEV as ATTR_NODEV, MOUNT_ATTR_NOEXEC as ATTR_NOEXEC,
+    MOUNT_ATTR_NOSUID as ATTR_NOSUID, MOUNT_ATTR_RDONLY as ATTR_RDONLY,
+};
+
+/// A detached copy of the mount tree at `source` (recursive for `rbind`) made into an idmapped
+/// mount through the user namespace at `userns` (its handle), with extra mount attributes
+/// (`sys::MOUNT_ATTR_*`) on top or on the whole tree. It must be made by a process of the host's
+/// user namespace; a process in the container's may attach it with [`attach`].
+pub fn idmapped(
+    source: &Path,
+    userns: &Path,
+    recursive: bool,
+    attrs: u64,
+    attrs_recursive: bool,
+) -> io::Result<OwnedFd> {
+    let ns = std::fs::File::open(userns)?;
+    let tree = crate::sys::open_tree_clone(source, recursive)?;
+    crate::sys::mount_setattr(&tree, 0, Some(ns.as_fd()), recursive).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "idmapped mount of {}: {e} (does its filesystem support idmapped mounts?)",
+                source.display()
+            ),
+        )
+    })?;
+    if attrs != 0 {
+        crate::sys::mount_setattr(&tree, attrs, None, attrs_recursive)?;
+    }
+    Ok(tree)
+}
+
+/// Attaches a detached mount (from [`idmapped`]) on the directory `target`.
+pub fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
+    let t: OwnedFd = nix::fcntl::open(target, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+    crate::sys::move_mount(tree, &t)
+}
+
+/// Attaches a detached mount on an open target (from [`target`]), then gives it
+/// `propagation`.
+pub fn attach_at(tree: &OwnedFd, target: &OwnedFd, propagation: MsFlags) -> io::Result<()> {
+    crate::sys::move_mount(tree, target)?;
+    if !propagation.is_empty() {
+        // The handle points at the covered inode; its path walks to the new mount.
+        let real = std::fs::read_link(fd_path(target))?;
+        mount(None::<&str>, &real, None::<&str>, propagation, None::<&str>)?;
+    }
+    Ok(())
+}
+
+/// Mount points at or below `dir`, from /proc/self/mountinfo, deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out.dedup();
+    out
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Removes a directory tree that may have had mounts in it: every mount below it is detached
+/// first, and if any is still there the tree is left alone, so a removal can never reach through
+/// a mount into what it shows (image layers behind an idmapped mount, a host volume).
+pub fn remove_tree(dir: &Path) -> io::Result<()> {
+    for m in mounts_under(dir) {
+        let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    let left = mounts_under(dir);
+    if !left.is_empty() {
+        return Err(io::Error::other(format!(
+            "still mounted below it: {}",
+            left.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
 /// Whether `rro` mounts work here (the kernel has `mount_setattr`); asked once.
 pub fn recursive_read_only_supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -336,6 +446,7 @@ mod tests {
         ));
         assert_eq!(o.propagation, MsFlags::MS_SLAVE | MsFlags::MS_REC);
         assert_eq!(o.data, vec!["mode=755", "size=64k"]);
+        assert_eq!(unescape_mountinfo("/a\\040b\\134c"), "/a b\\c");
         let o = Options::parse(&["ro", "rw"]);
         assert!(!o.flags.contains(MsFlags::MS_RDONLY));
         assert!(Options::parse(&["rro"]).recursive_ro);

@@ -87,6 +87,9 @@ fn setup(cfg: &PauseConfig) -> Result<(), String> {
         std::fs::write(cg.join("cgroup.procs"), "0")
             .map_err(|e| format!("joining cgroup {}: {e}", cg.display()))?;
     }
+    if !cfg.uid_map.is_empty() {
+        enter_user_namespace(cfg)?;
+    }
     let mut flags = CloneFlags::empty();
     if cfg.new_net {
         flags |= CloneFlags::CLONE_NEWNET;
@@ -112,6 +115,64 @@ fn setup(cfg: &PauseConfig) -> Result<(), String> {
         super::init::write_sysctl(k, v).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Moves into a new user namespace whose maps a forked helper writes from outside (a process
+/// may not map anything but itself into its own namespace), then becomes the namespace's root:
+/// from here on the pause process is no longer root on the host.
+fn enter_user_namespace(cfg: &PauseConfig) -> Result<(), String> {
+    use std::io::Read;
+    let pipe =
+        || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+    let (go_r, go_w) = pipe()?;
+    let (done_r, done_w) = pipe()?;
+    let me = std::process::id();
+    match sys::fork().map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            drop(go_w);
+            drop(done_r);
+            let mut b = [0u8; 1];
+            let mut go = std::fs::File::from(go_r);
+            if !matches!(go.read(&mut b), Ok(1)) {
+                sys::exit_now(1);
+            }
+            let lines = |m: &[super::IdMapping]| m.iter().map(|x| x.line()).collect::<String>();
+            let mut result = String::new();
+            for (file, map) in [("uid_map", &cfg.uid_map), ("gid_map", &cfg.gid_map)] {
+                let path = format!("/proc/{me}/{file}");
+                if let Err(e) = std::fs::write(&path, lines(map)) {
+                    result = format!("writing {path}: {e}");
+                    break;
+                }
+            }
+            let _ = std::fs::File::from(done_w).write_all(result.as_bytes());
+            sys::exit_now(0)
+        }
+        ForkResult::Parent { child } => {
+            drop(go_r);
+            drop(done_w);
+            let entered = unshare(CloneFlags::CLONE_NEWUSER);
+            if entered.is_ok() {
+                let _ = std::fs::File::from(go_w).write_all(&[1]);
+            } else {
+                drop(go_w);
+            }
+            let mut msg = String::new();
+            let _ = std::fs::File::from(done_r).read_to_string(&mut msg);
+            let _ = waitpid(child, None);
+            entered.map_err(|e| format!("new user namespace: {e}"))?;
+            if !msg.is_empty() {
+                return Err(msg);
+            }
+        }
+    }
+    let root_gid = nix::unistd::Gid::from_raw(0);
+    let root_uid = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups in the user namespace: {e}"))?;
+    nix::unistd::setresgid(root_gid, root_gid, root_gid)
+        .map_err(|e| format!("setgid 0 in the user namespace: {e}"))?;
+    nix::unistd::setresuid(root_uid, root_uid, root_uid)
+        .map_err(|e| format!("setuid 0 in the user namespace: {e}"))
 }
 
 fn report(r: &PauseReport) {

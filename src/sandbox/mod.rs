@@ -20,7 +20,7 @@ pub mod security;
 
 use crate::atomic;
 use crate::runtime::cgroup::{self, Cgroup, Policy, Resources};
-use crate::runtime::{self, PauseConfig, PauseReport, ProcessId};
+use crate::runtime::{self, IdMapping, PauseConfig, PauseReport, ProcessId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -91,7 +91,31 @@ pub struct Record {
     /// The pause process's own leaf cgroup below the pod's.
     #[serde(default)]
     pub pause_cgroup: Option<Cgroup>,
+    /// The pod's user namespace maps, when it has its own.
+    #[serde(default)]
+    pub userns: Option<UserNs>,
 }
+
+/// A pod's user namespace: one range each for user and group IDs, container ID 0 first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UserNs {
+    pub uids: IdMapping,
+    pub gids: IdMapping,
+}
+
+impl UserNs {
+    /// The host IDs this pod's maps cover, as ranges.
+    fn host_ranges(&self) -> [(u64, u64); 2] {
+        [self.uids, self.gids].map(|m| (m.host_id as u64, m.host_id as u64 + m.size as u64))
+    }
+}
+
+/// Where crius's own 65536-ID blocks for pods come from when kubelet did not pick the maps:
+/// systemd's range for container UIDs (524288 up to 1879048191), so they meet no user of the
+/// host's.
+const USERNS_FIRST: u32 = 524_288;
+const USERNS_LAST: u32 = 1_879_048_191;
+pub const USERNS_SIZE: u32 = 65_536;
 
 impl Record {
     pub fn name_key(&self) -> String {
@@ -144,6 +168,8 @@ struct Inner {
     cgroups: Policy,
     sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
     names: std::sync::Mutex<HashMap<String, String>>,
+    /// User namespace maps in use, by pod.
+    userns: std::sync::Mutex<HashMap<String, UserNs>>,
 }
 
 #[derive(Clone)]
@@ -203,6 +229,7 @@ impl SandboxService {
                 cgroups,
                 sandboxes: RwLock::new(HashMap::new()),
                 names: std::sync::Mutex::new(HashMap::new()),
+                userns: std::sync::Mutex::new(HashMap::new()),
             }),
         };
         svc.recover()?;
@@ -221,6 +248,13 @@ impl SandboxService {
                         let _ = atomic::write_json(&paths.state(), &r);
                     }
                     self.names().insert(r.name_key(), r.id.clone());
+                    if let Some(u) = &r.userns {
+                        self.inner
+                            .userns
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(r.id.clone(), u.clone());
+                    }
                     self.map_write()
                         .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
                 }
@@ -232,6 +266,64 @@ impl SandboxService {
             }
         }
         Ok(())
+    }
+
+    /// Reserves a pod's user namespace maps: kubelet's if given (refused if they overlap another
+    /// pod's), else the first free 65536-ID block of crius's range.
+    fn reserve_userns(&self, id: &str, asked: Option<UserNs>) -> Result<UserNs, Error> {
+        const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
+        let mut taken = self.inner.userns.lock().unwrap_or_else(|p| p.into_inner());
+        let overlaps = |u: &UserNs| {
+            taken.iter().find_map(|(other, t)| {
+                u.host_ranges().iter().find_map(|(a0, a1)| {
+                    t.host_ranges()
+                        .iter()
+                        .any(|(b0, b1)| a0 < b1 && b0 < a1)
+                        .then(|| other.clone())
+                })
+            })
+        };
+        let u = match asked {
+            Some(u) => {
+                if let Some(other) = overlaps(&u) {
+                    return Err(invalid(
+                        FIELD,
+                        format!("the host IDs overlap those of pod sandbox {other}"),
+                    ));
+                }
+                u
+            }
+            None => {
+                let mut start = USERNS_FIRST;
+                loop {
+                    let m = IdMapping {
+                        container_id: 0,
+                        host_id: start,
+                        size: USERNS_SIZE,
+                    };
+                    let u = UserNs { uids: m, gids: m };
+                    if overlaps(&u).is_none() {
+                        break u;
+                    }
+                    start = match start.checked_add(USERNS_SIZE) {
+                        Some(s) if s <= USERNS_LAST - USERNS_SIZE + 1 => s,
+                        _ => {
+                            return Err(invalid(FIELD, "no free range of host IDs is left"));
+                        }
+                    };
+                }
+            }
+        };
+        taken.insert(id.to_string(), u.clone());
+        Ok(u)
+    }
+
+    fn release_userns(&self, id: &str) {
+        self.inner
+            .userns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     fn map_read(
@@ -367,15 +459,27 @@ impl SandboxService {
             .and_then(|l| l.security_context.as_ref())
             .and_then(|s| s.namespace_options.clone())
             .unwrap_or_default();
-        if ns
-            .userns_options
-            .as_ref()
-            .is_some_and(|u| u.mode != NS_NODE)
-        {
-            return Err(invalid(
-                "config.linux.security_context.namespace_options.userns_options",
-                "user namespaces are not supported yet",
-            ));
+        let userns = userns_request(ns.userns_options.as_ref())?;
+        if userns.is_some() {
+            for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
+                if mode == NS_NODE {
+                    return Err(invalid(
+                        &format!("config.linux.security_context.namespace_options.{what}"),
+                        "the host's namespace cannot be shared by a pod with its own user namespace",
+                    ));
+                }
+            }
+            if config
+                .linux
+                .as_ref()
+                .and_then(|l| l.security_context.as_ref())
+                .is_some_and(|s| s.privileged)
+            {
+                return Err(invalid(
+                    "config.linux.security_context.privileged",
+                    "a privileged pod cannot have its own user namespace",
+                ));
+            }
         }
         if ns.pid == cri::NamespaceMode::Target as i32
             || ns.network == cri::NamespaceMode::Target as i32
@@ -402,9 +506,21 @@ impl SandboxService {
             }
             names.insert(key.clone(), id.clone());
         }
+        let userns = match userns {
+            None => None,
+            Some(asked) => match self.reserve_userns(&id, asked) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    self.names().remove(&key);
+                    return Err(e);
+                }
+            },
+        };
         let paths = self.paths(&id);
         let result = self
-            .create(&id, &paths, config, handler, network, pid, ipc, sysctls)
+            .create(
+                &id, &paths, config, handler, network, pid, ipc, sysctls, userns,
+            )
             .await;
         match result {
             Ok(record) => {
@@ -414,6 +530,7 @@ impl SandboxService {
             }
             Err(e) => {
                 remove_files(&paths);
+                self.release_userns(&id);
                 self.names().remove(&key);
                 Err(e)
             }
@@ -431,6 +548,7 @@ impl SandboxService {
         pid: i32,
         ipc: i32,
         sysctls: Vec<(String, String)>,
+        userns: Option<UserNs>,
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
         let host_net = network == NS_NODE;
@@ -483,10 +601,13 @@ impl SandboxService {
             new_pid: pid == NS_POD,
             hostname: (!host_net).then(|| hostname.clone()),
             sysctls,
+            uid_map: userns.iter().map(|u| u.uids).collect(),
+            gid_map: userns.iter().map(|u| u.gids).collect(),
         };
         let pause = spawn_pause(&pause_cfg).await?;
         let mut namespaces = Vec::new();
         for (kind, created) in [
+            ("user", userns.is_some()),
             ("net", pause_cfg.new_net),
             ("ipc", pause_cfg.new_ipc),
             ("uts", pause_cfg.new_uts),
@@ -524,6 +645,7 @@ impl SandboxService {
             cgroup: pod_cgroup,
             owns_cgroup,
             pause_cgroup,
+            userns,
         };
         if let Err(e) = atomic::write_json(&paths.state(), &record) {
             let _ = pause.signal(libc::SIGKILL);
@@ -610,6 +732,7 @@ impl SandboxService {
         let r = entry.lock().await;
         remove_files(&self.paths(&r.id));
         remove_cgroups(&r);
+        self.release_userns(&r.id);
         self.map_write().remove(&r.id);
         self.names().remove(&r.name_key());
         Ok(())
@@ -643,6 +766,24 @@ impl SandboxService {
                         network: r.network,
                         pid: r.pid,
                         ipc: r.ipc,
+                        userns_options: Some(match &r.userns {
+                            None => cri::UserNamespace {
+                                mode: NS_NODE,
+                                ..Default::default()
+                            },
+                            Some(u) => {
+                                let m = |x: &IdMapping| cri::IdMapping {
+                                    host_id: x.host_id,
+                                    container_id: x.container_id,
+                                    length: x.size,
+                                };
+                                cri::UserNamespace {
+                                    mode: NS_POD,
+                                    uids: vec![m(&u.uids)],
+                                    gids: vec![m(&u.gids)],
+                                }
+                            }
+                        }),
                         ..Default::default()
                     }),
                 }),
@@ -861,9 +1002,81 @@ pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
     }
 }
 
+/// The user namespace a pod asks for: none (NODE, or nothing), or its maps; in POD mode
+/// without maps crius picks them. As kubelet expects: one range each, starting at container ID
+/// 0; CONTAINER and TARGET modes are not for user namespaces.
+fn userns_request(u: Option<&cri::UserNamespace>) -> Result<Option<Option<UserNs>>, Error> {
+    const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
+    let Some(u) = u else {
+        return Ok(None);
+    };
+    match u.mode {
+        NS_NODE => {
+            if !u.uids.is_empty() || !u.gids.is_empty() {
+                return Err(invalid(
+                    FIELD,
+                    "NODE mode uses the host's user namespace: no uids or gids may be given",
+                ));
+            }
+            return Ok(None);
+        }
+        NS_POD => {}
+        m => {
+            return Err(invalid(
+                &format!("{FIELD}.mode"),
+                format!(
+                    "{} mode is not supported for user namespaces (POD or NODE)",
+                    cri::NamespaceMode::try_from(m)
+                        .map(|m| m.as_str_name())
+                        .unwrap_or("unknown")
+                ),
+            ));
+        }
+    }
+    if u.uids.is_empty() && u.gids.is_empty() {
+        return Ok(Some(None));
+    }
+    let one = |maps: &[cri::IdMapping], what: &str| -> Result<IdMapping, Error> {
+        let f = format!("{FIELD}.{what}");
+        let [m] = maps else {
+            return Err(invalid(
+                &f,
+                format!("exactly one mapping is supported, got {}", maps.len()),
+            ));
+        };
+        if m.container_id != 0 {
+            return Err(invalid(
+                &f,
+                format!(
+                    "the mapping must start at container ID 0 (got {}): ID 0 would not be mapped",
+                    m.container_id
+                ),
+            ));
+        }
+        if m.length == 0 || m.host_id as u64 + m.length as u64 > u32::MAX as u64 {
+            return Err(invalid(
+                &f,
+                format!("host IDs {} + {} are out of range", m.host_id, m.length),
+            ));
+        }
+        if m.host_id == 0 {
+            return Err(invalid(&f, "host ID 0 (the host's root) may not be mapped"));
+        }
+        Ok(IdMapping {
+            container_id: 0,
+            host_id: m.host_id,
+            size: m.length,
+        })
+    };
+    Ok(Some(Some(UserNs {
+        uids: one(&u.uids, "uids")?,
+        gids: one(&u.gids, "gids")?,
+    })))
+}
+
 /// Unmounts and deletes a sandbox directory; tolerant of anything already gone.
 fn remove_files(paths: &Paths) {
-    for kind in ["net", "ipc", "uts", "pid"] {
+    for kind in ["user", "net", "ipc", "uts", "pid"] {
         let p = paths.ns(kind);
         if p.exists() {
             let _ = umount2(&p, MntFlags::MNT_DETACH);

@@ -151,20 +151,39 @@ pub fn seccomp_filter(program: &[libc::sock_filter], flags: u32) -> io::Result<(
     }
 }
 
+/// Mount attributes for [`mount_setattr`] (linux/mount.h).
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
 /// Makes the mount at `path` and every mount below it read-only (`mount_setattr(2)` with
 /// `AT_RECURSIVE`), which a bind remount cannot do for submounts.
 pub fn mount_readonly_recursive(path: &Path) -> io::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const AT_RECURSIVE: libc::c_int = 0x8000;
-    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let cpath = c_path(path)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_RDONLY,
         attr_clr: 0,
@@ -172,7 +191,7 @@ pub fn mount_readonly_recursive(path: &Path) -> io::Result<()> {
         userns_fd: 0,
     };
     // SAFETY: `cpath` and `attr` outlive the call; the size passed is the struct's own.
-    let ret = unsafe {
+    check_long(unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
@@ -181,12 +200,82 @@ pub fn mount_readonly_recursive(path: &Path) -> io::Result<()> {
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
+    })
+    .map(drop)
+}
+
+/// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`), with the mounts below
+/// it when `recursive`; close-on-exec.
+pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let cpath = c_path(path)?;
+    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    if recursive {
+        flags |= AT_RECURSIVE as libc::c_uint;
     }
+    // SAFETY: `cpath` outlives the call; a non-negative result is a new descriptor we own.
+    let fd = check_long(unsafe {
+        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, cpath.as_ptr(), flags)
+    })?;
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Sets mount attributes on the mount `mount` refers to (and the mounts below it when
+/// `recursive`); with `userns` the mount becomes an idmapped mount, which only a detached mount
+/// that was never attached may become.
+pub fn mount_setattr<F: AsFd>(
+    mount: F,
+    set: u64,
+    userns: Option<std::os::fd::BorrowedFd<'_>>,
+    recursive: bool,
+) -> io::Result<()> {
+    let mut attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    if let Some(ns) = userns {
+        attr.attr_set |= MOUNT_ATTR_IDMAP;
+        attr.userns_fd = ns.as_raw_fd() as u64;
+    }
+    let mut flags = libc::AT_EMPTY_PATH;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: an empty C string and `attr` outlive the call; the size is the struct's own.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Attaches the detached mount `mount` on the file or directory `target` is open on
+/// (`move_mount(2)`).
+pub fn move_mount<F: AsFd, T: AsFd>(mount: F, target: T) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: the empty C strings outlive the call; the descriptors are borrowed for its length.
+    check_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            target.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })
+    .map(drop)
 }
 
 /// Whether the kernel has `mount_setattr(2)` (5.12 and later).
