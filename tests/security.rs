@@ -1025,3 +1025,50 @@ async fn target_pid_namespace_for_ephemeral_containers() {
     env.remove_pod(&pod).await;
     env.remove_pod(&pod2).await;
 }
+
+#[tokio::test]
+async fn groups_by_supplemental_groups_policy() {
+    let env = PodEnv::start().await;
+    let status = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        status
+            .features
+            .is_some_and(|f| f.supplemental_groups_policy)
+    );
+    let sb = env.sandbox_config("groups");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let with = |name: &str, strict: bool| {
+        secured(&env, name, LONG, move |sc| {
+            sc.run_as_username = "app".into();
+            sc.supplemental_groups = vec![3000];
+            if strict {
+                sc.supplemental_groups_policy = cri::SupplementalGroupsPolicy::Strict as i32;
+            }
+        })
+    };
+    // Merge (the default): the image's /etc/group gives app group 2000, the pod adds 3000.
+    let c = env.run(&pod, &sb, with("merge", false)).await;
+    let s = init_status(&env, &c).await;
+    assert_eq!(status_field(&s, "Groups"), "2000 3000", "{s}");
+    let st = env.status(&c).await;
+    let user = st.user.unwrap().linux.unwrap();
+    assert_eq!(user.supplemental_groups, vec![2000, 3000]);
+    // Strict: only what the pod asked for.
+    let c = env.run(&pod, &sb, with("strict", true)).await;
+    let s = init_status(&env, &c).await;
+    assert_eq!(status_field(&s, "Groups"), "3000", "{s}");
+    // A group without a user is refused, as kubelet expects.
+    let cfg = secured(&env, "grouponly", LONG, |sc| {
+        sc.run_as_group = Some(cri::Int64Value { value: 5 });
+    });
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("run_as_group"), "{}", e.message());
+    env.remove_pod(&pod).await;
+}
