@@ -35,6 +35,35 @@ pub struct Config {
     pub image: Image,
     pub runtime: Runtime,
     pub cgroup: Cgroup,
+    pub agent: Agent,
+}
+
+/// The pod agent (`crius agent`, `crius run`, `crius get pods`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Agent {
+    /// The watched directory of Pod, Secret and ConfigMap manifests.
+    pub manifests: PathBuf,
+    /// The agent's records and pod volumes.
+    pub state: PathBuf,
+    /// Container logs, `<log_dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`.
+    pub log_dir: PathBuf,
+    /// `NoSwap` or `LimitedSwap`, as kubelet's `memorySwap.swapBehavior`.
+    pub swap_behavior: String,
+    /// Where `Localhost` seccomp profiles are looked up, as kubelet's `<root>/seccomp`.
+    pub seccomp_root: PathBuf,
+}
+
+impl Default for Agent {
+    fn default() -> Agent {
+        Agent {
+            manifests: PathBuf::from("/etc/crius/manifests"),
+            state: PathBuf::from("/var/lib/crius/agent"),
+            log_dir: PathBuf::from("/var/log/pods"),
+            swap_behavior: "NoSwap".to_string(),
+            seccomp_root: PathBuf::from("/var/lib/kubelet/seccomp"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -102,6 +131,7 @@ impl Default for Config {
             image: Image::default(),
             runtime: Runtime::default(),
             cgroup: Cgroup::default(),
+            agent: Agent::default(),
         }
     }
 }

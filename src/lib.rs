@@ -13,6 +13,7 @@ pub mod container;
 pub mod content;
 pub mod cri;
 pub mod daemon;
+pub mod frontend;
 pub mod image;
 pub mod runtime;
 pub mod sandbox;

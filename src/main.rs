@@ -145,6 +145,80 @@ enum Command {
     Inspectp { pod: String },
     /// Show the runtime's name and versions.
     Version,
+    /// Run the pod agent: the pods of a manifest directory, kept running through CRI.
+    Agent {
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The manifest directory to watch.
+        #[arg(long)]
+        manifests: Option<PathBuf>,
+        /// The agent's state directory (records, volumes).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Where container logs go.
+        #[arg(long)]
+        log_dir: Option<PathBuf>,
+        #[arg(long)]
+        log_level: Option<String>,
+    },
+    /// Check Pod, Secret and ConfigMap manifests and hand them to the agent.
+    Run {
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(long)]
+        manifests: Option<PathBuf>,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// List the agent's pods.
+    Get {
+        /// What to list: pods.
+        #[arg(value_parser = ["pods", "pod", "po"])]
+        kind: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
+    /// Show one of the agent's pods: containers, probes, events.
+    Describe {
+        #[arg(value_parser = ["pod", "pods", "po"])]
+        kind: String,
+        name: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
+    /// Take manifests away from the agent (their pods stop).
+    Delete {
+        /// The manifest files given to `run`.
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<PathBuf>,
+        /// `pod NAME`: the manifest holding that pod.
+        #[arg(num_args = 0..=2)]
+        what: Vec<String>,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(long)]
+        manifests: Option<PathBuf>,
+    },
+}
+
+/// The configuration for client commands: the file if it exists, else the defaults.
+fn client_config(path: &std::path::Path) -> Result<Config> {
+    let explicit = path != std::path::Path::new(config::DEFAULT_CONFIG);
+    Ok(Config::load(path, explicit)?)
 }
 
 fn main() -> ExitCode {
@@ -252,6 +326,94 @@ fn run(args: Args) -> Result<()> {
         Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
         Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
         Command::Version => rt.block_on(version(&socket)),
+        Command::Agent {
+            config: path,
+            manifests,
+            state,
+            log_dir,
+            log_level,
+        } => {
+            let cfg = client_config(&path)?;
+            let a = cfg.agent.clone();
+            init_logging(log_level.as_deref().unwrap_or(&cfg.log_level))?;
+            let swap_behavior = match a.swap_behavior.as_str() {
+                "NoSwap" | "" => crius::frontend::convert::SwapBehavior::NoSwap,
+                "LimitedSwap" => crius::frontend::convert::SwapBehavior::LimitedSwap,
+                other => anyhow::bail!(
+                    "{}: agent.swap_behavior {other:?}: NoSwap or LimitedSwap",
+                    path.display()
+                ),
+            };
+            let socket = match &args.socket {
+                Some(s) => crius::cri::client::socket_path(s),
+                None => cfg.socket.clone(),
+            };
+            rt.block_on(crius::frontend::agent::run(
+                crius::frontend::agent::AgentConfig {
+                    socket,
+                    manifests: manifests.unwrap_or(a.manifests),
+                    state: state.unwrap_or(a.state),
+                    log_root: log_dir.unwrap_or(a.log_dir),
+                    swap_behavior,
+                    seccomp_root: a.seccomp_root,
+                },
+            ))?;
+            Ok(())
+        }
+        Command::Run {
+            config: path,
+            manifests,
+            files,
+        } => {
+            let cfg = client_config(&path)?;
+            cli::agent::run(&manifests.unwrap_or(cfg.agent.manifests), &files)
+        }
+        Command::Get {
+            kind: _,
+            namespace,
+            all_namespaces,
+            output,
+            config: path,
+            state,
+        } => {
+            let cfg = client_config(&path)?;
+            let ns = if all_namespaces {
+                None
+            } else {
+                Some(namespace.unwrap_or_else(|| "default".into()))
+            };
+            cli::agent::get_pods(&state.unwrap_or(cfg.agent.state), ns.as_deref(), output)
+        }
+        Command::Describe {
+            kind: _,
+            name,
+            namespace,
+            config: path,
+            state,
+        } => {
+            let cfg = client_config(&path)?;
+            cli::agent::describe_pod(&state.unwrap_or(cfg.agent.state), &namespace, &name)
+        }
+        Command::Delete {
+            files,
+            what,
+            namespace,
+            config: path,
+            manifests,
+        } => {
+            let cfg = client_config(&path)?;
+            let pod = match what.as_slice() {
+                [] => None,
+                [kind, name] if matches!(kind.as_str(), "pod" | "pods" | "po") => {
+                    Some((namespace.as_str(), name.as_str()))
+                }
+                _ => anyhow::bail!("delete takes -f FILE or `pod NAME`"),
+            };
+            if files.is_empty() && pod.is_none() {
+                anyhow::bail!("delete takes -f FILE or `pod NAME`");
+            }
+            cli::agent::delete(&manifests.unwrap_or(cfg.agent.manifests), &files, pod)
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! on the socket (`--socket` or `CRIUS_SOCKET`), so they work against containerd too; crius's own
 //! `crius.v1.Pulls` adds a progress bar where the runtime offers it. Output is a table, or JSON
 //! with `-o json`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
-//! `cri::client` only.
+//! `cri::client`, and the pod agent's manifests and records (`frontend`) for its commands.
 
+pub mod agent;
 mod images;
 mod pods;
 

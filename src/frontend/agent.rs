@@ -1,0 +1,355 @@
+//! `crius agent`: watches a manifest directory (like kubelet's static pods) and keeps one worker
+//! per Pod in it: a new file starts its pods, a changed pod is replaced, a removed one is
+//! stopped. Secrets and ConfigMaps from the same directory feed volumes, env and pull
+//! credentials. One relist of the runtime a second (kubelet's PLEG) tells the workers what
+//! changed. On start it reads back its records and adopts the pods still running; sandboxes it
+//! made for pods it no longer knows are removed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_cri::v1 as cri;
+use tokio::sync::{mpsc, watch};
+
+use super::convert::{Node, Store, SwapBehavior};
+use super::manifest::{self, Loaded, Object};
+use super::status;
+use super::worker::{Command, Shared, Snapshot, Worker};
+
+/// The label that marks sandboxes the agent made.
+pub const AGENT_LABEL: &str = "io.crius.agent";
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub socket: PathBuf,
+    pub manifests: PathBuf,
+    pub state: PathBuf,
+    pub log_root: PathBuf,
+    pub swap_behavior: SwapBehavior,
+    pub seccomp_root: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("runtime at {socket}: {message}")]
+    Runtime { socket: PathBuf, message: String },
+}
+
+struct Running {
+    tx: mpsc::Sender<Command>,
+    hash: String,
+    task: tokio::task::JoinHandle<()>,
+    deleting: bool,
+}
+
+/// Reads every manifest file of the directory. A file that fails keeps what it had before (so a
+/// bad edit does not stop pods); its errors are logged once per version.
+struct Manifests {
+    dir: PathBuf,
+    files: HashMap<PathBuf, (SystemTime, Vec<Loaded>)>,
+    reported: HashMap<PathBuf, SystemTime>,
+}
+
+impl Manifests {
+    fn scan(&mut self) -> Vec<Loaded> {
+        let mut seen = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.')
+                    || !(name.ends_with(".yaml")
+                        || name.ends_with(".yml")
+                        || name.ends_with(".json"))
+                {
+                    continue;
+                }
+                let Ok(mtime) = e.metadata().and_then(|m| m.modified()) else {
+                    continue;
+                };
+                seen.push(p.clone());
+                if self.files.get(&p).is_some_and(|(t, _)| *t == mtime) {
+                    continue;
+                }
+                match manifest::load_file(&p) {
+                    Ok(objs) => {
+                        for o in &objs {
+                            for w in &o.warnings {
+                                tracing::warn!(file = %p.display(), "{w}");
+                            }
+                        }
+                        self.files.insert(p.clone(), (mtime, objs));
+                        self.reported.remove(&p);
+                    }
+                    Err(e) => {
+                        if self.reported.get(&p) != Some(&mtime) {
+                            tracing::error!("{e}");
+                            self.reported.insert(p.clone(), mtime);
+                        }
+                    }
+                }
+            }
+        }
+        self.files.retain(|p, _| seen.contains(p));
+        let mut files: Vec<&PathBuf> = self.files.keys().collect();
+        files.sort();
+        files
+            .into_iter()
+            .flat_map(|f| self.files[f].1.iter().cloned())
+            .collect()
+    }
+}
+
+/// Lists the runtime's sandboxes and containers.
+async fn relist(sh: &Shared) -> Option<Snapshot> {
+    let mut rt = sh.rt.clone();
+    let sandboxes = rt
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .ok()?
+        .into_inner()
+        .items;
+    let containers = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .ok()?
+        .into_inner()
+        .containers;
+    Some(Snapshot {
+        sandboxes: sandboxes.into_iter().map(|s| (s.id.clone(), s)).collect(),
+        containers: containers.into_iter().map(|c| (c.id.clone(), c)).collect(),
+    })
+}
+
+/// Runs the agent until the process is stopped.
+pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    for d in [&cfg.manifests, &cfg.state, &cfg.log_root] {
+        std::fs::create_dir_all(d).map_err(|source| AgentError::Io {
+            path: d.clone(),
+            source,
+        })?;
+    }
+    let channel = crate::cri::client::channel(&cfg.socket).map_err(|e| AgentError::Runtime {
+        socket: cfg.socket.clone(),
+        message: e.to_string(),
+    })?;
+    let rt = crate::cri::client::runtime(channel.clone());
+    let img = crate::cri::client::images(channel);
+    let (relist_tx, relist_rx) = watch::channel(Arc::new(Snapshot::default()));
+    let (store_tx, store_rx) = watch::channel(Arc::new(Store::default()));
+    let (poke_tx, mut poke_rx) = mpsc::unbounded_channel();
+    let sh = Shared {
+        rt,
+        img,
+        state: cfg.state.clone(),
+        log_root: cfg.log_root.clone(),
+        node: Arc::new(Node::detect(cfg.swap_behavior, cfg.seccomp_root.clone())),
+        store: store_rx,
+        relist: relist_rx,
+        poke: poke_tx,
+    };
+    // The first relist before anything runs: workers adopt what is there.
+    let first = loop {
+        match relist(&sh).await {
+            Some(s) => break s,
+            None => {
+                tracing::warn!(socket = %cfg.socket.display(), "the runtime does not answer yet");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    relist_tx.send_replace(Arc::new(first));
+    {
+        let sh = sh.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    Some(()) = poke_rx.recv() => {
+                        // Coalesce bursts of pokes.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        while poke_rx.try_recv().is_ok() {}
+                    }
+                }
+                if let Some(s) = relist(&sh).await {
+                    relist_tx.send_replace(Arc::new(s));
+                }
+            }
+        });
+    }
+
+    let mut records: HashMap<String, status::PodRecord> = status::load_all(&cfg.state)
+        .into_iter()
+        .map(|r| (r.key(), r))
+        .collect();
+    let mut manifests = Manifests {
+        dir: cfg.manifests.clone(),
+        files: HashMap::new(),
+        reported: HashMap::new(),
+    };
+    let mut pods: HashMap<String, Running> = HashMap::new();
+    let mut first_pass = true;
+    tracing::info!(manifests = %cfg.manifests.display(), state = %cfg.state.display(), "agent running");
+    loop {
+        let objects = manifests.scan();
+        let mut store = Store::default();
+        let mut wanted: HashMap<String, Loaded> = HashMap::new();
+        for l in objects {
+            let key = l.object.key();
+            match &l.object {
+                Object::Secret(s) => {
+                    store.secrets.insert(key, (**s).clone());
+                }
+                Object::ConfigMap(c) => {
+                    store.config_maps.insert(key, (**c).clone());
+                }
+                Object::Pod(_) => {
+                    if let Some(first) = wanted.get(&key) {
+                        tracing::error!(
+                            pod = %key,
+                            first = %first.file.display(),
+                            second = %l.file.display(),
+                            "the pod is defined twice; the first file wins"
+                        );
+                        continue;
+                    }
+                    wanted.insert(key, l);
+                }
+            }
+        }
+        store_tx.send_if_modified(|cur| {
+            let same = cur.secrets == store.secrets && cur.config_maps == store.config_maps;
+            if !same {
+                *cur = Arc::new(store);
+            }
+            !same
+        });
+        // New and changed pods.
+        for (key, l) in &wanted {
+            match pods.get_mut(key) {
+                Some(r) if r.hash == l.hash || r.deleting => {}
+                Some(r) => {
+                    r.hash = l.hash.clone();
+                    let _ = r.tx.send(Command::Update(Box::new(l.clone()))).await;
+                }
+                None => {
+                    let (tx, rx) = mpsc::channel(8);
+                    let adopted = records.remove(key);
+                    let w = Worker::new(sh.clone(), l.clone(), adopted, rx);
+                    pods.insert(
+                        key.clone(),
+                        Running {
+                            tx,
+                            hash: l.hash.clone(),
+                            task: tokio::spawn(w.run()),
+                            deleting: false,
+                        },
+                    );
+                }
+            }
+        }
+        // Pods whose manifest is gone.
+        for (key, r) in pods.iter_mut() {
+            if !wanted.contains_key(key) && !r.deleting {
+                r.deleting = true;
+                let _ = r.tx.send(Command::Delete).await;
+            }
+        }
+        pods.retain(|_, r| !r.task.is_finished());
+        if first_pass {
+            first_pass = false;
+            // Records of pods no longer in any manifest: stop and forget them.
+            for (key, rec) in records.drain() {
+                tracing::info!(pod = %key, "stopping a pod whose manifest is gone");
+                let (tx, rx) = mpsc::channel(8);
+                let l = orphan_loaded(&rec);
+                let w = Worker::new(sh.clone(), l, Some(rec), rx);
+                let _ = tx.send(Command::Delete).await;
+                pods.insert(
+                    key,
+                    Running {
+                        tx,
+                        hash: String::new(),
+                        task: tokio::spawn(w.run()),
+                        deleting: true,
+                    },
+                );
+            }
+            remove_strays(&sh, &pods).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A stand-in manifest for a record whose file is gone, enough to stop its pod.
+fn orphan_loaded(rec: &status::PodRecord) -> Loaded {
+    let mut pod = k8s_openapi::api::core::v1::Pod::default();
+    pod.metadata.name = Some(rec.name.clone());
+    pod.metadata.namespace = Some(rec.namespace.clone());
+    pod.metadata.uid = Some(rec.uid.clone());
+    Loaded {
+        object: Object::Pod(Box::new(pod)),
+        file: rec.file.clone(),
+        line: 0,
+        warnings: Vec::new(),
+        hash: rec.hash.clone(),
+    }
+}
+
+/// Sandboxes the agent made for pods it has no record of (a record lost, a crash between run
+/// and save): removed.
+async fn remove_strays(sh: &Shared, pods: &HashMap<String, Running>) {
+    let snapshot = sh.relist.borrow().clone();
+    let records: Vec<String> = status::load_all(&sh.state)
+        .iter()
+        .filter_map(|r| r.sandbox.clone())
+        .collect();
+    for (id, s) in &snapshot.sandboxes {
+        if s.labels.get(AGENT_LABEL).map(String::as_str) != Some("true") {
+            continue;
+        }
+        let key = format!(
+            "{}/{}",
+            s.labels
+                .get(super::convert::LABEL_POD_NAMESPACE)
+                .cloned()
+                .unwrap_or_default(),
+            s.labels
+                .get(super::convert::LABEL_POD_NAME)
+                .cloned()
+                .unwrap_or_default()
+        );
+        if records.contains(id) {
+            continue;
+        }
+        let _ = pods.get(&key);
+        tracing::info!(sandbox = %id, pod = %key, "removing a sandbox no pod record knows");
+        let mut rt = sh.rt.clone();
+        let _ = rt
+            .stop_pod_sandbox(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+        let _ = rt
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.clone(),
+            })
+            .await;
+    }
+}
+
+/// The manifest file `crius run` writes for a source file: its name in the manifest directory.
+pub fn manifest_target(dir: &Path, source: &Path) -> PathBuf {
+    let name = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pod.yaml".into());
+    dir.join(name)
+}

@@ -1,0 +1,16 @@
+//! frontend: a kubelet-like agent that runs Pod manifests on one node without a control plane.
+//! It reads manifests (`manifest`, `yaml`), turns pods into CRI requests, and drives them through
+//! their lifecycle: volumes, sandbox, pulls, init containers and sidecars, containers, probes,
+//! restarts with back-off, hooks and termination. It talks to the runtime only through CRI
+//! (`cri::client`), exactly as kubelet does, so it runs on containerd too; its own state (pod
+//! status, events) lives in files under its state directory.
+
+pub mod agent;
+pub mod convert;
+pub mod manifest;
+pub mod probe;
+pub mod quantity;
+pub mod status;
+pub mod volumes;
+pub mod worker;
+pub mod yaml;
