@@ -293,3 +293,702 @@ async fn restart_policies_statuses_and_events() {
         "the sandbox is removed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_containers_sidecars_hooks_and_termination_order() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let out = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: ordered}}
+spec:
+  terminationGracePeriodSeconds: 5
+  volumes:
+  - {{name: shared, emptyDir: {{}}}}
+  - {{name: out, hostPath: {{path: {out}, type: Directory}}}}
+  initContainers:
+  - name: first
+    image: {img}
+    command: [sh, -c, 'echo first >> /shared/order']
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+  - name: side
+    image: {img}
+    restartPolicy: Always
+    command: [sh, -c, 'echo side >> /shared/order; trap "echo side-stop >> /out/stops; exit 0" TERM; while true; do sleep 0.1; done']
+    startupProbe: {{exec: {{command: [grep, -q, side, /shared/order]}}, periodSeconds: 1}}
+    volumeMounts: [{{name: shared, mountPath: /shared}}, {{name: out, mountPath: /out}}]
+  - name: second
+    image: {img}
+    command: [sh, -c, 'echo second >> /shared/order']
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+  containers:
+  - name: app
+    image: {img}
+    command: [sh, -c, 'cat /shared/order; trap "echo app-stop >> /out/stops; exit 0" TERM; while true; do sleep 0.1; done']
+    volumeMounts: [{{name: shared, mountPath: /shared}}, {{name: out, mountPath: /out}}]
+    lifecycle:
+      postStart: {{exec: {{command: [sh, -c, 'echo poststart > /shared/hooked']}}}}
+      preStop: {{exec: {{command: [sh, -c, 'echo app-prestop >> /out/stops']}}}}
+"#,
+        out = out.path().display(),
+        img = env.image
+    );
+    a.put("ordered.yaml", &yaml);
+    let r = a.wait("ordered", "Ready", 60, |r| r.condition("Ready"));
+    assert!(r.condition("Initialized"));
+    assert_eq!(r.ready_count(), (2, 2), "the sidecar counts");
+    assert_eq!(a.log(&r, "app", 0), vec!["first", "side", "second"]);
+    assert!(matches!(
+        container(&r, "first").state,
+        State::Terminated { exit_code: 0, .. }
+    ));
+    assert!(container(&r, "side").state.is_running());
+    // The postStart hook ran in the container.
+    let app_id = container(&r, "app").id.clone().unwrap();
+    let (hooked, _, _) = env
+        .exec(&app_id, &["cat", "/shared/hooked"], 10)
+        .await
+        .unwrap();
+    assert_eq!(hooked, "poststart\n");
+    // Going away: preStop, the app, then the sidecar.
+    a.remove("ordered.yaml");
+    let start = Instant::now();
+    while a.record("ordered").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stops = std::fs::read_to_string(out.path().join("stops")).unwrap();
+    assert_eq!(stops, "app-prestop\napp-stop\nside-stop\n");
+
+    // A failing init container with restartPolicy Never fails the pod.
+    a.put(
+        "initfail.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: initfail}}\nspec:\n  restartPolicy: Never\n  initContainers:\n  - {{name: setup, image: {img}, command: [sh, -c, 'exit 2']}}\n  containers:\n  - {{name: app, image: {img}, command: [sleep, '1000']}}\n",
+            img = env.image
+        ),
+    );
+    let r = a.wait("initfail", "Failed", 30, |r| r.phase == Phase::Failed);
+    assert_eq!(r.display_status(), "Init:Error");
+    assert!(container(&r, "app").id.is_none(), "the app never started");
+}
+
+/// Serves gRPC health inside a pod's network namespace on `port`: the listening socket is made
+/// by a thread that entered the namespace; the server runs here.
+async fn grpc_health_in(netns: &str, port: u16) -> tonic_health::server::HealthReporter {
+    let ns = netns.to_string();
+    let listener = std::thread::spawn(move || {
+        let f = std::fs::File::open(&ns).unwrap();
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        l.set_nonblocking(true).unwrap();
+        l
+    })
+    .join()
+    .unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    let (reporter, service) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    });
+    reporter
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_exec_http_tcp_grpc_and_startup_gating() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: probed}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: {img}
+    command: [sh, -c, 'mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www']
+    ports: [{{name: http, containerPort: 8080}}]
+    readinessProbe: {{httpGet: {{port: http, path: /index.html}}, periodSeconds: 1, failureThreshold: 1}}
+  - name: tcp
+    image: {img}
+    command: [httpd, -f, -p, '9000']
+    readinessProbe: {{tcpSocket: {{port: 9000}}, periodSeconds: 1}}
+  - name: live
+    image: {img}
+    command: [sh, -c, 'touch /tmp/alive; exec sleep 100000']
+    livenessProbe: {{exec: {{command: [test, -f, /tmp/alive]}}, periodSeconds: 1, failureThreshold: 2}}
+  - name: slow
+    image: {img}
+    command: [sleep, '100000']
+    startupProbe: {{exec: {{command: [test, -f, /tmp/started]}}, periodSeconds: 1, failureThreshold: 600}}
+    readinessProbe: {{exec: {{command: ['true']}}, periodSeconds: 1}}
+  - name: grpc
+    image: {img}
+    command: [sleep, '100000']
+    readinessProbe: {{grpc: {{port: 7000}}, periodSeconds: 1, failureThreshold: 1}}
+"#,
+        img = env.image
+    );
+    a.put("probed.yaml", &yaml);
+    let r = a.wait("probed", "running", 30, |r| {
+        r.phase == Phase::Running && r.sandbox.is_some()
+    });
+    // The gRPC server in the pod's network namespace (the pod has no IP: loopback).
+    let st = env
+        .d
+        .runtime()
+        .pod_sandbox_status(k8s_cri::v1::PodSandboxStatusRequest {
+            pod_sandbox_id: r.sandbox.clone().unwrap(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let reporter = grpc_health_in(info["netNamespacePath"].as_str().unwrap(), 7000).await;
+    let r = a.wait("probed", "web, tcp, live and grpc ready", 30, |r| {
+        ["web", "tcp", "live", "grpc"]
+            .iter()
+            .all(|c| container(r, c).ready)
+    });
+    // The startup probe holds readiness back.
+    let slow = container(&r, "slow");
+    assert!(!slow.started && !slow.ready, "{slow:?}");
+    assert!(!r.condition("Ready"));
+    env.exec(slow.id.as_ref().unwrap(), &["touch", "/tmp/started"], 10)
+        .await
+        .unwrap();
+    let r = a.wait("probed", "Ready", 30, |r| r.condition("Ready"));
+    assert!(container(&r, "slow").started);
+    // HTTP readiness follows the page.
+    let web = container(&r, "web").id.clone().unwrap();
+    env.exec(&web, &["rm", "/www/index.html"], 10)
+        .await
+        .unwrap();
+    let r = a.wait("probed", "web unready", 20, |r| !container(r, "web").ready);
+    assert!(!r.condition("Ready"));
+    assert!(
+        container(&r, "web").probes["Readiness"]
+            .message
+            .contains("404"),
+        "{:?}",
+        container(&r, "web").probes
+    );
+    env.exec(&web, &["sh", "-c", "echo ok > /www/index.html"], 10)
+        .await
+        .unwrap();
+    a.wait("probed", "web ready again", 20, |r| {
+        container(r, "web").ready
+    });
+    // gRPC readiness follows the serving status.
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    a.wait("probed", "grpc unready", 20, |r| {
+        !container(r, "grpc").ready
+    });
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    a.wait("probed", "grpc ready again", 20, |r| {
+        container(r, "grpc").ready
+    });
+    // A failing liveness probe restarts the container.
+    let live = container(&r, "live").id.clone().unwrap();
+    env.exec(&live, &["rm", "/tmp/alive"], 10).await.unwrap();
+    let r = a.wait("probed", "live restarted", 40, |r| {
+        let c = container(r, "live");
+        c.restart_count == 1 && c.state.is_running()
+    });
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.reason == "Killing" && e.message.contains("failed liveness probe")),
+        "{:?}",
+        r.events
+    );
+    assert!(r.events.iter().any(|e| e.reason == "Unhealthy"));
+    a.wait("probed", "live ready again", 20, |r| {
+        container(r, "live").ready
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_env_and_live_updates() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let host = tempfile::tempdir().unwrap();
+    let created = host.path().join("made/here");
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: creds}}
+stringData: {{user: admin, password: hunter2}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: settings}}
+data: {{mode: fast, "app.conf": "a=1\n"}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: vols
+  labels: {{tier: back}}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - {{name: secret, secret: {{secretName: creds, defaultMode: 0400}}}}
+  - name: conf
+    configMap:
+      name: settings
+      items: [{{key: app.conf, path: etc/app.conf, mode: 0600}}]
+  - {{name: scratch, emptyDir: {{}}}}
+  - {{name: ram, emptyDir: {{medium: Memory, sizeLimit: 1Mi}}}}
+  - {{name: host, hostPath: {{path: {created}, type: DirectoryOrCreate}}}}
+  - name: info
+    downwardAPI:
+      items:
+      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
+      - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}
+  - name: all
+    projected:
+      sources:
+      - secret: {{name: creds, items: [{{key: user, path: user}}]}}
+      - configMap: {{name: settings, items: [{{key: mode, path: mode}}]}}
+  containers:
+  - name: app
+    image: {img}
+    command: [sleep, '100000']
+    env:
+    - {{name: PASSWORD, valueFrom: {{secretKeyRef: {{name: creds, key: password}}}}}}
+    - {{name: MODE, valueFrom: {{configMapKeyRef: {{name: settings, key: mode}}}}}}
+    - {{name: POD, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+    - {{name: GREETING, value: 'hello $(POD)'}}
+    envFrom:
+    - {{prefix: CFG_, configMapRef: {{name: settings}}}}
+    volumeMounts:
+    - {{name: secret, mountPath: /secret}}
+    - {{name: conf, mountPath: /conf}}
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: scratch, mountPath: /sub, subPath: deep/dir}}
+    - {{name: ram, mountPath: /ram}}
+    - {{name: host, mountPath: /host}}
+    - {{name: info, mountPath: /info}}
+    - {{name: all, mountPath: /all}}
+"#,
+        created = created.display(),
+        img = env.image
+    );
+    a.put("vols.yaml", &yaml);
+    let r = a.wait("vols", "running", 30, |r| {
+        container(r, "app").state.is_running()
+    });
+    let id = container(&r, "app").id.clone().unwrap();
+    let sh = |script: &'static str| {
+        let id = id.clone();
+        let env = &env;
+        async move { env.exec(&id, &["sh", "-c", script], 10).await.unwrap() }
+    };
+    let (out, err, code) = sh(
+        "cat /secret/password; echo; stat -c %a /secret/..data/user; cat /conf/etc/app.conf; \
+         stat -c %a /conf/..data/etc/app.conf; cat /info/name; echo; grep tier /info/labels; \
+         cat /all/user; echo; cat /all/mode; echo; \
+         echo $PASSWORD $MODE $GREETING $CFG_mode",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "hunter2",
+            "400",
+            "a=1",
+            "600",
+            "vols",
+            "tier=\"back\"",
+            "admin",
+            "fast",
+            "hunter2 fast hello vols fast"
+        ],
+        "{out}"
+    );
+    // Secrets are read-only, on a tmpfs kept out of swap.
+    let (_, err, code) = sh("touch /secret/x").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only file system"), "{err}");
+    let (mounts, _, _) = sh("grep ' /secret ' /proc/mounts").await;
+    assert!(mounts.contains("tmpfs"), "{mounts}");
+    let pod_dir = a
+        .state
+        .join("pods")
+        .join(&r.uid)
+        .join("volumes")
+        .join("secret");
+    assert!(
+        crius::runtime::tmpfs::is_noswap(&pod_dir),
+        "the secret tmpfs is noswap"
+    );
+    // emptyDir: shared, with subPath; the memory one holds its size limit.
+    sh("echo x > /sub/f").await;
+    let (out, _, _) = sh("cat /scratch/deep/dir/f").await;
+    assert_eq!(out, "x\n");
+    let (_, err, code) = sh("dd if=/dev/zero of=/ram/big bs=1024 count=2048").await;
+    assert_ne!(code, 0, "1Mi limit");
+    assert!(err.contains("No space left"), "{err}");
+    // hostPath DirectoryOrCreate made the directory.
+    assert!(created.is_dir());
+    sh("touch /host/from-pod").await;
+    assert!(created.join("from-pod").exists());
+    // An edited Secret reaches the running pod's volume in place (the pod itself is unchanged,
+    // so it keeps running; its environment keeps the old value, as with kubelet).
+    a.put(
+        "vols.yaml",
+        &yaml.replace("password: hunter2", "password: swordfish"),
+    );
+    let start = Instant::now();
+    loop {
+        let (out, _, _) = sh("cat /secret/password").await;
+        if out == "swordfish" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not updated: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (out, _, _) = sh("echo $PASSWORD").await;
+    assert_eq!(out, "hunter2\n");
+    let r2 = a.record("vols").unwrap();
+    assert_eq!(r2.uid, r.uid);
+    // A Secret in a file of its own updates the volume in place.
+    a.put(
+        "extra.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: extra}\nstringData: {token: one}\n",
+    );
+    a.put(
+        "reader.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: reader}}\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes: [{{name: s, secret: {{secretName: extra}}}}]\n  containers:\n  - {{name: app, image: {img}, command: [sleep, '100000'], volumeMounts: [{{name: s, mountPath: /s}}]}}\n",
+            img = env.image
+        ),
+    );
+    let r3 = a.wait("reader", "running", 30, |r| {
+        container(r, "app").state.is_running()
+    });
+    let id3 = container(&r3, "app").id.clone().unwrap();
+    let (out, _, _) = env.exec(&id3, &["cat", "/s/token"], 10).await.unwrap();
+    assert_eq!(out, "one");
+    a.put(
+        "extra.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: extra}\nstringData: {token: two}\n",
+    );
+    let start = Instant::now();
+    loop {
+        let (out, _, _) = env.exec(&id3, &["cat", "/s/token"], 10).await.unwrap();
+        if out == "two" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not updated: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let same = a.record("reader").unwrap();
+    assert_eq!(same.uid, r3.uid, "the pod kept running");
+    // Everything the pods mounted goes with them.
+    a.remove("vols.yaml");
+    a.remove("reader.yaml");
+    let start = Instant::now();
+    while a.record("vols").is_some() || a.record("reader").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!info.contains(a.state.to_str().unwrap()), "{info}");
+    assert!(!a.state.join("pods").join(&r2.uid).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grace_period_prestop_and_kill() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let out = tempfile::tempdir().unwrap();
+    // The app ignores SIGTERM: it is killed when the grace period ends. Its preStop sleeps.
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: stubborn}}
+spec:
+  terminationGracePeriodSeconds: 3
+  volumes: [{{name: out, hostPath: {{path: {out}}}}}]
+  containers:
+  - name: app
+    image: {img}
+    command: [sh, -c, 'trap "echo term >> /out/log" TERM; while true; do sleep 0.1; done']
+    volumeMounts: [{{name: out, mountPath: /out}}]
+    lifecycle:
+      preStop: {{sleep: {{seconds: 1}}}}
+"#,
+        out = out.path().display(),
+        img = env.image
+    );
+    a.put("stubborn.yaml", &yaml);
+    let r = a.wait("stubborn", "running", 30, |r| {
+        container(r, "app").state.is_running()
+    });
+    let id = container(&r, "app").id.clone().unwrap();
+    let start = Instant::now();
+    a.remove("stubborn.yaml");
+    while a.record("stubborn").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = start.elapsed();
+    // preStop (1 s), then TERM, then KILL at the end of the 3 s grace period.
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+    assert!(took < Duration::from_secs(9), "{took:?}");
+    let log = std::fs::read_to_string(out.path().join("log")).unwrap_or_default();
+    assert!(
+        log.starts_with("term"),
+        "SIGTERM came after preStop: {log:?}"
+    );
+    let gone = env
+        .d
+        .runtime()
+        .container_status(k8s_cri::v1::ContainerStatusRequest {
+            container_id: id,
+            verbose: false,
+        })
+        .await;
+    assert!(gone.is_err(), "the container was removed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_restart_adopts_running_pods() {
+    let env = PodEnv::start().await;
+    let mut a = Agent::start(&env.d);
+    let img = &env.image;
+    a.put(
+        "keep.yaml",
+        &pod(
+            "keep",
+            img,
+            "Always",
+            "  - name: main\n    image: IMAGE\n    command: [sleep, '100000']\n",
+        ),
+    );
+    a.put(
+        "drop.yaml",
+        &pod(
+            "drop",
+            img,
+            "Always",
+            "  - name: main\n    image: IMAGE\n    command: [sleep, '100000']\n",
+        ),
+    );
+    let keep = a.wait("keep", "Ready", 30, |r| r.condition("Ready"));
+    let drop = a.wait("drop", "Ready", 30, |r| r.condition("Ready"));
+    a.kill9();
+    // While the agent is away: one pod's manifest goes.
+    a.remove("drop.yaml");
+    a.spawn();
+    let again = a.wait("keep", "adopted", 30, |r| {
+        r.condition("Ready") && r.events.len() >= keep.events.len()
+    });
+    assert_eq!(again.sandbox, keep.sandbox, "same sandbox");
+    assert_eq!(
+        container(&again, "main").id,
+        container(&keep, "main").id,
+        "same container"
+    );
+    assert_eq!(container(&again, "main").restart_count, 0);
+    let start = Instant::now();
+    while a.record("drop").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pods = env
+        .d
+        .runtime()
+        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(!pods.iter().any(|p| Some(&p.id) == drop.sandbox.as_ref()));
+    assert!(pods.iter().any(|p| Some(&p.id) == keep.sandbox.as_ref()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_checks_manifests_and_reports_file_line_field() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let m = a.manifests.to_str().unwrap().to_string();
+    let bad = write(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bad\nspec:\n  containers:\n  - name: app\n    image: busybox\n    imagePullPolicy: Sometimes\n",
+    );
+    let o = a.cli(&["run", "--manifests", &m, &bad]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bad.yaml:9: spec.containers[0].imagePullPolicy: \"Sometimes\""),
+        "{err}"
+    );
+    let typo = write(
+        "typo.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: t}\nspec:\n  containers:\n  - name: app\n    image: busybox\n    comand: [sh]\n",
+    );
+    let o = a.cli(&["run", "--manifests", &m, &typo]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("typo.yaml:8: spec.containers[0].comand: unknown field"),
+        "{err}"
+    );
+    let unsupported = write(
+        "eph.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: e}\nspec:\n  containers:\n  - {name: app, image: busybox}\n  ephemeralContainers:\n  - {name: dbg, image: busybox}\n",
+    );
+    let o = a.cli(&["run", "--manifests", &m, &unsupported]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("eph.yaml:7: spec.ephemeralContainers: not supported by crius"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(&a.manifests).unwrap().next().is_none(),
+        "nothing was handed over"
+    );
+    // A good one runs; its scheduling fields are named in a warning.
+    let good = write(
+        "good.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: good}}\nspec:\n  nodeSelector: {{disk: ssd}}\n  containers:\n  - {{name: app, image: {}, command: [sleep, '1000']}}\n",
+            env.image
+        ),
+    );
+    let o = a.cli(&["run", "--manifests", &m, &good]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("pod/default/good created"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("spec.nodeSelector: ignored"));
+    a.wait("good", "running", 30, |r| r.phase == Phase::Running);
+    let o = a.cli(&["delete", "pod", "good", "--manifests", &m]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let start = Instant::now();
+    while a.record("good").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A bad edit of a running pod's file keeps the pod as it was.
+    a.put(
+        "steady.yaml",
+        &std::fs::read_to_string(&good)
+            .unwrap()
+            .replace("good", "steady"),
+    );
+    let r = a.wait("steady", "running", 30, |r| r.phase == Phase::Running);
+    a.put(
+        "steady.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: steady}\nspec: {containers: []}\n",
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let still = a.record("steady").unwrap();
+    assert_eq!(still.uid, r.uid);
+    assert!(
+        a.log_text().contains("at least one container is required"),
+        "{}",
+        a.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn image_pulls_back_off_and_use_pull_secrets() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    // A private registry: basic auth.
+    let private = Registry::start(Some(("puller", "s3cret")));
+    let img = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+    private.push_image("private/app", "v1", &img).await.unwrap();
+    let missing = format!("{}/nothing/here:v1", env.reg.host());
+    a.put(
+        "missing.yaml",
+        &pod(
+            "missing",
+            &missing,
+            "Always",
+            "  - name: main\n    image: IMAGE\n    command: [sleep, '1000']\n",
+        ),
+    );
+    let r = a.wait("missing", "ImagePullBackOff", 40, |r| {
+        matches!(&container(r, "main").state, State::Waiting { reason, .. } if reason == "ImagePullBackOff")
+    });
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.reason == "Failed" && e.message.contains("Failed to pull image"))
+    );
+    assert_eq!(r.display_status(), "ImagePullBackOff");
+    let auth = base64_encode(b"puller:s3cret");
+    let config = format!(
+        r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#,
+        private.host()
+    );
+    let yaml = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: regcred}}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{config}'\n---\n{}  imagePullSecrets: [{{name: regcred}}]\n",
+        pod(
+            "private",
+            &format!("{}/private/app:v1", private.host()),
+            "Always",
+            "  - name: main\n    image: IMAGE\n    command: [sleep, '1000']\n"
+        )
+    );
+    a.put("private.yaml", &yaml);
+    let r = a.wait("private", "running", 40, |r| {
+        container(r, "main").state.is_running()
+    });
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.reason == "Pulled" && e.message.contains("Successfully pulled"))
+    );
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}

@@ -1601,7 +1601,8 @@ async fn stop_with_hook(
     }
     let left = deadline
         .saturating_duration_since(tokio::time::Instant::now())
-        .as_secs() as i64;
+        .as_secs_f64()
+        .ceil() as i64;
     let _ = rt
         .stop_container(cri::StopContainerRequest {
             container_id: id.to_string(),

@@ -63,6 +63,15 @@ fn plain_scalar(s: &str) -> Value {
         _ => {}
     }
     let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    // A leading zero means octal, as in the YAML 1.1 that Kubernetes manifests are written in
+    // (`defaultMode: 0400`).
+    if digits.len() > 1
+        && digits.starts_with('0')
+        && digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+        && let Ok(i) = i64::from_str_radix(digits, 8)
+    {
+        return Value::Number(if s.starts_with('-') { -i } else { i }.into());
+    }
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         if let Ok(i) = s.parse::<i64>() {
             return Value::Number(i.into());
@@ -311,5 +320,8 @@ mod tests {
         assert_eq!(plain_scalar("1e3"), serde_json::json!(1000.0));
         assert_eq!(plain_scalar("yes"), serde_json::json!("yes"));
         assert_eq!(plain_scalar("-1"), serde_json::json!(-1));
+        assert_eq!(plain_scalar("0400"), serde_json::json!(256));
+        assert_eq!(plain_scalar("0"), serde_json::json!(0));
+        assert_eq!(plain_scalar("089"), serde_json::json!(89));
     }
 }
