@@ -28,6 +28,11 @@ fn bin() -> String {
 
 impl Agent {
     fn start(d: &Daemon) -> Agent {
+        Agent::start_with(d, "")
+    }
+
+    /// With `config` as the agent's config file.
+    fn start_with(d: &Daemon, config: &str) -> Agent {
         let dir = tempfile::Builder::new()
             .prefix("crius-agent")
             .tempdir()
@@ -43,7 +48,7 @@ impl Agent {
             _dir: dir,
         };
         std::fs::create_dir_all(&a.manifests).unwrap();
-        std::fs::write(&a.config, "").unwrap();
+        std::fs::write(&a.config, config).unwrap();
         a.spawn();
         a
     }
@@ -991,4 +996,143 @@ async fn image_pulls_back_off_and_use_pull_secrets() {
 fn base64_encode(b: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+async fn cgroup_of(env: &PodEnv, id: &str) -> PathBuf {
+    let st = env
+        .d
+        .runtime()
+        .container_status(k8s_cri::v1::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    PathBuf::from(info["cgroup"].as_str().expect("a cgroup"))
+}
+
+/// QoS classes as cgroup limits, oom_score_adj and swap: only under cgroup v2, so in the VM tier
+/// (`cargo xtask test-vm` runs the tests named `cgroup_v2`).
+#[tokio::test(flavor = "multi_thread")]
+async fn resources_qos_and_limited_swap_cgroup_v2() {
+    if crius::runtime::cgroup::Hierarchy::detect().is_none() {
+        eprintln!("skipped: no cgroup v2 here; cargo xtask test-vm runs this in a VM");
+        return;
+    }
+    let env = PodEnv::start().await;
+    let a = Agent::start_with(&env.d, "[agent]\nswap_behavior = \"LimitedSwap\"\n");
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: burst}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {img}
+    command: [sleep, '100000']
+    resources:
+      requests: {{cpu: 250m, memory: 64Mi}}
+      limits: {{cpu: 500m, memory: 128Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: guaranteed}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {img}
+    command: [sleep, '100000']
+    resources:
+      limits: {{cpu: 100m, memory: 64Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: besteffort}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: app, image: {img}, command: [sleep, '100000']}}
+"#,
+        img = env.image
+    );
+    a.put("qos.yaml", &yaml);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    };
+    let (mem, swap) = (field("MemTotal:"), field("SwapTotal:"));
+    for (name, qos, max, cpu, swap_max, adj) in [
+        (
+            "burst",
+            "Burstable",
+            (128u64 << 20).to_string(),
+            "50000 100000",
+            (((64u64 << 20) as f64 / mem as f64) * swap as f64) as u64,
+            (1000 - (1000 * (64i64 << 20) / mem as i64)).clamp(2, 999),
+        ),
+        (
+            "guaranteed",
+            "Guaranteed",
+            (64u64 << 20).to_string(),
+            "10000 100000",
+            0,
+            -997,
+        ),
+        (
+            "besteffort",
+            "BestEffort",
+            "max".to_string(),
+            "max 100000",
+            0,
+            1000,
+        ),
+    ] {
+        let r = a.wait(name, "running", 60, |r| {
+            container(r, "app").state.is_running()
+        });
+        assert_eq!(r.qos, qos);
+        let id = container(&r, "app").id.clone().unwrap();
+        let cg = cgroup_of(&env, &id).await;
+        let read = |f: &str| {
+            std::fs::read_to_string(cg.join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("memory.max"), max, "{name}");
+        assert_eq!(read("cpu.max"), cpu, "{name}");
+        // The kernel keeps whole pages.
+        assert_eq!(
+            read("memory.swap.max"),
+            (swap_max / 4096 * 4096).to_string(),
+            "{name}"
+        );
+        let st = env
+            .d
+            .runtime()
+            .container_status(k8s_cri::v1::ContainerStatusRequest {
+                container_id: id,
+                verbose: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+        let pid = info["pid"].as_u64().unwrap();
+        let got: i64 = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(got, adj, "{name}");
+    }
 }

@@ -56,8 +56,14 @@ fn integration() -> Result<()> {
 
 /// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
 /// tier can check), the whole runtime suite again, now with every pod in real cgroups, and the
-/// security suite, where the device controller and AppArmor (on in the VM kernel) apply.
-const VM_SUITES: [&str; 3] = ["cgroups", "pods", "security"];
+/// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
+/// agent suite, the tests named `cgroup_v2` (QoS limits and swap). A filter picks tests by name.
+const VM_SUITES: [(&str, Option<&str>); 4] = [
+    ("cgroups", None),
+    ("pods", None),
+    ("security", None),
+    ("agent", Some("cgroup_v2")),
+];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
 fn test_vm() -> Result<()> {
@@ -66,7 +72,7 @@ fn test_vm() -> Result<()> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    for s in VM_SUITES {
+    for (s, _) in VM_SUITES {
         cmd.args(["--test", s]);
     }
     eprintln!("xtask: running {cmd:?}");
@@ -85,9 +91,9 @@ fn test_vm() -> Result<()> {
         if v["reason"] == "compiler-artifact"
             && let (Some(exe), Some(name)) =
                 (v["executable"].as_str(), v["target"]["name"].as_str())
-            && VM_SUITES.contains(&name)
+            && let Some((_, filter)) = VM_SUITES.iter().find(|(s, _)| *s == name)
         {
-            bins.push((name.to_string(), exe.to_string()));
+            bins.push((name.to_string(), exe.to_string(), *filter));
         }
     }
     if bins.len() != VM_SUITES.len() {
@@ -96,12 +102,16 @@ fn test_vm() -> Result<()> {
     // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
     // read-only at its own path.
     let workspace = std::env::current_dir().context("current directory")?;
-    for (name, exe) in bins {
+    for (name, exe, filter) in bins {
         eprintln!("xtask: VM tier: {name}");
-        run(Command::new("hack/vm-run")
-            .args(["-t", "1500", "-r"])
+        let mut cmd = Command::new("hack/vm-run");
+        cmd.args(["-t", "1500", "-r"])
             .arg(&workspace)
-            .args(["--", &exe, "--test-threads=2"]))?;
+            .args(["--", &exe, "--test-threads=2"]);
+        if let Some(f) = filter {
+            cmd.arg(f);
+        }
+        run(&mut cmd)?;
     }
     Ok(())
 }
