@@ -110,6 +110,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     let sandboxes = SandboxService::open(&cfg.state, handlers, policy)?;
     let containers =
         ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
+    containers.remove_orphan_cgroups().await;
 
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");

@@ -493,7 +493,7 @@ async fn cgroups_are_made_and_removed_with_pods() {
         !read(&kube_pod.join(&pk).join("cgroup.procs")).is_empty(),
         "and is in it"
     );
-    let own_pod = root.join("crius").join(&po);
+    let own_pod = root.join(&env.d.cgroup_parent).join(&po);
     assert!(own_pod.join(&co).is_dir());
     // the container's processes are in its cgroup
     let procs = read(&own_pod.join(&co).join("cgroup.procs"));
@@ -511,6 +511,43 @@ async fn cgroups_are_made_and_removed_with_pods() {
     );
     assert!(!own_pod.exists(), "crius's own pod cgroup is gone");
     let _ = std::fs::remove_dir(&kube_pod);
+
+    // Orphans: cgroups of crius's that no record knows are removed when the daemon starts, and
+    // what runs in them is killed; the cgroups of running pods are kept.
+    let keep = env.run_pod(&env.sandbox_config("keep")).await.unwrap();
+    let keep_sb = env.sandbox_config("keep");
+    let kept = env
+        .run(&keep, &keep_sb, env.container_config("c", LONG))
+        .await;
+    let parent = root.join(&env.d.cgroup_parent);
+    let orphan_pod = parent.join("0".repeat(64));
+    let orphan_ctr = parent.join(&keep).join("f".repeat(64));
+    for d in [&orphan_pod, &orphan_ctr] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    std::fs::write(orphan_pod.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let mut env = env;
+    env.d.kill9();
+    env.d.spawn();
+    assert!(
+        !orphan_pod.exists() && !orphan_ctr.exists(),
+        "orphans removed"
+    );
+    let status = sleeper.wait().unwrap();
+    assert!(!status.success(), "what ran in an orphan was killed");
+    assert!(
+        parent.join(&keep).join(&kept).is_dir(),
+        "a running pod keeps its cgroups"
+    );
+    assert_eq!(
+        env.status(&kept).await.state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    env.remove_pod(&keep).await;
 }
 
 #[tokio::test]

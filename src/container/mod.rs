@@ -316,6 +316,79 @@ impl ContainerService {
         Ok(svc)
     }
 
+    /// Removes cgroups crius made that no pod or container owns any longer (a state directory
+    /// lost, a crash between making a cgroup and recording it), killing whatever runs in them:
+    /// every pod cgroup under crius's own parent, and unknown container cgroups (named by a
+    /// container ID) below any pod's. Kubelet's own cgroups are kubelet's.
+    pub async fn remove_orphan_cgroups(&self) {
+        let policy = self.inner.sandboxes.cgroups().clone();
+        let Some(h) = &policy.hierarchy else {
+            return;
+        };
+        let parent = if policy.systemd {
+            format!("{}.slice", policy.parent)
+        } else {
+            policy.parent.clone()
+        };
+        let Ok(parent) = h.cgroup(&parent) else {
+            return;
+        };
+        let mut pods = std::collections::HashSet::new();
+        let mut inner = std::collections::HashSet::new();
+        for r in self.inner.sandboxes.records().await {
+            if let Some(c) = &r.cgroup {
+                pods.insert(c.path.clone());
+            }
+            if let Some(c) = &r.pause_cgroup {
+                inner.insert(c.path.clone());
+            }
+        }
+        let containers: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        for c in containers {
+            if let Some(cg) = &c.lock().await.cgroup {
+                inner.insert(cg.path.clone());
+            }
+        }
+        let subdirs = |p: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(p)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let remove = |path: PathBuf, what: &str| {
+            tracing::info!(cgroup = %path.display(), "removing an orphaned {what} cgroup");
+            let cg = Cgroup {
+                root: h.root.clone(),
+                path: path.clone(),
+            };
+            if let Err(e) = cg.remove() {
+                tracing::warn!(cgroup = %path.display(), error = %e, "removing an orphaned cgroup");
+            }
+        };
+        for dir in subdirs(&parent.path) {
+            if !pods.contains(&dir) {
+                remove(dir, "pod");
+            }
+        }
+        let is_id = |p: &Path| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        };
+        for pod in &pods {
+            for dir in subdirs(pod) {
+                if is_id(&dir) && !inner.contains(&dir) {
+                    remove(dir, "container");
+                }
+            }
+        }
+    }
+
     fn bundle(&self, id: &str) -> Bundle {
         Bundle {
             dir: self.inner.state.join(id),

@@ -359,6 +359,17 @@ impl SandboxService {
     }
 
     /// How this node enforces limits.
+    /// Every sandbox record.
+    pub async fn records(&self) -> Vec<Record> {
+        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
+            self.map_read().values().cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            out.push(e.lock().await.clone());
+        }
+        out
+    }
+
     pub fn cgroups(&self) -> &Policy {
         &self.inner.cgroups
     }

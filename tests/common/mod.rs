@@ -574,6 +574,9 @@ pub fn index(images: &[(&TestImage, &str)]) -> Vec<u8> {
 /// A crius daemon with private root, state and socket.
 pub struct Daemon {
     pub dir: tempfile::TempDir,
+    /// The daemon's own cgroup parent: daemons of tests running side by side must not see
+    /// each other's pods as orphans.
+    pub cgroup_parent: String,
     pub root: PathBuf,
     pub state: PathBuf,
     pub socket: PathBuf,
@@ -607,6 +610,22 @@ impl Daemon {
         )
         .expect("tmpfs for the state dir");
         // Tests never read the host's registry settings or credentials.
+        let cgroup_parent = format!(
+            "crius-test-{}",
+            dir.path()
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("x")
+                .trim_start_matches("crius-test")
+        );
+        let tables = if tables.contains("[cgroup]") {
+            tables.replace(
+                "[cgroup]\n",
+                &format!("[cgroup]\nparent = \"{cgroup_parent}\"\n"),
+            )
+        } else {
+            format!("{tables}\n[cgroup]\nparent = \"{cgroup_parent}\"\n")
+        };
         let full = format!(
             "[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
             certs.display(),
@@ -614,6 +633,7 @@ impl Daemon {
         );
         std::fs::write(&cfg, full).expect("write config");
         let mut d = Daemon {
+            cgroup_parent,
             log: dir.path().join("daemon.log"),
             root,
             state,
