@@ -899,7 +899,7 @@ async fn run_checks_manifests_and_reports_file_line_field() {
     let good = write(
         "good.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: good}}\nspec:\n  nodeSelector: {{disk: ssd}}\n  containers:\n  - {{name: app, image: {}, command: [sleep, '1000']}}\n",
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: good}}\nspec:\n  nodeSelector: {{disk: ssd}}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: app, image: {}, command: [sleep, '1000']}}\n",
             env.image
         ),
     );
