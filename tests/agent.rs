@@ -175,6 +175,61 @@ fn pod(name: &str, image: &str, restart: &str, containers: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn active_deadline_and_emptydir_eviction_fail_pods() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    let img = &env.image;
+    let with_deadline = |name: &str, body: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  activeDeadlineSeconds: 3\n  terminationGracePeriodSeconds: 1\n{}",
+            body.replace("IMAGE", img)
+        )
+    };
+    a.put(
+        "running.yaml",
+        &with_deadline(
+            "running",
+            "  containers:\n  - {name: main, image: IMAGE, command: [sleep, '100000']}\n",
+        ),
+    );
+    // The deadline covers init containers too.
+    a.put(
+        "initialising.yaml",
+        &with_deadline(
+            "initialising",
+            "  initContainers:\n  - {name: setup, image: IMAGE, command: [sleep, '100000']}\n  containers:\n  - {name: main, image: IMAGE, command: ['true']}\n",
+        ),
+    );
+    // A disk-backed emptyDir filled past its sizeLimit gets the pod evicted.
+    a.put(
+        "filler.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: filler}}\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes: [{{name: cache, emptyDir: {{sizeLimit: 1Mi}}}}]\n  containers:\n  - {{name: main, image: {img}, command: [sh, -c, 'dd if=/dev/zero of=/cache/f bs=1024 count=3072 && sleep 100000'], volumeMounts: [{{name: cache, mountPath: /cache}}]}}\n"
+        ),
+    );
+    a.wait("running", "Running", 30, |r| r.phase == Phase::Running);
+    let r = a.wait("filler", "Evicted", 40, |r| r.phase == Phase::Failed);
+    assert_eq!(r.reason, "Evicted", "{r:?}");
+    assert_eq!(
+        r.message,
+        "Usage of EmptyDir volume \"cache\" exceeds the limit \"1Mi\"."
+    );
+    assert!(r.all().all(|c| !c.state.is_running()), "{r:?}");
+    for name in ["running", "initialising"] {
+        let r = a.wait(name, "DeadlineExceeded", 30, |r| r.phase == Phase::Failed);
+        assert_eq!(r.reason, "DeadlineExceeded", "{r:?}");
+        assert_eq!(r.display_status(), "DeadlineExceeded");
+        assert!(r.all().all(|c| !c.state.is_running()), "{r:?}");
+        assert!(r.events.iter().any(|e| e.reason == "DeadlineExceeded"));
+    }
+    // Failed for good: nothing is restarted.
+    std::thread::sleep(Duration::from_secs(3));
+    let r = a.record("running").unwrap();
+    assert_eq!(container(&r, "main").restart_count, 0);
+    assert!(r.all().all(|c| !c.state.is_running()), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn restart_policies_statuses_and_events() {
     let env = PodEnv::start().await;
     let a = Agent::start(&env.d);

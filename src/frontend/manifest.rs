@@ -342,6 +342,7 @@ fn schema() -> &'static Schema {
                 "initContainers",
                 "restartPolicy",
                 "terminationGracePeriodSeconds",
+                "activeDeadlineSeconds",
                 "volumes",
                 "hostNetwork",
                 "hostPID",
@@ -740,6 +741,9 @@ fn validate_pod(c: &mut Check, pod: &Pod) {
     }
     if spec.termination_grace_period_seconds.is_some_and(|g| g < 0) {
         c.err("spec.terminationGracePeriodSeconds", "must not be negative");
+    }
+    if spec.active_deadline_seconds.is_some_and(|d| d <= 0) {
+        c.err("spec.activeDeadlineSeconds", "must be greater than 0");
     }
     match spec.dns_policy.as_deref() {
         None | Some("ClusterFirst" | "ClusterFirstWithHostNet" | "Default") => {}
@@ -1374,12 +1378,12 @@ stringData: {password: hunter2}
         );
         let bad = POD.replace(
             "  restartPolicy: OnFailure\n",
-            "  activeDeadlineSeconds: 5\n",
+            "  activeDeadlineSeconds: 0\n",
         );
         let p = problems(&bad);
         assert!(
             p.iter()
-                .any(|x| x.contains("spec.activeDeadlineSeconds:not supported")),
+                .any(|x| x.contains("spec.activeDeadlineSeconds:must be greater than 0")),
             "{p:?}"
         );
         let bad = POD.replace("memory: 64Mi", "memory: lots");

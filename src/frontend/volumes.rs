@@ -95,6 +95,56 @@ pub fn prepare(ctx: &PodContext, pod_dir: &Path) -> Result<HashMap<String, PathB
     Ok(out)
 }
 
+/// The eviction message for the first disk-backed emptyDir using more than its `sizeLimit`.
+pub fn over_limit(spec: &k8s_openapi::api::core::v1::PodSpec, pod_dir: &Path) -> Option<String> {
+    let dir = volumes_dir(pod_dir);
+    for v in spec.volumes.iter().flatten() {
+        let Some(e) = &v.empty_dir else { continue };
+        if e.medium.as_deref() == Some("Memory") {
+            continue; // its tmpfs is sized to the limit
+        }
+        let Some(q) = &e.size_limit else { continue };
+        let Ok(limit) = super::quantity::parse(&q.0) else {
+            continue;
+        };
+        let path = dir.join(&v.name);
+        if disk_usage(&path) > limit.value() {
+            return Some(format!(
+                "Usage of EmptyDir volume {:?} exceeds the limit {:?}.",
+                v.name, q.0
+            ));
+        }
+    }
+    None
+}
+
+/// Bytes of disk a tree takes (allocated blocks, each inode once), not crossing into mounts.
+fn disk_usage(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(root) else {
+        return 0;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut total = top.blocks() * 512;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != top.dev() || (m.nlink() > 1 && !seen.insert(m.ino())) {
+                continue;
+            }
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
 fn fs_group(ctx: &PodContext) -> Option<u32> {
     ctx.spec
         .security_context

@@ -97,6 +97,8 @@ pub struct Worker {
     wake: Option<i64>,
     saved: Option<PodRecord>,
     last_refresh: i64,
+    /// When disk-backed emptyDir volumes were last measured against their sizeLimit.
+    last_usage_check: i64,
 }
 
 fn pod_key(l: &Loaded) -> (String, String) {
@@ -219,6 +221,7 @@ impl Worker {
             wake: None,
             saved: None,
             last_refresh: 0,
+            last_usage_check: 0,
         }
     }
 
@@ -304,10 +307,30 @@ impl Worker {
     async fn sync(&mut self) {
         self.wake = None;
         if matches!(self.rec.phase, Phase::Succeeded | Phase::Failed) {
+            // A pod killed for good (deadline, eviction) still has its last exits to record.
+            if self.rec.all().any(|c| c.state.is_running()) {
+                self.observe().await;
+            }
+            return;
+        }
+        // activeDeadlineSeconds counts from when the node took the pod, init containers included.
+        if let Some(limit) = self.spec().active_deadline_seconds
+            && now() >= self.rec.created_at + limit
+        {
+            self.deadline_exceeded().await;
             return;
         }
         if !self.ensure_volumes() {
             return;
+        }
+        // As kubelet's eviction manager: a disk-backed emptyDir past its sizeLimit evicts the pod
+        // (measured every 10 s, since walking a volume is not free).
+        if now() - self.last_usage_check >= 10 {
+            self.last_usage_check = now();
+            if let Some(message) = volumes::over_limit(&self.spec(), &self.pod_dir()) {
+                self.evict(message).await;
+                return;
+            }
         }
         if !self.ensure_sandbox().await {
             return;
@@ -1487,6 +1510,27 @@ impl Worker {
         self.save();
     }
 
+    /// The pod outlived `activeDeadlineSeconds`: it is killed, whatever it was doing, and fails.
+    async fn deadline_exceeded(&mut self) {
+        const MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+        self.rec.event("Warning", "DeadlineExceeded", "", MESSAGE);
+        self.terminate("Killing").await;
+        self.rec.phase = Phase::Failed;
+        self.rec.reason = "DeadlineExceeded".into();
+        self.rec.message = MESSAGE.into();
+        self.save();
+    }
+
+    /// The pod used more than it may of the node: it is killed and fails, as kubelet evicts.
+    async fn evict(&mut self, message: String) {
+        self.rec.event("Warning", "Evicted", "", message.clone());
+        self.terminate("Killing").await;
+        self.rec.phase = Phase::Failed;
+        self.rec.reason = "Evicted".into();
+        self.rec.message = message;
+        self.save();
+    }
+
     /// Removes the pod's sandbox, containers and files.
     async fn cleanup(&mut self) {
         self.stop_all_probes();
@@ -1507,7 +1551,12 @@ impl Worker {
     fn update_phase(&mut self) {
         let policy = self.restart_policy();
         let r = &mut self.rec;
-        if r.phase == Phase::Failed && r.reason == "Init:Error" {
+        if r.phase == Phase::Failed
+            && matches!(
+                r.reason.as_str(),
+                "Init:Error" | "DeadlineExceeded" | "Evicted"
+            )
+        {
             r.set_condition("Ready", false);
             r.set_condition("ContainersReady", false);
             return;
