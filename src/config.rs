@@ -95,6 +95,9 @@ pub struct Runtime {
     /// Named runtime handlers (RuntimeClass handlers) besides the default, empty one:
     /// `[runtime.handlers.NAME]`.
     pub handlers: std::collections::BTreeMap<String, Handler>,
+    /// A pause image (e.g. `registry.k8s.io/pause:3.10`) for pods' namespace holders instead of
+    /// crius's built-in pause. Pulled on first use with the node's credentials; reported pinned.
+    pub sandbox_image: Option<String>,
 }
 
 /// A runtime handler. It has no settings yet: every handler runs on crius's own runtime.
@@ -191,6 +194,11 @@ impl Config {
         }
         if cfg.registry.max_concurrent_downloads == 0 {
             return Err("registry.max_concurrent_downloads must be at least 1".to_string());
+        }
+        if let Some(image) = &cfg.runtime.sandbox_image
+            && let Err(e) = crate::image::reference::Reference::parse(image)
+        {
+            return Err(format!("runtime.sandbox_image: {e}"));
         }
         Ok(cfg)
     }

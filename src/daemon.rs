@@ -122,6 +122,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             images,
             sandboxes,
             containers,
+            pause_image: cfg.runtime.sandbox_image.clone(),
         },
         async {
             let _ = stop_rx.await;

@@ -1420,3 +1420,168 @@ async fn limits_without_cgroup_v2_are_refused_unless_allowed() {
     env.run(&pod, &sb, limited(&env, "c")).await;
     env.remove_pod(&pod).await;
 }
+
+fn proc_status_field(pid: i64, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+async fn pause_pid(env: &PodEnv, pod: &str) -> i64 {
+    let st = env
+        .d
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.into(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    info["pid"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn configured_pause_image_holds_the_pods_namespaces() {
+    let reg = Registry::start(None);
+    let busybox = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+    reg.push_image("busybox", "test", &busybox).await.unwrap();
+    // Shaped like registry.k8s.io/pause: a non-root user, and a command that sleeps, reaps and
+    // leaves on SIGTERM.
+    const PAUSE_CMD: &str = "trap 'exit 0' TERM; while :; do sleep 1; done";
+    let pause = image(
+        vec![busybox_layer(Compress::Gzip)],
+        &ImageOpts {
+            entrypoint: &["sh", "-c", PAUSE_CMD],
+            cmd: &[],
+            user: "65535:65535",
+            ..Default::default()
+        },
+    );
+    reg.push_image("pause", "3.10", &pause).await.unwrap();
+    let host = reg.host();
+    let pause_ref = format!("{host}/pause:3.10");
+    // Not pulled beforehand: the first pod pulls it.
+    let d = Daemon::start(&format!("[runtime]\nsandbox_image = \"{pause_ref}\"\n"));
+    let env = PodEnv {
+        image: format!("{host}/busybox:test"),
+        reg,
+        d,
+        logs: tempfile::tempdir().unwrap(),
+    };
+    env.d.pull(&env.image).await.unwrap();
+
+    // A pod with its own PID namespace per container: the holder is the image's process, as the
+    // image's user, with no capabilities, in the image's root.
+    let sb = env.sandbox_config("imaged");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let pid = pause_pid(&env, &pod).await;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains(PAUSE_CMD),
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    assert!(proc_status_field(pid, "Uid").starts_with("65535\t"));
+    assert!(proc_status_field(pid, "Gid").starts_with("65535\t"));
+    assert_eq!(proc_status_field(pid, "CapEff"), "0000000000000000");
+    assert_eq!(proc_status_field(pid, "CapBnd"), "0000000000000000");
+    assert_eq!(proc_status_field(pid, "NoNewPrivs"), "1");
+    assert!(Path::new(&format!("/proc/{pid}/root/bin/busybox")).exists());
+    // Its containers are in the namespaces it holds.
+    let c = env
+        .run(&pod, &sb, env.container_config("app", &["hostname"]))
+        .await;
+    env.wait_exit(&c, Duration::from_secs(20)).await;
+    assert_eq!(log_lines(&env.log(&sb, "app"), "stdout"), vec!["imaged"]);
+    // The image is pinned, so kubelet's image GC keeps it; others are not.
+    let images = env.d.list_images().await;
+    let pinned: Vec<bool> = ["pause:3.10", "busybox:test"]
+        .iter()
+        .map(|t| {
+            images
+                .iter()
+                .find(|i| i.repo_tags.iter().any(|r| r.ends_with(t)))
+                .unwrap()
+                .pinned
+        })
+        .collect();
+    assert_eq!(pinned, vec![true, false]);
+
+    // A pod sharing one PID namespace: the image's process is its PID 1.
+    let mut shared = env.sandbox_config("shared-pid");
+    let pod_ns = cri::NamespaceOption {
+        pid: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    };
+    shared
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = Some(pod_ns.clone());
+    let pod2 = env.run_pod(&shared).await.unwrap();
+    let mut cfg = env.container_config("ps", &["cat", "/proc/1/cmdline"]);
+    cfg.linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options = Some(pod_ns);
+    let c2 = env.run(&pod2, &shared, cfg).await;
+    env.wait_exit(&c2, Duration::from_secs(20)).await;
+    let log = env.log(&shared, "ps");
+    assert!(log.contains("trap 'exit 0' TERM"), "{log}");
+
+    // Stop ends the image's process; remove leaves no mount behind.
+    for p in [&pod, &pod2] {
+        let pid = pause_pid(&env, p).await;
+        env.stop_pod(p).await;
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || {
+                proc_status_field(pid, "State").starts_with('Z')
+            }
+        );
+        env.remove_pod(p).await;
+    }
+    let (state, root) = (env.d.state.clone(), env.d.root.clone());
+    assert!(
+        mounts_under(&[&state, &root]).is_empty(),
+        "mounts left: {:?}",
+        mounts_under(&[&state, &root])
+    );
+
+    // A pause image that cannot be pulled fails the pod with the image named, leaving nothing.
+    let bad = Daemon::start(&format!("[runtime]\nsandbox_image = \"{host}/nope:1\"\n"));
+    let bad_env = PodEnv {
+        image: env.image.clone(),
+        reg: Registry::start(None),
+        d: bad,
+        logs: tempfile::tempdir().unwrap(),
+    };
+    let err = bad_env
+        .run_pod(&bad_env.sandbox_config("orphan"))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("nope"), "{err:?}");
+    let pods = bad_env
+        .d
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(pods.is_empty());
+    assert!(mounts_under(&[&bad_env.d.state, &bad_env.d.root]).is_empty());
+    assert!(list_names(&bad_env.d.state.join("sandboxes")).is_empty());
+}

@@ -313,6 +313,9 @@ impl ContainerService {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
         svc.recover()?;
+        for c in svc.inner.sandboxes.image_chains() {
+            svc.inner.images.hold(&c);
+        }
         Ok(svc)
     }
 
@@ -1438,7 +1441,71 @@ impl ContainerService {
         for c in self.in_sandbox(&id).await {
             self.remove(&c).await?;
         }
-        Ok(self.inner.sandboxes.remove(&id).await?)
+        let chain = self
+            .inner
+            .sandboxes
+            .get(&id)
+            .await
+            .ok()
+            .and_then(|r| r.image_chain);
+        self.inner.sandboxes.remove(&id).await?;
+        if let Some(c) = &chain {
+            self.inner.images.release(c);
+        }
+        Ok(())
+    }
+
+    /// Runs a pod sandbox: on crius's built-in pause, or on the operator's pause image when one
+    /// is configured (pulled when absent, with the node's credentials, and held while the pod
+    /// lives so it is not collected from under it).
+    pub async fn run_sandbox(
+        &self,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        pause_image: Option<&str>,
+    ) -> Result<String, Error> {
+        let Some(reference) = pause_image else {
+            return Ok(self.inner.sandboxes.run(config, handler, None).await?);
+        };
+        let image = match self.inner.images.lookup(reference)? {
+            Some(i) => i,
+            None => self.inner.images.pull(reference, None).await?,
+        };
+        let rc = &image.config.config;
+        let mut args = rc.entrypoint.clone().unwrap_or_default();
+        args.extend(rc.cmd.clone().unwrap_or_default());
+        let chain = image.top_chain().cloned();
+        if let Some(c) = &chain {
+            self.inner.images.hold(c);
+        }
+        let lowerdirs = match &chain {
+            Some(c) => self.inner.images.lowerdirs(c),
+            None => Ok(Vec::new()),
+        };
+        let result = match lowerdirs {
+            Err(e) => Err(e.into()),
+            Ok(lowerdirs) => {
+                let sandbox_image = sandbox::SandboxImage {
+                    chain: chain.clone(),
+                    lowerdirs,
+                    args,
+                    env: rc.env.clone().unwrap_or_default(),
+                    user: rc.user.clone(),
+                    cwd: rc.working_dir.clone(),
+                };
+                self.inner
+                    .sandboxes
+                    .run(config, handler, Some(sandbox_image))
+                    .await
+                    .map_err(Error::from)
+            }
+        };
+        if result.is_err()
+            && let Some(c) = &chain
+        {
+            self.inner.images.release(c);
+        }
+        result
     }
 
     fn to_cri(r: &Record) -> cri::Container {

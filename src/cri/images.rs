@@ -12,11 +12,23 @@ use crate::image::{Credentials, Image, ImageService};
 
 pub struct Images {
     svc: ImageService,
+    /// The configured pause image: reported pinned, so kubelet's image GC leaves it alone.
+    pause_image: Option<String>,
 }
 
 impl Images {
-    pub fn new(svc: ImageService) -> Images {
-        Images { svc }
+    pub fn new(svc: ImageService, pause_image: Option<String>) -> Images {
+        Images { svc, pause_image }
+    }
+
+    fn to_cri(&self, img: &Image) -> cri::Image {
+        let mut out = to_cri(img);
+        out.pinned = self
+            .pause_image
+            .as_deref()
+            .and_then(|r| self.svc.lookup(r).ok().flatten())
+            .is_some_and(|p| p.record.id == img.record.id);
+        out
     }
 }
 
@@ -75,7 +87,7 @@ impl CriImageService for Images {
                 None => self.svc.list(),
             };
             Ok(cri::ListImagesResponse {
-                images: images.iter().map(|i| to_cri(i)).collect(),
+                images: images.iter().map(|i| self.to_cri(i)).collect(),
             })
         })
         .await
@@ -113,7 +125,7 @@ impl CriImageService for Images {
                 info.insert("info".to_string(), v.to_string());
             }
             Ok(cri::ImageStatusResponse {
-                image: Some(to_cri(&img)),
+                image: Some(self.to_cri(&img)),
                 info,
             })
         })

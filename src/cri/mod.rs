@@ -37,6 +37,8 @@ pub struct Services {
     pub images: ImageService,
     pub sandboxes: SandboxService,
     pub containers: ContainerService,
+    /// The operator's pause image; none runs pods on the built-in pause.
+    pub pause_image: Option<String>,
 }
 
 /// Serves every service on `listener` until `shutdown` resolves.
@@ -48,12 +50,16 @@ pub async fn serve(
     let runtime = RuntimeServiceServer::new(runtime::Runtime::new(
         services.sandboxes,
         services.containers,
+        services.pause_image.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_SIZE)
     .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let images = ImageServiceServer::new(images::Images::new(services.images.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let images = ImageServiceServer::new(images::Images::new(
+        services.images.clone(),
+        services.pause_image,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+    .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let pulls = proto::pulls_server::PullsServer::new(pulls::Pulls::new(services.images));
     tonic::transport::Server::builder()
         .add_service(runtime)

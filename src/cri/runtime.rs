@@ -21,13 +21,20 @@ pub struct Runtime {
     containers: ContainerService,
     /// The pod CIDR kubelet last gave (there is no pod network yet to use it).
     pod_cidr: std::sync::Mutex<String>,
+    /// The operator's pause image, if pods run on one rather than the built-in pause.
+    pause_image: Option<String>,
 }
 
 impl Runtime {
-    pub fn new(sandboxes: SandboxService, containers: ContainerService) -> Runtime {
+    pub fn new(
+        sandboxes: SandboxService,
+        containers: ContainerService,
+        pause_image: Option<String>,
+    ) -> Runtime {
         Runtime {
             sandboxes,
             containers,
+            pause_image,
             pod_cidr: std::sync::Mutex::new(String::new()),
         }
     }
@@ -75,7 +82,10 @@ impl RuntimeService for Runtime {
         rpc("RunPodSandbox", async {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
-            let id = self.sandboxes.run(config, &req.runtime_handler).await?;
+            let id = self
+                .containers
+                .run_sandbox(config, &req.runtime_handler, self.pause_image.as_deref())
+                .await?;
             Ok(cri::RunPodSandboxResponse { pod_sandbox_id: id })
         })
         .await

@@ -137,6 +137,23 @@ pub struct PauseConfig {
     pub uid_map: Vec<IdMapping>,
     #[serde(default)]
     pub gid_map: Vec<IdMapping>,
+    /// A configured pause image: once the namespaces are made, the pod's holder moves into its
+    /// root filesystem and execs its command instead of sleeping itself.
+    #[serde(default)]
+    pub image: Option<PauseImage>,
+}
+
+/// The root filesystem and command of a configured pause image.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PauseImage {
+    /// The image's mounted root filesystem.
+    pub rootfs: PathBuf,
+    /// Entrypoint followed by command, as the image config gives them.
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub cwd: String,
 }
 
 /// The line `crius pause` writes when its namespaces are ready.

@@ -55,6 +55,9 @@ pub fn main(bundle: &Path) -> i32 {
             if let Ok(null) = std::fs::File::open("/dev/null") {
                 let _ = sys::dup_to(&null, 1, false);
             }
+            // Parsing the spec and starting the init touched far more than watching it needs;
+            // one of these runs per container, so keep only what the loop touches.
+            let _ = sys::shed_startup_pages();
             monitor.run()
         }
     }

@@ -2,7 +2,9 @@
 //! (network with loopback up, IPC, UTS with the pod's hostname, and PID when the pod shares one,
 //! in which case it forks and the child is the pod's PID 1), applies the pod's sysctls inside
 //! them, reports `Ready` with the holder's pid on stdout, then sleeps: reaping zombies when it is
-//! PID 1 and exiting on SIGTERM or SIGINT. No image, no registry.
+//! PID 1 and exiting on SIGTERM or SIGINT. No image, no registry. When the operator configured a
+//! pause image, the holder instead moves into the image's root filesystem (its own mount
+//! namespace, pivot_root), becomes the image's user without capabilities, and execs its command.
 
 use std::io::Write;
 
@@ -12,7 +14,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
-use super::{PauseConfig, PauseReport, ProcessId};
+use super::{PauseConfig, PauseImage, PauseReport, ProcessId};
 use crate::sys;
 
 pub fn main(config: &str) -> i32 {
@@ -36,13 +38,40 @@ pub fn main(config: &str) -> i32 {
         if let Err(e) = unshare(CloneFlags::CLONE_NEWPID) {
             return fail(format!("new pid namespace: {e}"));
         }
+        // The child says on this pipe why it could not become the image's process; end of file
+        // (its end closed by exec) means it did.
+        let (failed_r, failed_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok(p) => p,
+            Err(e) => return fail(format!("pipe: {e}")),
+        };
         match sys::fork() {
             Err(e) => fail(format!("fork: {e}")),
             Ok(ForkResult::Child) => {
-                // The pod's PID 1: its own loop, reaping orphans of every container.
-                sleep_until_stopped(&signals)
+                drop(failed_r);
+                match &cfg.image {
+                    // The pod's PID 1: its own loop, reaping orphans of every container.
+                    None => {
+                        drop(failed_w);
+                        sleep_until_stopped(&signals)
+                    }
+                    Some(image) => {
+                        let e = match enter_image(image) {
+                            Ok(command) => command.exec(),
+                            Err(e) => e,
+                        };
+                        let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
+                        sys::exit_now(127)
+                    }
+                }
             }
             Ok(ForkResult::Parent { child }) => {
+                drop(failed_w);
+                let mut why = String::new();
+                let _ = std::io::Read::read_to_string(&mut std::fs::File::from(failed_r), &mut why);
+                if !why.is_empty() {
+                    let _ = waitpid(child, None);
+                    return fail(why);
+                }
                 let Ok(id) = ProcessId::of(child.as_raw()) else {
                     return fail("pid 1 of the pod vanished".into());
                 };
@@ -52,12 +81,135 @@ pub fn main(config: &str) -> i32 {
             }
         }
     } else {
-        match ProcessId::of(std::process::id() as i32) {
-            Ok(id) => ready(id),
+        // Everything that can fail happens before the report; only exec itself comes after.
+        // Our identity is read first: the image's root has no /proc.
+        let id = match ProcessId::of(std::process::id() as i32) {
+            Ok(id) => id,
             Err(e) => return fail(format!("own identity: {e}")),
+        };
+        let command = match cfg.image.as_ref().map(enter_image).transpose() {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        ready(id);
+        match command {
+            Some(c) => {
+                let e = c.exec();
+                eprintln!("pause: {e}");
+                127
+            }
+            None => sleep_until_stopped(&signals),
         }
-        sleep_until_stopped(&signals)
     }
+}
+
+/// The pause image's command, ready to exec from inside its root.
+struct ImageCommand {
+    path: std::ffi::CString,
+    args: Vec<std::ffi::CString>,
+    env: Vec<std::ffi::CString>,
+    /// Opened before leaving the host's root: the image's process gets it as stdout, which
+    /// would otherwise be the daemon's pipe.
+    null: std::fs::File,
+}
+
+impl ImageCommand {
+    /// Replaces this process with the image's; returns why it could not.
+    fn exec(self) -> String {
+        if let Err(e) = sys::reset_signals() {
+            return format!("pause image: resetting signals: {e}");
+        }
+        if let Err(e) = sys::dup_to(&self.null, 1, false) {
+            return format!("pause image: stdout: {e}");
+        }
+        match nix::unistd::execve(&self.path, &self.args, &self.env) {
+            Err(e) => format!("pause image: exec {:?}: {e}", self.path),
+            Ok(never) => match never {},
+        }
+    }
+}
+
+/// Moves into the pause image's root filesystem in a mount namespace of our own, takes on the
+/// image's user with no capabilities left, and finds its command.
+fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    use std::ffi::CString;
+    let cstring = |s: &str| CString::new(s).map_err(|_| format!("pause image: NUL byte in {s:?}"));
+    let first = image
+        .args
+        .first()
+        .ok_or("pause image: the image has no entrypoint or command")?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("new mount namespace: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making mounts private: {e}"))?;
+    nix::unistd::chdir(&image.rootfs)
+        .map_err(|e| format!("pause image root {}: {e}", image.rootfs.display()))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the old root: {e}"))?;
+    let cwd = if image.cwd.is_empty() {
+        "/"
+    } else {
+        &image.cwd
+    };
+    nix::unistd::chdir(cwd).map_err(|e| format!("pause image working directory {cwd}: {e}"))?;
+    // The command as the image names it: a path, or a name looked up on the image's PATH.
+    let path = if first.contains('/') {
+        first.clone()
+    } else {
+        let search = image
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("PATH="))
+            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        search
+            .split(':')
+            .map(|d| format!("{d}/{first}"))
+            .find(|p| std::path::Path::new(p).is_file())
+            .ok_or_else(|| format!("pause image: {first}: not found on PATH {search}"))?
+    };
+    if !std::path::Path::new(&path).is_file() {
+        return Err(format!("pause image: {path}: no such file"));
+    }
+    // No capabilities: holding namespaces and reaping needs none.
+    let gid = nix::unistd::Gid::from_raw(image.gid);
+    let uid = nix::unistd::Uid::from_raw(image.uid);
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setgid {}: {e}", image.gid))?;
+    for cap in caps::all() {
+        caps::drop(None, caps::CapSet::Bounding, cap)
+            .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+    }
+    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setuid {}: {e}", image.uid))?;
+    for set in [
+        caps::CapSet::Ambient,
+        caps::CapSet::Inheritable,
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| format!("clearing capabilities: {e}"))?;
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    Ok(ImageCommand {
+        path: cstring(&path)?,
+        args: image
+            .args
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<_, _>>()?,
+        env: image
+            .env
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<_, _>>()?,
+        null,
+    })
 }
 
 fn signal_fd() -> Result<SignalFd, String> {
@@ -200,6 +352,8 @@ fn fail(message: String) -> i32 {
 }
 
 fn sleep_until_stopped(signals: &SignalFd) -> ! {
+    // One of these per pod, asleep for its lifetime: keep only what the loop touches.
+    let _ = sys::shed_startup_pages();
     loop {
         if let Ok(Some(info)) = signals.read_signal() {
             match Signal::try_from(info.ssi_signo as i32) {
@@ -220,6 +374,7 @@ fn reap_all() {
 }
 
 fn holder_loop(signals: &SignalFd, child: Pid) -> i32 {
+    let _ = sys::shed_startup_pages();
     loop {
         let Ok(Some(info)) = signals.read_signal() else {
             continue;

@@ -19,8 +19,46 @@ use tokio::io::AsyncBufReadExt;
 pub mod security;
 
 use crate::atomic;
+use crate::content::Digest;
 use crate::runtime::cgroup::{self, Cgroup, Policy, Resources};
-use crate::runtime::{self, IdMapping, PauseConfig, PauseReport, ProcessId};
+use crate::runtime::{self, IdMapping, PauseConfig, PauseImage, PauseReport, ProcessId};
+
+/// A configured pause image, resolved and unpacked by the caller: its layers and its command.
+#[derive(Debug, Clone)]
+pub struct SandboxImage {
+    /// The image's top snapshot, held while a pod runs on it.
+    pub chain: Option<Digest>,
+    /// Overlay lower directories, topmost first.
+    pub lowerdirs: Vec<PathBuf>,
+    /// Entrypoint followed by command.
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    /// The image config's `User`: numeric `uid[:gid]`, or empty for root.
+    pub user: String,
+    pub cwd: String,
+}
+
+impl SandboxImage {
+    fn ids(&self) -> Result<(u32, u32), Error> {
+        let bad = || Error::Pause {
+            message: format!(
+                "the pause image's user {:?} is not numeric (uid or uid:gid)",
+                self.user
+            ),
+        };
+        if self.user.is_empty() {
+            return Ok((0, 0));
+        }
+        let (u, g) = self.user.split_once(':').unwrap_or((&self.user, ""));
+        let uid: u32 = u.parse().map_err(|_| bad())?;
+        let gid: u32 = if g.is_empty() {
+            uid
+        } else {
+            g.parse().map_err(|_| bad())?
+        };
+        Ok((uid, gid))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -94,6 +132,9 @@ pub struct Record {
     /// The pod's user namespace maps, when it has its own.
     #[serde(default)]
     pub userns: Option<UserNs>,
+    /// The configured pause image's top snapshot, when the pod runs one.
+    #[serde(default)]
+    pub image_chain: Option<Digest>,
 }
 
 /// A pod's user namespace: one range each for user and group IDs, container ID 0 first.
@@ -358,7 +399,15 @@ impl SandboxService {
         &self.inner.handlers
     }
 
-    /// How this node enforces limits.
+    /// The pause-image snapshots of the sandboxes read back at start (nothing else holds their
+    /// locks yet), for the image store to keep.
+    pub fn image_chains(&self) -> Vec<Digest> {
+        self.map_read()
+            .values()
+            .filter_map(|e| e.try_lock().ok().and_then(|r| r.image_chain.clone()))
+            .collect()
+    }
+
     /// Every sandbox record.
     pub async fn records(&self) -> Vec<Record> {
         let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
@@ -370,6 +419,7 @@ impl SandboxService {
         out
     }
 
+    /// How this node enforces limits.
     pub fn cgroups(&self) -> &Policy {
         &self.inner.cgroups
     }
@@ -437,7 +487,12 @@ impl SandboxService {
         security::check_selinux(sc.selinux_options.as_ref(), FIELD)
     }
 
-    pub async fn run(&self, config: cri::PodSandboxConfig, handler: &str) -> Result<String, Error> {
+    pub async fn run(
+        &self,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        image: Option<SandboxImage>,
+    ) -> Result<String, Error> {
         let meta = config
             .metadata
             .as_ref()
@@ -530,7 +585,7 @@ impl SandboxService {
         let paths = self.paths(&id);
         let result = self
             .create(
-                &id, &paths, config, handler, network, pid, ipc, sysctls, userns,
+                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image,
             )
             .await;
         match result {
@@ -560,6 +615,7 @@ impl SandboxService {
         ipc: i32,
         sysctls: Vec<(String, String)>,
         userns: Option<UserNs>,
+        image: Option<SandboxImage>,
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
         let host_net = network == NS_NODE;
@@ -602,8 +658,13 @@ impl SandboxService {
             .map_err(|e| io_err(&shm)(e.into()))?;
         }
 
+        let pause_image = match &image {
+            None => None,
+            Some(img) => Some(mount_pause_image(paths, img)?),
+        };
         let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config)?;
         let pause_cfg = PauseConfig {
+            image: pause_image,
             cgroup: pause_cgroup.as_ref().map(|c| c.path.clone()),
             new_net: !host_net,
             new_ipc: ipc != NS_NODE,
@@ -657,6 +718,7 @@ impl SandboxService {
             owns_cgroup,
             pause_cgroup,
             userns,
+            image_chain: image.and_then(|i| i.chain),
         };
         if let Err(e) = atomic::write_json(&paths.state(), &record) {
             let _ = pause.signal(libc::SIGKILL);
@@ -980,6 +1042,49 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
     }
 }
 
+/// Mounts the pause image's root filesystem (its layers under a writable layer of the pod's own)
+/// at `rootfs` in the sandbox directory.
+fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, Error> {
+    let (uid, gid) = image.ids()?;
+    let rootfs = paths.dir.join("rootfs");
+    let (upper, work) = (paths.dir.join("layer/upper"), paths.dir.join("layer/work"));
+    for d in [&rootfs, &upper, &work] {
+        std::fs::create_dir_all(d).map_err(io_err(d))?;
+    }
+    let mut lowers = image.lowerdirs.clone();
+    if lowers.is_empty() {
+        let empty = paths.dir.join("layer/empty");
+        std::fs::create_dir_all(&empty).map_err(io_err(&empty))?;
+        lowers.push(empty);
+    }
+    let lower = lowers
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let opts = format!(
+        "lowerdir={lower},upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        &rootfs,
+        Some("overlay"),
+        MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
+        Some(opts.as_str()),
+    )
+    .map_err(|e| io_err(&rootfs)(io::Error::other(format!("mounting overlay: {e}"))))?;
+    Ok(PauseImage {
+        rootfs,
+        args: image.args.clone(),
+        env: image.env.clone(),
+        uid,
+        gid,
+        cwd: image.cwd.clone(),
+    })
+}
+
 /// Takes down the pause leaf and, when crius made it, the pod cgroup.
 fn remove_cgroups(r: &Record) {
     let mut all: Vec<&Cgroup> = r.pause_cgroup.iter().collect();
@@ -1097,9 +1202,8 @@ fn remove_files(paths: &Paths) {
     if shm.exists() {
         let _ = umount2(&shm, MntFlags::MNT_DETACH);
     }
-    if let Err(e) = std::fs::remove_dir_all(&paths.dir)
-        && e.kind() != io::ErrorKind::NotFound
-    {
+    // The pause image's rootfs, if any, is detached with whatever else is mounted below.
+    if let Err(e) = runtime::mounts::remove_tree(&paths.dir) {
         tracing::warn!(dir = %paths.dir.display(), error = %e, "removing sandbox directory");
     }
 }

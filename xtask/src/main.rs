@@ -205,6 +205,7 @@ fn main() -> Result<()> {
             eprintln!(
                 "               [--large-mb MB] [--concurrent N] [--idle-seconds S] [--out FILE]"
             );
+            eprintln!("               [--probed-pods N] [--probe-seconds S]");
             eprintln!("  ci           everything CI runs (the benchmark as a smoke run)");
             bail!("unknown task {task:?}")
         }

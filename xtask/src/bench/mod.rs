@@ -3,6 +3,7 @@
 //! goes first; the report gives median, p90 and spread per operation and runtime, and the ratio
 //! crius/containerd of the medians. Results are printed as a table and written as JSON.
 
+mod agent;
 mod images;
 mod peers;
 
@@ -25,6 +26,9 @@ pub struct Options {
     pub concurrent: usize,
     pub memory_pods: Vec<usize>,
     pub idle_seconds: u64,
+    /// Pods the agent keeps under TCP probes while its CPU is measured (0: skip).
+    pub probed_pods: usize,
+    pub probe_seconds: u64,
     pub out: PathBuf,
     pub crius_bin: PathBuf,
 }
@@ -38,6 +42,8 @@ impl Options {
             concurrent: 20,
             memory_pods: vec![20, 100],
             idle_seconds: 60,
+            probed_pods: 100,
+            probe_seconds: 30,
             out: PathBuf::from("target/bench/results.json"),
             crius_bin: PathBuf::from("target/dist/crius"),
         };
@@ -53,6 +59,8 @@ impl Options {
                 "--large-mb" => o.large_mb = val()?.parse()?,
                 "--concurrent" => o.concurrent = val()?.parse()?,
                 "--idle-seconds" => o.idle_seconds = val()?.parse()?,
+                "--probed-pods" => o.probed_pods = val()?.parse()?,
+                "--probe-seconds" => o.probe_seconds = val()?.parse()?,
                 "--out" => o.out = PathBuf::from(val()?),
                 "--crius" => o.crius_bin = PathBuf::from(val()?),
                 "--smoke" => {
@@ -62,6 +70,8 @@ impl Options {
                     o.concurrent = 5;
                     o.memory_pods = vec![5];
                     o.idle_seconds = 0;
+                    o.probed_pods = 3;
+                    o.probe_seconds = 3;
                 }
                 other => bail!("unknown bench option {other}"),
             }
@@ -593,6 +603,43 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             }
             rt.remove_all_pods().await?;
         }
+    }
+    if o.probed_pods > 0 {
+        let rt = &rts[0];
+        eprintln!(
+            "bench: the agent with {} probed pods on {}",
+            o.probed_pods,
+            rt.name()
+        );
+        let cost = agent::probe_cost(
+            &o.crius_bin,
+            &rt.peer.socket,
+            rt.peer.pid,
+            &tmp.join("agent"),
+            &busybox,
+            o.probed_pods,
+            o.probe_seconds,
+        )
+        .await?;
+        let what = format!("{} pods TCP-probed every 1 s", o.probed_pods);
+        res.add(
+            &format!("agent CPU, {what} (% of a core)"),
+            "%",
+            rt.name(),
+            cost.agent_pct,
+        );
+        res.add(
+            &format!("daemon CPU, {what} (% of a core)"),
+            "%",
+            rt.name(),
+            cost.daemon_pct,
+        );
+        res.add(
+            "agent CPU per probe (us)",
+            "us",
+            rt.name(),
+            cost.per_probe_us,
+        );
     }
     for rt in rts.iter_mut() {
         rt.peer.stop();
