@@ -348,12 +348,14 @@ fn run(args: Args) -> Result<()> {
                 Some(s) => crius::cri::client::socket_path(s),
                 None => cfg.socket.clone(),
             };
+            // Paths go to the runtime (log directories, volumes), which needs them absolute.
+            let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
             rt.block_on(crius::frontend::agent::run(
                 crius::frontend::agent::AgentConfig {
                     socket,
-                    manifests: manifests.unwrap_or(a.manifests),
-                    state: state.unwrap_or(a.state),
-                    log_root: log_dir.unwrap_or(a.log_dir),
+                    manifests: absolute(manifests.unwrap_or(a.manifests)),
+                    state: absolute(state.unwrap_or(a.state)),
+                    log_root: absolute(log_dir.unwrap_or(a.log_dir)),
                     swap_behavior,
                     seccomp_root: a.seccomp_root,
                 },

@@ -246,7 +246,7 @@ pub fn describe_pod(state: &Path, namespace: &str, name: &str) -> Result<()> {
             out.push(format!("    Restart Count:  {}", c.restart_count));
             for (kind, p) in &c.probes {
                 out.push(format!(
-                    "    {kind} probe:  {} {} ({} ago)",
+                    "    {kind} probe:  {} {} (for {})",
                     p.result,
                     p.message,
                     age(p.at, t)

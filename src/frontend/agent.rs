@@ -178,8 +178,15 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                         while poke_rx.try_recv().is_ok() {}
                     }
                 }
+                // Workers hear of a relist only when something changed (kubelet's PLEG events).
                 if let Some(s) = relist(&sh).await {
-                    relist_tx.send_replace(Arc::new(s));
+                    relist_tx.send_if_modified(|cur| {
+                        let changed = **cur != s;
+                        if changed {
+                            *cur = Arc::new(s);
+                        }
+                        changed
+                    });
                 }
             }
         });

@@ -99,27 +99,69 @@ pub async fn exec(
     }
 }
 
-/// A TCP socket made inside a network namespace: a short-lived thread enters it, makes the
-/// socket (which stays in that namespace for its life) and ends.
-fn socket_in(netns: PathBuf, v6: bool) -> std::io::Result<OwnedFd> {
-    std::thread::spawn(move || -> std::io::Result<OwnedFd> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
-        let ns = std::fs::File::open(&netns)?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
-        let family = if v6 {
-            AddressFamily::Inet6
-        } else {
-            AddressFamily::Inet
-        };
-        Ok(socket(
-            family,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            None,
-        )?)
+type SocketRequest = (
+    PathBuf,
+    bool,
+    tokio::sync::oneshot::Sender<std::io::Result<OwnedFd>>,
+);
+
+/// The thread that makes sockets inside network namespaces. One long-lived thread does it for
+/// every probe: it enters the namespace, makes the socket (which stays in that namespace for its
+/// life) and goes back to its own, so a probe costs two setns calls rather than a thread, and
+/// no namespace is kept alive by it.
+fn netns_sockets() -> &'static std::sync::mpsc::Sender<SocketRequest> {
+    static SENDER: std::sync::OnceLock<std::sync::mpsc::Sender<SocketRequest>> =
+        std::sync::OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SocketRequest>();
+        let spawned = std::thread::Builder::new()
+            .name("netns-sockets".into())
+            .spawn(move || {
+                let home = std::fs::File::open("/proc/thread-self/ns/net");
+                for (netns, v6, reply) in rx {
+                    let made = match &home {
+                        Ok(home) => socket_in(home, &netns, v6),
+                        Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                    };
+                    let _ = reply.send(made);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "starting the namespace socket thread");
+        }
+        tx
     })
-    .join()
-    .map_err(|_| std::io::Error::other("the namespace thread failed"))?
+}
+
+fn socket_in(home: &std::fs::File, netns: &std::path::Path, v6: bool) -> std::io::Result<OwnedFd> {
+    use nix::sched::{CloneFlags, setns};
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    let ns = std::fs::File::open(netns)?;
+    setns(&ns, CloneFlags::CLONE_NEWNET)?;
+    let family = if v6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let made = socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    );
+    // Back home before anything else, whatever happened.
+    setns(home, CloneFlags::CLONE_NEWNET)?;
+    Ok(made?)
+}
+
+/// A TCP socket made inside a network namespace.
+async fn socket_inside(netns: PathBuf, v6: bool) -> std::io::Result<OwnedFd> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    netns_sockets()
+        .send((netns, v6, tx))
+        .map_err(|_| std::io::Error::other("the namespace socket thread is gone"))?;
+    rx.await
+        .map_err(|_| std::io::Error::other("the namespace socket thread is gone"))?
 }
 
 async fn address(target: &Target, host: &str, port: u16) -> std::io::Result<SocketAddr> {
@@ -153,9 +195,7 @@ pub async fn connect(
         Some(ns) => {
             let ns = ns.clone();
             let v6 = addr.is_ipv6();
-            let fd = tokio::task::spawn_blocking(move || socket_in(ns, v6))
-                .await
-                .map_err(std::io::Error::other)??;
+            let fd = socket_inside(ns, v6).await?;
             TcpSocket::from_std_stream(std::net::TcpStream::from(fd))
         }
         None if addr.is_ipv6() => TcpSocket::new_v6()?,

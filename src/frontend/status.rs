@@ -73,6 +73,8 @@ pub struct ProbeState {
     /// The last result: "Success", "Failure" or "Unknown".
     pub result: String,
     pub message: String,
+    /// Since when the result (and message) has been this: a record that only changes when
+    /// something does is not rewritten on every probe.
     pub at: i64,
 }
 

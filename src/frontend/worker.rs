@@ -25,7 +25,7 @@ use super::status::{self, ContainerRecord, Phase, PodRecord, State, now};
 use super::volumes;
 
 /// What the runtime reported on its last relist.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub sandboxes: HashMap<String, cri::PodSandbox>,
     pub containers: HashMap<String, cri::Container>,
@@ -255,6 +255,10 @@ impl Worker {
         let mut relist = self.sh.relist.clone();
         let mut store = self.sh.store.clone();
         let mut pending: Option<Command> = None;
+        // A probe result that changes nothing needs no sync pass: with hundreds of probed pods
+        // those would be most of the agent's work. The timer still syncs at least every 2 s.
+        let mut sync_needed = true;
+        let mut next_sync = tokio::time::Instant::now();
         loop {
             match pending.take() {
                 Some(Command::Delete) => {
@@ -280,12 +284,16 @@ impl Worker {
                 }
                 None => {}
             }
-            self.sync().await;
+            if sync_needed || tokio::time::Instant::now() >= next_sync {
+                self.sync().await;
+                let sleep = match self.wake {
+                    Some(t) => Duration::from_secs((t - now()).clamp(0, 2) as u64),
+                    None => Duration::from_secs(2),
+                };
+                next_sync = tokio::time::Instant::now() + sleep;
+            }
             self.save();
-            let sleep = match self.wake {
-                Some(t) => Duration::from_secs((t - now()).clamp(0, 2) as u64),
-                None => Duration::from_secs(2),
-            };
+            sync_needed = true;
             tokio::select! {
                 r = relist.changed() => { if r.is_err() { return; } }
                 r = store.changed() => { if r.is_err() { return; } }
@@ -293,8 +301,8 @@ impl Worker {
                     Some(c) => pending = Some(c),
                     None => return,
                 },
-                Some(p) = self.probe_rx.recv() => self.on_probe(p).await,
-                _ = tokio::time::sleep(sleep) => {}
+                Some(p) = self.probe_rx.recv() => sync_needed = self.on_probe(p).await,
+                _ = tokio::time::sleep_until(next_sync) => {}
             }
         }
     }
@@ -1316,7 +1324,9 @@ impl Worker {
         }
     }
 
-    async fn on_probe(&mut self, p: ProbeReport) {
+    /// Records a probe result and acts on its verdict; says whether the pod needs a sync pass
+    /// (a container to start or restart).
+    async fn on_probe(&mut self, p: ProbeReport) -> bool {
         let spec = self.spec();
         let Some(c) = spec
             .containers
@@ -1325,34 +1335,42 @@ impl Worker {
             .find(|c| c.name == p.container)
             .cloned()
         else {
-            return;
+            return false;
         };
         let Some(rec) = self.rec.container(&p.container) else {
-            return;
+            return false;
         };
         if rec.id.as_deref() != Some(p.id.as_str()) {
-            return;
+            return false;
         }
-        rec.probes.insert(
-            p.kind.name().to_string(),
-            status::ProbeState {
-                result: match &p.outcome {
-                    Outcome::Success(_) => "Success",
-                    Outcome::Failure(_) => "Failure",
-                    Outcome::Unknown(_) => "Unknown",
-                }
-                .into(),
-                message: p.outcome.message().to_string(),
-                at: now(),
-            },
-        );
+        let result = match &p.outcome {
+            Outcome::Success(_) => "Success",
+            Outcome::Failure(_) => "Failure",
+            Outcome::Unknown(_) => "Unknown",
+        };
+        let message = p.outcome.message();
+        let same = rec
+            .probes
+            .get(p.kind.name())
+            .is_some_and(|s| s.result == result && s.message == message);
+        if !same {
+            rec.probes.insert(
+                p.kind.name().to_string(),
+                status::ProbeState {
+                    result: result.into(),
+                    message: message.to_string(),
+                    at: now(),
+                },
+            );
+        }
         if let Outcome::Failure(m) = &p.outcome {
             let msg = format!("{} probe failed: {m}", p.kind.name());
             self.rec.event("Warning", "Unhealthy", &p.container, msg);
         }
         let Some(verdict) = p.verdict else {
-            return;
+            return false;
         };
+        let mut acted = false;
         match (p.kind, verdict) {
             (ProbeKind::Startup, true) => {
                 if let Some(rec) = self.rec.container(&p.container) {
@@ -1362,6 +1380,7 @@ impl Worker {
                 self.stop_probes(&p.container);
                 self.spawn_probe(&c, &p.id, ProbeKind::Liveness);
                 self.spawn_probe(&c, &p.id, ProbeKind::Readiness);
+                acted = true;
             }
             (ProbeKind::Readiness, r) => {
                 if let Some(rec) = self.rec.container(&p.container) {
@@ -1391,11 +1410,13 @@ impl Worker {
                     .unwrap_or_else(|| self.grace());
                 self.save();
                 self.stop_container(&p.container, &p.id, grace).await;
+                acted = true;
             }
             (ProbeKind::Liveness, true) => {}
         }
         self.update_phase();
         self.save();
+        acted
     }
 
     async fn stop_container(&mut self, name: &str, id: &str, grace: i64) {

@@ -55,9 +55,6 @@ pub fn main(bundle: &Path) -> i32 {
             if let Ok(null) = std::fs::File::open("/dev/null") {
                 let _ = sys::dup_to(&null, 1, false);
             }
-            // Parsing the spec and starting the init touched far more than watching it needs;
-            // one of these runs per container, so keep only what the loop touches.
-            let _ = sys::shed_startup_pages();
             monitor.run()
         }
     }
@@ -341,6 +338,9 @@ impl Monitor {
         let mut status: Option<(i32, Option<i32>)> = None;
         let mut exited_at: Option<Instant> = None;
         let mut buf = vec![0u8; 64 << 10];
+        // When the memory touched by start-up or by exec'd commands is to be given back: at
+        // once before the first wait, then after 5 quiet seconds following a command.
+        let mut shed_at: Option<Instant> = Some(Instant::now());
         loop {
             if let Some(t) = exited_at
                 && (self.outputs.is_empty() || t.elapsed() >= DRAIN)
@@ -359,6 +359,21 @@ impl Monitor {
             if exited_at.is_some() {
                 // After the exit, only wait briefly for trailing output.
                 wait_ms = Some(wait_ms.map_or(100, |w| w.min(100)));
+            }
+            if let Some(at) = shed_at
+                && self.execs.is_empty()
+                && exited_at.is_none()
+            {
+                let left = at.saturating_duration_since(now);
+                if left.is_zero() {
+                    // Starting the init or a command touches far more than watching needs; one
+                    // of these runs per container, so keep only what the loop touches.
+                    let _ = sys::shed_startup_pages();
+                    shed_at = None;
+                } else {
+                    let ms = left.as_millis() as u64 + 1;
+                    wait_ms = Some(wait_ms.map_or(ms, |w| w.min(ms)));
+                }
             }
             let timeout = match wait_ms {
                 Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
@@ -425,6 +440,7 @@ impl Monitor {
             }
             if listen_ready {
                 self.accept_execs(exited_at.is_some());
+                shed_at = Some(Instant::now() + Duration::from_secs(5));
             }
             if sig_ready {
                 while let Ok(Some(info)) = self.signals.read_signal() {

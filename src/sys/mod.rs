@@ -518,8 +518,9 @@ pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
 
 /// Gives back the memory a long-lived helper touched only while starting: freed heap pages go
 /// back to the kernel, and the pages it mapped from its own executable and libraries (code and
-/// read-only data, which are never written) are unmapped from this process, to be faulted in one
-/// page at a time if they are needed again. Returns the bytes of mappings dropped.
+/// read-only data, which are never written) are unmapped from this process, to be faulted in
+/// again only if they are needed. Returns the bytes of mappings dropped. Call it just before
+/// blocking: every page touched after it counts again (code faults in whole page-cache folios).
 ///
 /// Only mappings that are backed by a file, not writable and hold no private (copied-on-write)
 /// page are touched: dropping their pages loses nothing, since they are re-read from the page
@@ -527,48 +528,57 @@ pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
 pub fn shed_startup_pages() -> io::Result<u64> {
     // SAFETY: malloc_trim only returns free heap memory to the kernel.
     unsafe { libc::malloc_trim(0) };
-    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
-    let mut dropped = 0u64;
-    let mut current: Option<(usize, usize, bool)> = None;
-    let mut flush = |m: Option<(usize, usize, bool)>| -> io::Result<()> {
-        if let Some((start, end, true)) = m {
-            // SAFETY: [start, end) is a whole mapping of this process, read from smaps just now:
-            // file-backed, private, not writable and with no anonymous page, so every page in it
-            // is an unmodified page-cache page. MADV_DONTNEED only unmaps them (a later access
-            // faults the same contents back in); MADV_RANDOM stops faults mapping in neighbours.
-            // Nothing can write them meanwhile: the mapping is read-only and we are single-threaded.
-            let len = end - start;
-            check(unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) })?;
-            // SAFETY: as above; advice only.
-            check(unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_RANDOM) })?;
-            dropped += len as u64;
+    // Collected on the stack, so that nothing is freed (and no allocator code faulted back in)
+    // once the pages are gone.
+    let mut ranges = [(0usize, 0usize); 16];
+    let mut count = 0;
+    {
+        let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+        let mut current: Option<(usize, usize, bool)> = None;
+        let mut keep = |m: Option<(usize, usize, bool)>| {
+            if let Some((start, end, true)) = m
+                && count < ranges.len()
+            {
+                ranges[count] = (start, end);
+                count += 1;
+            }
+        };
+        for line in smaps.lines() {
+            let mut fields = line.split_whitespace();
+            let first = fields.next().unwrap_or("");
+            if let Some((start, end)) = first.split_once('-')
+                && let (Ok(start), Ok(end)) = (
+                    usize::from_str_radix(start, 16),
+                    usize::from_str_radix(end, 16),
+                )
+            {
+                keep(current.take());
+                let perms = fields.next().unwrap_or("");
+                let path = fields.nth(3).unwrap_or("");
+                let eligible = path.starts_with('/')
+                    && perms.len() == 4
+                    && !perms.contains('w')
+                    && perms.ends_with('p');
+                current = Some((start, end, eligible));
+            } else if let Some(kb) = line.strip_prefix("Anonymous:")
+                && kb.trim().trim_end_matches("kB").trim() != "0"
+                && let Some(m) = current.as_mut()
+            {
+                m.2 = false;
+            }
         }
-        Ok(())
-    };
-    for line in smaps.lines() {
-        let mut fields = line.split_whitespace();
-        let first = fields.next().unwrap_or("");
-        if let Some((start, end)) = first.split_once('-')
-            && let (Ok(start), Ok(end)) = (
-                usize::from_str_radix(start, 16),
-                usize::from_str_radix(end, 16),
-            )
-        {
-            flush(current.take())?;
-            let perms = fields.next().unwrap_or("");
-            let path = fields.nth(3).unwrap_or("");
-            let eligible = path.starts_with('/')
-                && perms.len() == 4
-                && !perms.contains('w')
-                && perms.ends_with('p');
-            current = Some((start, end, eligible));
-        } else if let Some(kb) = line.strip_prefix("Anonymous:")
-            && kb.trim().trim_end_matches("kB").trim() != "0"
-            && let Some(m) = current.as_mut()
-        {
-            m.2 = false;
-        }
+        keep(current.take());
     }
-    flush(current.take())?;
+    let mut dropped = 0u64;
+    for &(start, end) in &ranges[..count] {
+        let len = end - start;
+        // SAFETY: [start, end) is a whole mapping of this process, read from smaps just now:
+        // file-backed, private, not writable and with no anonymous page, so every page in it is
+        // an unmodified page-cache page. MADV_DONTNEED only unmaps them (a later access faults
+        // the same contents back in). Nothing can write them meanwhile: the mapping is
+        // read-only and we are single-threaded.
+        check(unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) })?;
+        dropped += len as u64;
+    }
     Ok(dropped)
 }

@@ -147,7 +147,10 @@ fn dist() -> Result<std::path::PathBuf> {
     let built = std::path::PathBuf::from(format!("target/{triple}/release/crius"));
     let out = std::path::PathBuf::from("target/dist/crius");
     std::fs::create_dir_all("target/dist")?;
-    std::fs::copy(&built, &out).with_context(|| format!("copying {}", built.display()))?;
+    // Copied aside and renamed over, so a running crius (its monitors) keeps its own file.
+    let tmp = out.with_extension("new");
+    std::fs::copy(&built, &tmp).with_context(|| format!("copying {}", built.display()))?;
+    std::fs::rename(&tmp, &out).with_context(|| format!("replacing {}", out.display()))?;
     eprintln!("xtask: {} is ready", out.display());
     Ok(out)
 }
