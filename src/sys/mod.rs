@@ -582,3 +582,9 @@ pub fn shed_startup_pages() -> io::Result<u64> {
     }
     Ok(dropped)
 }
+
+/// Caps the number of glibc malloc arenas (threads share them beyond that).
+pub fn limit_malloc_arenas(arenas: i32) {
+    // SAFETY: mallopt only changes allocator tuning; M_ARENA_MAX takes any positive count.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas.max(1)) };
+}
