@@ -331,6 +331,9 @@ impl ImageService {
             &progress,
             result.as_ref().err().map(|e| e.to_string()),
         );
+        // A pull's buffers (layers in flight, decompressors) are freed by now; without this the
+        // daemon would keep them resident.
+        crate::sys::trim_heap();
         result
     }
 

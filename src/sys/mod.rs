@@ -526,8 +526,7 @@ pub fn own_received_fd(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
 /// page are touched: dropping their pages loses nothing, since they are re-read from the page
 /// cache. Call it while single-threaded.
 pub fn shed_startup_pages() -> io::Result<u64> {
-    // SAFETY: malloc_trim only returns free heap memory to the kernel.
-    unsafe { libc::malloc_trim(0) };
+    trim_heap();
     // Collected on the stack, so that nothing is freed (and no allocator code faulted back in)
     // once the pages are gone.
     let mut ranges = [(0usize, 0usize); 16];
@@ -581,6 +580,12 @@ pub fn shed_startup_pages() -> io::Result<u64> {
         dropped += len as u64;
     }
     Ok(dropped)
+}
+
+/// Returns free heap memory to the kernel (glibc keeps it otherwise).
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only releases free memory; nothing in use is touched.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// Caps the number of glibc malloc arenas (threads share them beyond that).

@@ -57,12 +57,14 @@ fn integration() -> Result<()> {
 /// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
 /// tier can check), the whole runtime suite again, now with every pod in real cgroups, and the
 /// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
-/// agent suite, the tests named `cgroup_v2` (QoS limits and swap). A filter picks tests by name.
-const VM_SUITES: [(&str, Option<&str>); 4] = [
-    ("cgroups", None),
-    ("pods", None),
-    ("security", None),
-    ("agent", Some("cgroup_v2")),
+/// agent suite, the tests named `cgroup_v2` (QoS limits and swap) and `volumes_env` (secrets on
+/// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
+/// the whole suite.
+const VM_SUITES: [(&str, &[&str]); 4] = [
+    ("cgroups", &[]),
+    ("pods", &[]),
+    ("security", &[]),
+    ("agent", &["cgroup_v2", "volumes_env"]),
 ];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
@@ -108,9 +110,7 @@ fn test_vm() -> Result<()> {
         cmd.args(["-t", "1500", "-r"])
             .arg(&workspace)
             .args(["--", &exe, "--test-threads=2"]);
-        if let Some(f) = filter {
-            cmd.arg(f);
-        }
+        cmd.args(filter);
         run(&mut cmd)?;
     }
     Ok(())
