@@ -249,9 +249,6 @@ fn socket_of(arg: &Option<String>) -> PathBuf {
 }
 
 fn run(args: Args) -> Result<()> {
-    // Before any thread exists: glibc would otherwise give each of tokio's blocking threads
-    // its own heap arena, which stay resident long after the burst that made them.
-    crius::sys::limit_malloc_arenas(2);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

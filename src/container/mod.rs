@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::mount::{MntFlags, MsFlags, umount2};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
@@ -802,16 +802,6 @@ impl ContainerService {
             std::os::unix::fs::chown(&upper, Some(u.uids.host_id), Some(u.gids.host_id))
                 .map_err(io_err(&upper))?;
         }
-        let lower = lowers
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(":");
-        let opts = format!(
-            "lowerdir={lower},upperdir={},workdir={}",
-            b.layer.join("upper").display(),
-            b.layer.join("work").display()
-        );
         let rootfs = b.rootfs();
         let privileged = config
             .linux
@@ -825,14 +815,7 @@ impl ContainerService {
         } else {
             MsFlags::MS_NODEV
         };
-        mount(
-            Some("overlay"),
-            &rootfs,
-            Some("overlay"),
-            flags,
-            Some(opts.as_str()),
-        )
-        .map_err(|e| io_err(&rootfs)(io::Error::other(format!("mounting overlay: {e}"))))?;
+        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags).map_err(io_err(&rootfs))?;
 
         let sc = config
             .linux

@@ -258,6 +258,7 @@ impl Store {
             existing,
             hasher: Sha256::new(),
             hashed: 0,
+            unflushed: 0,
         })
     }
 
@@ -307,7 +308,13 @@ pub struct Ingest {
     existing: u64,
     hasher: Sha256,
     hashed: u64,
+    /// Bytes appended whose write-back has not been started yet.
+    unflushed: u64,
 }
+
+/// Write-back of an ingest file starts every this many bytes, so the disk works while the
+/// rest downloads and the fsync at commit has little left to wait for.
+const WRITEBACK_CHUNK: u64 = 8 << 20;
 
 impl Ingest {
     /// Bytes of the blob already on disk from an earlier attempt.
@@ -339,7 +346,16 @@ impl Ingest {
     /// Appends newly downloaded bytes.
     pub fn append(&mut self, data: &[u8]) -> Result<(), Error> {
         self.account(data)?;
-        self.file.write_all(data).map_err(io_err(&self.path))
+        self.file.write_all(data).map_err(io_err(&self.path))?;
+        self.unflushed += data.len() as u64;
+        if self.unflushed >= WRITEBACK_CHUNK {
+            // The file holds every hashed byte (replayed ones first). Only a hint: commit's
+            // fsync is what makes the blob durable.
+            let start = self.hashed.saturating_sub(self.unflushed);
+            let _ = crate::sys::start_writeback(&self.file, start, self.unflushed);
+            self.unflushed = 0;
+        }
+        Ok(())
     }
 
     fn account(&mut self, data: &[u8]) -> Result<(), Error> {

@@ -173,6 +173,40 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Mounts an overlay of `lowers` (topmost first; none: an empty directory made in `layer`)
+/// under a writable `layer/upper` (with `layer/work`) at `target`: a container's or a pause
+/// image's root filesystem.
+pub fn overlay(target: &Path, lowers: &[PathBuf], layer: &Path, flags: MsFlags) -> io::Result<()> {
+    let (upper, work) = (layer.join("upper"), layer.join("work"));
+    for d in [target, upper.as_path(), work.as_path()] {
+        std::fs::create_dir_all(d)?;
+    }
+    let lower = if lowers.is_empty() {
+        let empty = layer.join("empty");
+        std::fs::create_dir_all(&empty)?;
+        empty.display().to_string()
+    } else {
+        lowers
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let opts = format!(
+        "lowerdir={lower},upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        flags,
+        Some(opts.as_str()),
+    )
+    .map_err(|e| io::Error::other(format!("mounting overlay: {e}")))
+}
+
 /// Removes a directory tree that may have had mounts in it: every mount below it is detached
 /// first, and if any is still there the tree is left alone, so a removal can never reach through
 /// a mount into what it shows (image layers behind an idmapped mount, a host volume).

@@ -1047,34 +1047,13 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
 fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, Error> {
     let (uid, gid) = image.ids()?;
     let rootfs = paths.dir.join("rootfs");
-    let (upper, work) = (paths.dir.join("layer/upper"), paths.dir.join("layer/work"));
-    for d in [&rootfs, &upper, &work] {
-        std::fs::create_dir_all(d).map_err(io_err(d))?;
-    }
-    let mut lowers = image.lowerdirs.clone();
-    if lowers.is_empty() {
-        let empty = paths.dir.join("layer/empty");
-        std::fs::create_dir_all(&empty).map_err(io_err(&empty))?;
-        lowers.push(empty);
-    }
-    let lower = lowers
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    let opts = format!(
-        "lowerdir={lower},upperdir={},workdir={}",
-        upper.display(),
-        work.display()
-    );
-    mount(
-        Some("overlay"),
+    runtime::mounts::overlay(
         &rootfs,
-        Some("overlay"),
+        &image.lowerdirs,
+        &paths.dir.join("layer"),
         MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
-        Some(opts.as_str()),
     )
-    .map_err(|e| io_err(&rootfs)(io::Error::other(format!("mounting overlay: {e}"))))?;
+    .map_err(io_err(&rootfs))?;
     Ok(PauseImage {
         rootfs,
         args: image.args.clone(),

@@ -588,8 +588,22 @@ pub fn trim_heap() {
     unsafe { libc::malloc_trim(0) };
 }
 
-/// Caps the number of glibc malloc arenas (threads share them beyond that).
-pub fn limit_malloc_arenas(arenas: i32) {
-    // SAFETY: mallopt only changes allocator tuning; M_ARENA_MAX takes any positive count.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas.max(1)) };
+/// Starts writing back a file's dirty pages in `[offset, offset + len)` without waiting for it
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`); an fsync later has less to wait for.
+pub fn start_writeback<F: AsFd>(fd: F, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "range too large",
+        ));
+    };
+    // SAFETY: sync_file_range only schedules I/O for the borrowed, open descriptor.
+    check(unsafe {
+        libc::sync_file_range(
+            fd.as_fd().as_raw_fd(),
+            offset,
+            len,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    })
 }
