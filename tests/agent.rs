@@ -230,6 +230,42 @@ async fn active_deadline_and_emptydir_eviction_fail_pods() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn missing_secret_holds_the_pod_until_it_appears() {
+    let env = PodEnv::start().await;
+    let a = Agent::start(&env.d);
+    a.put(
+        "waiting.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: waiting}}\nspec:\n  terminationGracePeriodSeconds: 1\n  volumes:\n  - {{name: s, secret: {{secretName: later}}}}\n  - {{name: o, secret: {{secretName: never, optional: true}}}}\n  containers:\n  - {{name: main, image: {}, command: [sh, -c, 'cat /s/key; echo; ls /o | wc -l; exec sleep 100000'], volumeMounts: [{{name: s, mountPath: /s}}, {{name: o, mountPath: /o}}]}}\n",
+            env.image
+        ),
+    );
+    // A missing Secret that is not optional: FailedMount, and nothing starts.
+    let r = a.wait("waiting", "FailedMount", 30, |r| {
+        r.events.iter().any(|e| e.reason == "FailedMount")
+    });
+    assert_eq!(r.phase, Phase::Pending);
+    assert!(r.sandbox.is_none(), "{r:?}");
+    assert!(container(&r, "main").id.is_none(), "{r:?}");
+    // It arrives: the pod runs, the optional one missing for good is an empty volume.
+    a.put(
+        "later.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: later}\nstringData: {key: hello}\n",
+    );
+    let r = a.wait("waiting", "Running", 30, |r| r.phase == Phase::Running);
+    let start = Instant::now();
+    while a.log(&r, "main", 0).len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(a.log(&r, "main", 0), vec!["hello", "0"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn restart_policies_statuses_and_events() {
     let env = PodEnv::start().await;
     let a = Agent::start(&env.d);

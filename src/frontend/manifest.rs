@@ -985,6 +985,11 @@ fn validate_container(
                 "must equal containerPort with hostNetwork",
             );
         }
+        if p.host_port.is_some_and(|h| h != 0) && !host_network {
+            c.warnings.push(format!(
+                "{pf}.hostPort: ignored: without a CNI network a pod has only its loopback, so no host port is mapped"
+            ));
+        }
     }
     for (i, e) in ctr.env.iter().flatten().enumerate() {
         let ef = format!("{f}.env[{i}]");
@@ -1032,6 +1037,11 @@ fn validate_container(
                             || name.starts_with("hugepages-");
                         if !known {
                             c.err(&rf, "unknown resource (cpu, memory, ephemeral-storage, hugepages-<size>)");
+                        }
+                        if name == "ephemeral-storage" {
+                            c.warnings.push(format!(
+                                "{rf}: ignored: container storage is not limited (emptyDir sizeLimit is)"
+                            ));
                         }
                         if name == "cpu" {
                             cpu_mem.insert((which, "cpu"), v.milli());
@@ -1336,6 +1346,21 @@ stringData: {password: hunter2}
         assert_eq!(limits["cpu"].0, "1");
         assert_eq!(objs[0].warnings.len(), 1, "{:?}", objs[0].warnings);
         assert!(objs[0].warnings[0].contains("spec.nodeSelector"));
+        // What crius cannot honour is named too.
+        let odd = POD
+            .replace("memory: 64Mi}", "memory: 64Mi, ephemeral-storage: 1Gi}")
+            .replace("containerPort: 80}", "containerPort: 80, hostPort: 8080}");
+        let objs = load(&odd).unwrap();
+        let w = &objs[0].warnings;
+        assert!(
+            w.iter()
+                .any(|x| x.contains("resources.limits.ephemeral-storage: ignored")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().any(|x| x.contains("ports[0].hostPort: ignored")),
+            "{w:?}"
+        );
         assert_eq!(objs[1].line, 24, "the --- line");
         assert!(matches!(objs[1].object, Object::Secret(_)));
     }
