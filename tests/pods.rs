@@ -1542,8 +1542,47 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
     let log = env.log(&shared, "ps");
     assert!(log.contains("trap 'exit 0' TERM"), "{log}");
 
+    // A pod with its own user namespace (crius picks the IDs): the image's process runs as the
+    // image's user inside it, which is no user of the host's.
+    let mut userns = env.sandbox_config("userns");
+    userns
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap()
+        .userns_options = Some(cri::UserNamespace {
+        mode: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    });
+    let pod3 = env.run_pod(&userns).await.unwrap();
+    let pid3 = pause_pid(&env, &pod3).await;
+    let uid_map = std::fs::read_to_string(format!("/proc/{pid3}/uid_map")).unwrap();
+    let first: Vec<u64> = uid_map
+        .split_whitespace()
+        .take(3)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(first[0], 0, "{uid_map}");
+    assert!(first[1] > 0 && first[2] == 65536, "{uid_map}");
+    let host_uid: u64 = proc_status_field(pid3, "Uid")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(host_uid, first[1] + 65535, "the image's uid 65535, mapped");
+    assert!(
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid3}/cmdline")).unwrap())
+            .contains(PAUSE_CMD)
+    );
+
     // Stop ends the image's process; remove leaves no mount behind.
-    for p in [&pod, &pod2] {
+    for p in [&pod, &pod2, &pod3] {
         let pid = pause_pid(&env, p).await;
         env.stop_pod(p).await;
         assert!(

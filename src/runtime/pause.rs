@@ -149,6 +149,16 @@ fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
         None::<&str>,
     )
     .map_err(|e| format!("making mounts private: {e}"))?;
+    // A bind of the root onto itself is a mount of this namespace's own: in a pod's user
+    // namespace the copied ones are locked to their parents, and pivot_root refuses those.
+    mount(
+        Some(&image.rootfs),
+        &image.rootfs,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("binding the pause image root: {e}"))?;
     nix::unistd::chdir(&image.rootfs)
         .map_err(|e| format!("pause image root {}: {e}", image.rootfs.display()))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
