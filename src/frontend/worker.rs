@@ -590,6 +590,16 @@ impl Worker {
 
     /// Brings the container records up to date with the runtime.
     async fn observe(&mut self) {
+        self.observe_with(false).await
+    }
+
+    /// After stopping containers: the last relist predates their exits, so every container
+    /// recorded as running is asked about directly.
+    async fn observe_stopped(&mut self) {
+        self.observe_with(true).await
+    }
+
+    async fn observe_with(&mut self, ask_running: bool) {
         let snapshot = self.sh.relist.borrow().clone();
         let names: Vec<String> = self.rec.all().map(|c| c.name.clone()).collect();
         for name in names {
@@ -604,7 +614,7 @@ impl Worker {
             }
             let seen = snapshot.containers.get(&id).map(|c| c.state);
             let exited = seen == Some(cri::ContainerState::ContainerExited as i32)
-                || (seen.is_none() && rec.state.is_running());
+                || ((seen.is_none() || ask_running) && rec.state.is_running());
             if !exited || matches!(rec.state, State::Terminated { .. }) {
                 continue;
             }
@@ -1442,7 +1452,7 @@ impl Worker {
         for (name, id) in running {
             self.stop_container(&name, &id, grace).await;
         }
-        self.observe().await;
+        self.observe_stopped().await;
     }
 
     /// Stops the pod: preStop hooks and stop signals within the grace period, app containers
@@ -1508,7 +1518,7 @@ impl Worker {
             }
         }
         let _ = self.sh.poke.send(());
-        self.observe().await;
+        self.observe_stopped().await;
         if let Some(id) = &self.rec.sandbox {
             let _ = self
                 .sh
