@@ -2,7 +2,8 @@
 # Installs the VM test tier's parts on Debian 12: qemu and a 6.12 kernel from bookworm-backports
 # (6.12 has tmpfs noswap; the backports qemu also avoids a clash with backports qemu-utils),
 # busybox-static for the initramfs, the tools that unpack kernel modules, and apparmor_parser
-# (the VM kernel runs AppArmor, so the AppArmor tests run there).
+# (the VM kernel runs AppArmor, so the AppArmor tests run there), and systemd with the D-Bus
+# system bus (a second VM boots them for the systemd cgroup driver test).
 set -euo pipefail
 list=/etc/apt/sources.list.d/bookworm-backports.list
 if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
@@ -11,7 +12,7 @@ fi
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 ls /boot/vmlinuz-6.12* >/dev/null 2>&1 || need+=(linux-image-6.12-amd64)
-for p in busybox-static cpio xz-utils zstd kmod apparmor; do
+for p in busybox-static cpio xz-utils zstd kmod apparmor systemd dbus; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -69,8 +69,10 @@ impl Default for Agent {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Cgroup {
-    /// `cgroupfs` (crius writes the unified hierarchy itself) or `systemd` (slice names from
-    /// kubelet's systemd driver are expanded to their paths; crius still writes the files).
+    /// `cgroupfs` (crius writes the unified hierarchy itself) or `systemd` (as runc's systemd
+    /// driver: pods and containers get transient systemd units, scopes in kubelet's pod slices
+    /// or slices of crius's own, with their limits as unit properties; crius writes the files
+    /// too). Must match kubelet's `cgroupDriver`.
     pub driver: String,
     /// Where pods go when kubelet names no cgroup parent: `/sys/fs/cgroup/<parent>/<pod id>`.
     pub parent: String,
@@ -184,6 +186,15 @@ impl Config {
             return Err(format!(
                 "cgroup.driver {:?} must be \"cgroupfs\" or \"systemd\"",
                 cfg.cgroup.driver
+            ));
+        }
+        if cfg.cgroup.driver == "systemd"
+            && !crate::runtime::cgroup::expand_slice(&format!("{}.slice", cfg.cgroup.parent))
+                .is_ok_and(|p| !p.is_empty())
+        {
+            return Err(format!(
+                "cgroup.parent {:?} must name a slice (letters, digits, single dashes inside) with the systemd driver",
+                cfg.cgroup.parent
             ));
         }
         if cfg.cgroup.parent.is_empty() || cfg.cgroup.parent.split('/').any(|c| c == "..") {

@@ -33,6 +33,12 @@ pub enum Error {
     Containers(#[from] container::Error),
     #[error("serving CRI: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(
+        "cgroup.driver is \"systemd\" but systemd does not run this node ({marker} is missing): use \"cgroupfs\""
+    )]
+    NoSystemd { marker: &'static str },
+    #[error("cgroup.driver is \"systemd\": {0}")]
+    Systemd(#[from] crate::systemd::Error),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -101,6 +107,11 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             "cgroup v2 is not mounted at /sys/fs/cgroup: pods asking for resource limits are refused"
         ),
     }
+    if cfg.cgroup.driver == "systemd" && hierarchy.is_some() && !crate::systemd::Manager::booted() {
+        return Err(Error::NoSystemd {
+            marker: crate::systemd::BOOTED_MARKER,
+        });
+    }
     let policy = crate::runtime::cgroup::Policy {
         hierarchy,
         systemd: cfg.cgroup.driver == "systemd",
@@ -108,6 +119,9 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         allow_unenforced: cfg.cgroup.allow_unenforced,
     };
     let sandboxes = SandboxService::open(&cfg.state, handlers, policy)?;
+    if let Some(sd) = sandboxes.systemd() {
+        sd.connect().await?;
+    }
     let containers =
         ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
     containers.remove_orphan_cgroups().await;

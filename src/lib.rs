@@ -19,3 +19,4 @@ pub mod runtime;
 pub mod sandbox;
 pub mod snapshot;
 pub mod sys;
+pub mod systemd;

@@ -646,3 +646,193 @@ async fn device_controller_allows_only_the_containers_devices() {
     env.remove_pod(&pod).await;
     env.remove_pod(&ppod).await;
 }
+
+/// A unit property as `systemctl show -P` prints it.
+fn unit_property(unit: &str, property: &str) -> String {
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "-P", property, unit])
+        .output()
+        .expect("systemctl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The systemd cgroup driver: only where systemd is PID 1 (`cargo xtask test-vm` boots a second
+/// VM with systemd for this test).
+#[tokio::test]
+async fn systemd_driver_makes_transient_units() {
+    if !cgroup_v2() {
+        return;
+    }
+    if !Path::new("/run/systemd/system").is_dir() {
+        eprintln!(
+            "skipped: systemd is not PID 1 here; cargo xtask test-vm runs this test in a VM booted with systemd"
+        );
+        return;
+    }
+    let env = PodEnv::start_with("[cgroup]\ndriver = \"systemd\"\n").await;
+    let root = Path::new("/sys/fs/cgroup");
+    let parent = env.d.cgroup_parent.clone();
+
+    // A pod crius parents itself: a slice of its own below `<parent>.slice`, the pause process
+    // in a scope in it, each container in a scope of its own with its limits as properties.
+    let own = env.sandbox_config("own");
+    let pod = env.run_pod(&own).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &own,
+            with_resources(
+                &env,
+                "c",
+                LONG,
+                cri::LinuxContainerResources {
+                    memory_limit_in_bytes: 64 * MIB,
+                    cpu_period: 100_000,
+                    cpu_quota: 50_000,
+                    cpu_shares: 1024,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let pod_slice = format!("{parent}-{pod}.slice");
+    let scope = format!("crius-{c}.scope");
+    let pause_scope = format!("crius-{pod}.scope");
+    let cg = cgroup_of(&env, &c).await;
+    assert_eq!(
+        cg.file_name().unwrap().to_str().unwrap(),
+        scope,
+        "the container's cgroup is its scope's"
+    );
+    assert_eq!(
+        cg.parent().unwrap().file_name().unwrap().to_str().unwrap(),
+        pod_slice
+    );
+    assert_eq!(unit_property(&scope, "ActiveState"), "active");
+    assert_eq!(unit_property(&scope, "Slice"), pod_slice);
+    assert_eq!(unit_property(&scope, "Delegate"), "yes");
+    assert_eq!(
+        unit_property(&scope, "ControlGroup"),
+        format!("/{}", cg.strip_prefix(root).unwrap().display())
+    );
+    assert_eq!(unit_property(&scope, "MemoryMax"), (64 * MIB).to_string());
+    assert_eq!(unit_property(&scope, "CPUQuotaPerSecUSec"), "500ms");
+    assert_eq!(unit_property(&pause_scope, "ActiveState"), "active");
+    assert_eq!(unit_property(&pause_scope, "Slice"), pod_slice);
+    assert_eq!(unit_property(&pod_slice, "ActiveState"), "active");
+    let procs = read(&cg.join("cgroup.procs"));
+    assert!(!procs.is_empty(), "the container runs in its scope");
+    assert!(
+        !read(&cg.parent().unwrap().join(&pause_scope).join("cgroup.procs")).is_empty(),
+        "the pause process runs in its scope"
+    );
+    assert_eq!(read(&cg.join("memory.max")), (64 * MIB).to_string());
+    assert_eq!(read(&cg.join("memory.swap.max")), "0");
+    assert_eq!(read(&cg.join("cpu.max")), "50000 100000");
+    // An exec'd command joins the scope too: the cgroup namespace shows it as the root.
+    let (out, _, code) = env
+        .exec(&c, &["cat", "/proc/self/cgroup"], 10)
+        .await
+        .unwrap();
+    assert_eq!((code, out.trim()), (0, "0::/"), "exec output");
+
+    // A reload re-applies unit properties: the limits must survive it.
+    let reload = std::process::Command::new("systemctl")
+        .arg("daemon-reload")
+        .status()
+        .unwrap();
+    assert!(reload.success());
+    assert_eq!(read(&cg.join("memory.max")), (64 * MIB).to_string());
+    assert_eq!(read(&cg.join("memory.swap.max")), "0");
+
+    // In place: the unit and the file change together.
+    env.d
+        .runtime()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: c.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 96 * MIB,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(unit_property(&scope, "MemoryMax"), (96 * MIB).to_string());
+    assert_eq!(read(&cg.join("memory.max")), (96 * MIB).to_string());
+
+    // An OOM kill is reported although systemd takes the emptied scope (and its memory.events)
+    // away as soon as the container ends.
+    let hog = env
+        .run(
+            &pod,
+            &own,
+            with_resources(
+                &env,
+                "hog",
+                &["dd", "if=/dev/zero", "of=/dev/null", "bs=60M", "count=1"],
+                cri::LinuxContainerResources {
+                    memory_limit_in_bytes: 32 * MIB,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let st = env.wait_exit(&hog, Duration::from_secs(120)).await;
+    assert_eq!(
+        (st.exit_code, st.reason.as_str()),
+        (137, "OOMKilled"),
+        "{st:?}"
+    );
+    assert_eq!(
+        unit_property(&format!("crius-{hog}.scope"), "ActiveState"),
+        "inactive",
+        "an ended container's scope is gone"
+    );
+
+    // A cgroupfs-style parent cannot hold scopes: refused, naming the field.
+    let mut bad = env.sandbox_config("bad");
+    bad.linux.as_mut().unwrap().cgroup_parent = "/kubepods/burstable/pod-bad".into();
+    let err = env.run_pod(&bad).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("cgroup_parent"), "{err:?}");
+
+    // kubelet's pod slice (kubelet's systemd driver names it; systemd makes it on first use).
+    let kube_slice = format!("{parent}-kube.slice");
+    let mut kube = env.sandbox_config("kube");
+    kube.linux.as_mut().unwrap().cgroup_parent = kube_slice.clone();
+    let kpod = env.run_pod(&kube).await.unwrap();
+    let kc = env.run(&kpod, &kube, env.container_config("c", LONG)).await;
+    let kscope = format!("crius-{kc}.scope");
+    assert_eq!(unit_property(&kscope, "Slice"), kube_slice);
+    assert_eq!(unit_property(&kscope, "ActiveState"), "active");
+
+    // The daemon restarted: running pods keep their units.
+    let mut env = env;
+    env.d.kill9();
+    env.d.spawn();
+    assert_eq!(
+        env.status(&c).await.state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    assert_eq!(unit_property(&scope, "ActiveState"), "active");
+
+    env.remove_pod(&pod).await;
+    env.remove_pod(&kpod).await;
+    for unit in [&scope, &pause_scope, &pod_slice, &kscope] {
+        assert_eq!(
+            unit_property(unit, "ActiveState"),
+            "inactive",
+            "{unit} is gone"
+        );
+    }
+    assert!(
+        !cg.exists() && !cg.parent().unwrap().exists(),
+        "cgroups gone"
+    );
+    assert_eq!(
+        unit_property(&kube_slice, "ActiveState"),
+        "active",
+        "kubelet's slice is kubelet's"
+    );
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use nix::mount::{MntFlags, MsFlags, umount2};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::atomic;
 use crate::content::Digest;
@@ -328,12 +328,12 @@ impl ContainerService {
         let Some(h) = &policy.hierarchy else {
             return;
         };
-        let parent = if policy.systemd {
-            format!("{}.slice", policy.parent)
-        } else {
-            policy.parent.clone()
-        };
-        let Ok(parent) = h.cgroup(&parent) else {
+        // Never the root: everything there is someone else's.
+        let own = policy.own_parent();
+        if own.is_empty() {
+            return;
+        }
+        let Ok(parent) = h.cgroup(&own) else {
             return;
         };
         let mut pods = std::collections::HashSet::new();
@@ -363,8 +363,15 @@ impl ContainerService {
                 })
                 .unwrap_or_default()
         };
-        let remove = |path: PathBuf, what: &str| {
+        let systemd = self.inner.sandboxes.systemd();
+        let remove = |path: PathBuf, what: &'static str| async move {
             tracing::info!(cgroup = %path.display(), "removing an orphaned {what} cgroup");
+            if let Some(sd) = systemd
+                && let Some((unit, _)) = crate::systemd::unit_and_slice(&path)
+                && let Err(e) = sd.stop(&unit).await
+            {
+                tracing::warn!(unit, error = %e, "stopping an orphaned systemd unit");
+            }
             let cg = Cgroup {
                 root: h.root.clone(),
                 path: path.clone(),
@@ -375,18 +382,26 @@ impl ContainerService {
         };
         for dir in subdirs(&parent.path) {
             if !pods.contains(&dir) {
-                remove(dir, "pod");
+                remove(dir, "pod").await;
             }
         }
-        let is_id = |p: &Path| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        // A container's (or pause process's) leaf: its ID, or `crius-<ID>.scope` under systemd.
+        let is_leaf = |p: &Path| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                let id = match n
+                    .strip_prefix("crius-")
+                    .and_then(|n| n.strip_suffix(".scope"))
+                {
+                    Some(id) if policy.systemd => id,
+                    _ => n,
+                };
+                id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
+            })
         };
         for pod in &pods {
             for dir in subdirs(pod) {
-                if is_id(&dir) && !inner.contains(&dir) {
-                    remove(dir, "container");
+                if is_leaf(&dir) && !inner.contains(&dir) {
+                    remove(dir, "container").await;
                 }
             }
         }
@@ -668,7 +683,7 @@ impl ContainerService {
                 if let Some(pod) = &sandbox.cgroup {
                     let cg = Cgroup {
                         root: pod.root.clone(),
-                        path: pod.path.join(&id),
+                        path: pod.path.join(self.inner.sandboxes.cgroups().leaf(&id)),
                     };
                     if cg.path.exists()
                         && let Err(e) = cg.remove()
@@ -853,23 +868,11 @@ impl ContainerService {
             user: &user,
             cgroup: cgroup.is_some(),
         })?;
-        if let Some(cg) = &cgroup {
-            let rules: Vec<devices::Rule> = oci
-                .linux()
-                .as_ref()
-                .and_then(|l| l.resources().as_ref())
-                .and_then(|r| r.devices().as_ref())
-                .map(|d| d.iter().filter_map(devices::Rule::from_oci).collect())
-                .unwrap_or_default();
-            let all = rules
-                .iter()
-                .any(|r| r.kind.is_none() && r.major.is_none() && r.minor.is_none());
-            if !all {
-                devices::attach(&cg.path, &rules).map_err(|source| sandbox::Error::Cgroup {
-                    path: cg.path.clone(),
-                    source,
-                })?;
-            }
+        let scoped = self.scoped(cgroup.as_ref());
+        if let Some(cg) = &cgroup
+            && !scoped
+        {
+            attach_devices(cg, &oci)?;
         }
         let ns = sc
             .and_then(|s| s.namespace_options.clone())
@@ -931,6 +934,7 @@ impl ContainerService {
             new_pid_ns: pid_mode == NS_CONTAINER,
             exit_file: b.exit(),
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
+            placed: scoped,
             seccomp: None,
             userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
         };
@@ -985,12 +989,60 @@ impl ContainerService {
     }
 
     /// The container's cgroup below its pod's, created with the container's limits written.
+    /// Under systemd it is a scope made when the container starts (see `place`): here it is
+    /// only named.
     fn container_cgroup(
         &self,
         id: &str,
         sandbox: &sandbox::Record,
         config: &cri::ContainerConfig,
     ) -> Result<Option<Cgroup>, Error> {
+        let Some(pod) = &sandbox.cgroup else {
+            // Refuses limits that cannot be enforced.
+            self.limit_files(config)?;
+            return Ok(None);
+        };
+        let files = self.limit_files(config)?;
+        let policy = self.inner.sandboxes.cgroups();
+        // A pod made before crius registered units with systemd has a plain directory, not a
+        // slice: its containers get plain directories too.
+        let scoped = self.inner.sandboxes.systemd().is_some()
+            && pod.path.extension().is_some_and(|e| e == "slice");
+        let cg = Cgroup {
+            root: pod.root.clone(),
+            path: pod.path.join(if scoped {
+                policy.leaf(id)
+            } else {
+                id.to_string()
+            }),
+        };
+        if scoped {
+            return Ok(Some(cg));
+        }
+        cg.create(&cgroup::CONTROLLERS)
+            .map_err(|source| sandbox::Error::Cgroup {
+                path: cg.path.clone(),
+                source,
+            })?;
+        if let Err(e) = write_limits(&cg, &files) {
+            let _ = cg.remove();
+            return Err(e);
+        }
+        Ok(Some(cg))
+    }
+
+    /// Whether the container's cgroup is a systemd scope made when it starts.
+    fn scoped(&self, cg: Option<&Cgroup>) -> bool {
+        self.inner.sandboxes.systemd().is_some()
+            && cg.is_some_and(|cg| {
+                cg.path.extension().is_some_and(|e| e == "scope")
+                    && crate::systemd::unit_and_slice(&cg.path).is_some()
+            })
+    }
+
+    /// The cgroup files of a container's limits; an error when it asks for limits this node
+    /// cannot enforce.
+    fn limit_files(&self, config: &cri::ContainerConfig) -> Result<Vec<(String, String)>, Error> {
         let default = cri::LinuxContainerResources::default();
         let res = sandbox::resources(
             config
@@ -1000,35 +1052,69 @@ impl ContainerService {
                 .unwrap_or(&default),
         );
         let policy = self.inner.sandboxes.cgroups();
-        let (Some(_), Some(pod)) = (&policy.hierarchy, &sandbox.cgroup) else {
+        if policy.hierarchy.is_none() {
             if res.limits_anything() && !policy.allow_unenforced {
                 return Err(sandbox::Error::Unenforceable {
                     what: "config.linux.resources".into(),
                 }
                 .into());
             }
-            return Ok(None);
-        };
-        let files = cgroup::files(&res).map_err(|r| invalid("config.linux.resources", r))?;
-        let cg = Cgroup {
-            root: pod.root.clone(),
-            path: pod.path.join(id),
-        };
-        cg.create(&cgroup::CONTROLLERS)
-            .map_err(|source| sandbox::Error::Cgroup {
-                path: cg.path.clone(),
-                source,
-            })?;
-        for (file, value) in files {
-            if let Err(e) = cg.set(&file, &value) {
-                let _ = cg.remove();
-                return Err(invalid(
-                    "config.linux.resources",
-                    format!("{file} = {value}: {e}"),
-                ));
-            }
+            return Ok(Vec::new());
         }
-        Ok(Some(cg))
+        cgroup::files(&res).map_err(|r| invalid("config.linux.resources", r))
+    }
+
+    /// Under systemd: makes the started container's scope around its forked init (`pid`), then
+    /// writes its limits and device rules into it.
+    async fn place(
+        &self,
+        r: &Record,
+        cg: &Cgroup,
+        pid: i32,
+        stdin: Option<&mut tokio::process::ChildStdin>,
+    ) -> Result<(), Error> {
+        let Some(sd) = self.inner.sandboxes.systemd() else {
+            return Ok(());
+        };
+        let files = self.limit_files(&r.config)?;
+        let placement = sandbox::Placement::of(sd, cg)?;
+        let mut stdin = stdin;
+        let result = async {
+            placement
+                .manager
+                .start_scope(
+                    &placement.unit,
+                    &placement.slice,
+                    pid,
+                    &placement.cgroup,
+                    &files,
+                )
+                .await
+                .map_err(sandbox::Error::from)?;
+            // systemd enables only the controllers it knows (not hugetlb): enable the rest on
+            // the way down, as runc does after starting a scope.
+            cg.create(&cgroup::CONTROLLERS)
+                .map_err(|source| sandbox::Error::Cgroup {
+                    path: cg.path.clone(),
+                    source,
+                })?;
+            write_limits(cg, &files)?;
+            let spec: oci_spec::runtime::Spec = serde_json::from_slice(
+                &std::fs::read(self.bundle(&r.id).dir.join("config.json"))
+                    .map_err(io_err(&self.bundle(&r.id).dir))?,
+            )
+            .map_err(|e| invalid("config.json", e.to_string()))?;
+            attach_devices(cg, &spec)
+        }
+        .await;
+        if let Some(to) = stdin.as_mut() {
+            let word = match &result {
+                Ok(()) => "go\n".to_string(),
+                Err(e) => format!("{e}\n"),
+            };
+            let _ = to.write_all(word.as_bytes()).await;
+        }
+        result
     }
 
     pub async fn start(&self, id: &str) -> Result<(), Error> {
@@ -1043,11 +1129,17 @@ impl ContainerService {
         }
         let b = self.bundle(&r.id);
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
+        // Under systemd the monitor reports the forked init and waits for it to be placed.
+        let placed = r.cgroup.clone().filter(|cg| self.scoped(Some(cg)));
         let mut child = tokio::process::Command::new(runtime::SELF_EXE)
             .arg0("crius")
             .arg("monitor")
             .arg(&b.dir)
-            .stdin(std::process::Stdio::null())
+            .stdin(if placed.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -1057,23 +1149,41 @@ impl ContainerService {
             })?;
         let monitor = child.id().and_then(|pid| ProcessId::of(pid as i32).ok());
         let stdout = child.stdout.take();
+        let mut stdin = child.stdin.take();
         let mut line = String::new();
+        let mut placement_error = None;
         if let Some(out) = stdout {
-            let read = tokio::time::timeout(
-                Duration::from_secs(60),
-                tokio::io::BufReader::new(out).read_line(&mut line),
-            )
-            .await;
-            if read.is_err() {
-                let _ = child.start_kill();
+            let mut out = tokio::io::BufReader::new(out);
+            loop {
+                line.clear();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(60), out.read_line(&mut line)).await;
+                if read.is_err() {
+                    let _ = child.start_kill();
+                }
+                if let (Some(cg), Ok(StartReport::Forked { pid })) =
+                    (&placed, serde_json::from_str(line.trim()))
+                {
+                    if let Err(e) = self.place(&r, cg, pid, stdin.as_mut()).await {
+                        placement_error = Some(e.to_string());
+                    }
+                    stdin = None;
+                    continue;
+                }
+                break;
             }
         }
+        drop(stdin);
         // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
         drop(child);
         let report: Result<StartReport, String> = serde_json::from_str(line.trim()).map_err(|_| {
             let log = std::fs::read_to_string(b.dir.join("monitor.log")).unwrap_or_default();
             format!("the monitor gave no start report ({})", log.trim())
         });
+        let report = match (report, placement_error) {
+            (Ok(StartReport::Failed { .. }) | Err(_), Some(e)) => Err(e),
+            (r, _) => r,
+        };
         match report {
             Ok(StartReport::Started {
                 pid,
@@ -1090,6 +1200,10 @@ impl ContainerService {
                 self.watch(r.id.clone(), monitor.unwrap_or(init));
                 Ok(())
             }
+            Ok(StartReport::Forked { .. }) => Err(Error::Start {
+                id: r.id.clone(),
+                message: "the monitor reported a forked init it was not asked to".into(),
+            }),
             Ok(StartReport::Failed { message }) | Err(message) => {
                 r.state = EXITED;
                 r.exit_code = 128;
@@ -1155,10 +1269,16 @@ impl ContainerService {
         let r = entry.lock().await;
         let b = self.bundle(&r.id);
         remove_files(&b);
-        if let Some(cg) = &r.cgroup
-            && let Err(e) = cg.remove()
-        {
-            tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
+        if let Some(cg) = &r.cgroup {
+            if let Some(sd) = self.inner.sandboxes.systemd()
+                && let Some((unit, _)) = crate::systemd::unit_and_slice(&cg.path)
+                && let Err(e) = sd.stop(&unit).await
+            {
+                tracing::warn!(unit, error = %e, "stopping a container's systemd scope");
+            }
+            if let Err(e) = cg.remove() {
+                tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
+            }
         }
         if let Some(c) = &r.top_chain {
             self.inner.images.release(c);
@@ -1190,6 +1310,10 @@ impl ContainerService {
                 .into());
             }
             None => {}
+            // Not started yet under systemd: the scope takes the saved limits when it is made.
+            Some(cg) if self.scoped(Some(cg)) && !cg.exists() => {
+                cgroup::files(&want).map_err(|reason| invalid("linux", reason))?;
+            }
             Some(cg) => {
                 let files = cgroup::files(&want).map_err(|reason| invalid("linux", reason))?;
                 if let Some((_, limit)) = files.iter().find(|(f, _)| f == "memory.max")
@@ -1203,6 +1327,14 @@ impl ContainerService {
                             "{limit} is below the container's current memory use ({used} bytes)"
                         ),
                     ));
+                }
+                // systemd keeps the limits as unit properties, or a reload would undo them.
+                if let Some(sd) = self.inner.sandboxes.systemd()
+                    && let Some((unit, _)) = crate::systemd::unit_and_slice(&cg.path)
+                {
+                    sd.set_limits(&unit, &files)
+                        .await
+                        .map_err(sandbox::Error::from)?;
                 }
                 for (file, value) in files {
                     cg.set(&file, &value)
@@ -1813,6 +1945,37 @@ fn remove_files(b: &Bundle) {
             tracing::warn!(dir = %d.display(), error = %e, "removing container files");
         }
     }
+}
+
+/// Writes a container's limit files into its cgroup.
+fn write_limits(cg: &Cgroup, files: &[(String, String)]) -> Result<(), Error> {
+    for (file, value) in files {
+        cg.set(file, value)
+            .map_err(|e| invalid("config.linux.resources", format!("{file} = {value}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Attaches the spec's device rules to the container's cgroup (nothing when every device is
+/// allowed).
+fn attach_devices(cg: &Cgroup, oci: &oci_spec::runtime::Spec) -> Result<(), Error> {
+    let rules: Vec<devices::Rule> = oci
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().as_ref())
+        .and_then(|r| r.devices().as_ref())
+        .map(|d| d.iter().filter_map(devices::Rule::from_oci).collect())
+        .unwrap_or_default();
+    let all = rules
+        .iter()
+        .any(|r| r.kind.is_none() && r.major.is_none() && r.minor.is_none());
+    if !all {
+        devices::attach(&cg.path, &rules).map_err(|source| sandbox::Error::Cgroup {
+            path: cg.path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

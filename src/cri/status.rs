@@ -96,7 +96,7 @@ impl ToStatus for sandbox::Error {
             E::NotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
             E::NotReady { .. } | E::Unenforceable { .. } => Code::FailedPrecondition,
-            E::Pause { .. } | E::Io { .. } | E::Cgroup { .. } => Code::Internal,
+            E::Pause { .. } | E::Io { .. } | E::Cgroup { .. } | E::Systemd(_) => Code::Internal,
         }
     }
 }

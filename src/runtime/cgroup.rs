@@ -338,15 +338,24 @@ impl Policy {
         sandbox_id: &str,
     ) -> Result<(String, bool), String> {
         if cgroup_parent.is_empty() {
-            let parent = if self.systemd {
-                format!("{}.slice", self.parent)
-            } else {
-                self.parent.clone()
-            };
-            return Ok((format!("{parent}/{sandbox_id}"), true));
+            if self.systemd {
+                // A slice of crius's own below `<parent>.slice`, as kubelet makes pod slices.
+                return Ok((
+                    expand_slice(&format!("{}-{sandbox_id}.slice", self.parent))?,
+                    true,
+                ));
+            }
+            return Ok((format!("{}/{sandbox_id}", self.parent), true));
         }
-        if self.systemd && cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
-            return Ok((expand_slice(cgroup_parent)?, false));
+        if self.systemd {
+            // As runc's systemd driver: a parent must be a slice, or systemd could not hold
+            // the pod's scopes.
+            if cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
+                return Ok((expand_slice(cgroup_parent)?, false));
+            }
+            return Err(format!(
+                "{cgroup_parent:?} is not a slice name, as the systemd cgroup driver needs (kubelet's cgroupDriver must be systemd too)"
+            ));
         }
         if cgroup_parent.split('/').any(|c| c == "..") {
             return Err(format!(
@@ -354,6 +363,28 @@ impl Policy {
             ));
         }
         Ok((cgroup_parent.trim_start_matches('/').to_string(), false))
+    }
+}
+
+impl Policy {
+    /// The cgroup directory of a pause process or container below its pod's: under systemd a
+    /// scope unit's name (`crius-<id>.scope`, as runc names `cri-containerd-<id>.scope`), else
+    /// the ID itself.
+    pub fn leaf(&self, id: &str) -> String {
+        if self.systemd {
+            format!("crius-{id}.scope")
+        } else {
+            id.to_string()
+        }
+    }
+
+    /// The top of crius's own pod cgroups.
+    pub fn own_parent(&self) -> String {
+        if self.systemd {
+            expand_slice(&format!("{}.slice", self.parent)).unwrap_or_default()
+        } else {
+            self.parent.clone()
+        }
     }
 }
 
@@ -528,7 +559,13 @@ mod tests {
             p.pod_path("kubepods-pod1.slice", "abc").unwrap().0,
             "kubepods.slice/kubepods-pod1.slice"
         );
-        assert_eq!(p.pod_path("", "abc").unwrap().0, "crius.slice/abc");
+        assert_eq!(
+            p.pod_path("", "abc").unwrap().0,
+            "crius.slice/crius-abc.slice"
+        );
+        assert_eq!(p.leaf("abc"), "crius-abc.scope");
+        assert!(p.pod_path("/kubepods/burstable/pod1", "abc").is_err());
+        assert_eq!(p.own_parent(), "crius.slice");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::ffi::CString;
 use std::fmt;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -65,6 +65,9 @@ pub struct Plan<'a> {
     /// the user namespace: the init makes it, forks once more, sends the new process's pid here
     /// and exits; the new process is the container.
     pub pid_report: Option<OwnedFd>,
+    /// With a systemd scope: a byte here means the monitor has seen the init placed in it; end
+    /// of file means it was not.
+    pub placement: Option<OwnedFd>,
 }
 
 /// Runs the container init in the forked child; never returns.
@@ -175,10 +178,17 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
         seccomp,
         userns,
         pid_report,
+        placement,
     } = plan;
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
     // starts with no signal blocked or ignored.
     sys::reset_signals().map_err(fail("reset signals"))?;
+    if let Some(p) = placement {
+        let mut b = [0u8; 1];
+        std::fs::File::from(p).read_exact(&mut b).map_err(fail(
+            "waiting to be placed in the container's systemd scope",
+        ))?;
+    }
     // Into the container's cgroup before anything else, so every later step is accounted.
     if let Some(cg) = cgroup {
         std::fs::write(cg.join("cgroup.procs"), "0")

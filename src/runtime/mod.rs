@@ -56,6 +56,10 @@ pub struct MonitorConfig {
     /// The container's cgroup (absolute), joined before anything else; none without cgroup v2.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The cgroup is a systemd scope the daemon makes around the init: the monitor reports
+    /// `Forked` and the init waits for the daemon's word (see `await_placement`).
+    #[serde(default)]
+    pub placed: bool,
     /// The compiled seccomp filter of the container and its exec'd commands.
     #[serde(default)]
     pub seccomp: Option<SeccompFilter>,
@@ -98,6 +102,10 @@ pub struct SeccompFilter {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartReport {
+    /// Only with `placed`: the init is forked and waits to be put in its scope.
+    Forked {
+        pid: i32,
+    },
     Started {
         pid: i32,
         start_time: u64,
@@ -131,6 +139,10 @@ pub struct PauseConfig {
     /// The cgroup (absolute path) the pause process moves itself into first.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The cgroup is a systemd scope the daemon makes around this process: wait for its word
+    /// first (see `await_placement`).
+    #[serde(default)]
+    pub placed: bool,
     /// A new user namespace with these maps, made before every other namespace so that it owns
     /// them; the pause process becomes its root.
     #[serde(default)]
@@ -214,4 +226,21 @@ pub fn short_socket_path(
     )?;
     let path = PathBuf::from(format!("/proc/self/fd/{}/{name}", fd.as_raw_fd()));
     Ok((fd, path))
+}
+
+/// Waits for the daemon's word that systemd has put a process in its scope: a line `go` on
+/// stdin (anything else, or the daemon going away, means it could not). Stdin is /dev/null after.
+pub fn await_placement() -> Result<(), String> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    let read = std::io::stdin().lock().read_line(&mut line);
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = crate::sys::dup_to(&null, 0, false);
+    }
+    match (read, line.trim()) {
+        (Ok(_), "go") => Ok(()),
+        (Err(e), _) => Err(format!("waiting to be placed in the cgroup: {e}")),
+        (Ok(_), "") => Err("the daemon went away before placing the process in its cgroup".into()),
+        (Ok(_), why) => Err(format!("not placed in the cgroup: {why}")),
+    }
 }

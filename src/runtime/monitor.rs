@@ -21,6 +21,7 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::{CloneFlags, setns, unshare};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
@@ -94,6 +95,10 @@ struct Monitor {
     userns: bool,
     /// The container's cgroup: exec'd commands join it, and its memory.events tell an OOM kill.
     cgroup: Option<std::path::PathBuf>,
+    /// A watch on the cgroup's memory.events and the most OOM kills it showed: under systemd
+    /// the cgroup may be gone (its scope stopped) by the time the init is reaped.
+    oom_watch: Option<Inotify>,
+    oom_seen: u64,
     exit_file: std::path::PathBuf,
     /// The write end of the container's stdin, held so its stdin stays open.
     _stdin: Option<OwnedFd>,
@@ -241,11 +246,18 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     } else {
         (None, None)
     };
+    let (placed_r, placed_w) = if cfg.placed {
+        let (r, w) = cloexec_pipe()?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
 
     match sys::fork().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(err_r);
             drop(pid_r);
+            drop(placed_w);
             init::run(
                 init::Plan {
                     spec: &spec,
@@ -254,6 +266,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                     seccomp: seccomp.as_ref(),
                     userns: cfg.userns.as_deref(),
                     pid_report: pid_w,
+                    placement: placed_r,
                 },
                 child_stdio,
                 err_w,
@@ -262,7 +275,21 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         ForkResult::Parent { child: forked } => {
             drop(err_w);
             drop(pid_w);
+            drop(placed_r);
             drop(child_stdio);
+            // The daemon puts the forked process in its systemd scope, then says go.
+            if let Some(w) = placed_w {
+                report(&StartReport::Forked {
+                    pid: forked.as_raw(),
+                });
+                if let Err(e) = super::await_placement() {
+                    let _ = nix::sys::signal::kill(forked, Signal::SIGKILL);
+                    let _ = waitpid(forked, None);
+                    let _ = std::fs::remove_file(&sock_path);
+                    return Err(e);
+                }
+                let _ = std::fs::File::from(w).write_all(&[1]);
+            }
             let child = match pid_r {
                 None => Some(forked),
                 Some(r) => {
@@ -300,6 +327,12 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 .map_err(|e| format!("container init {child}: {e}"))?;
             let init_fd = sys::pidfd_open(child.as_raw())
                 .map_err(|e| format!("container init {child}: {e}"))?;
+            let oom_watch = cfg.cgroup.as_deref().and_then(|cg| {
+                let i = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?;
+                i.add_watch(&cg.join("memory.events"), AddWatchFlags::IN_MODIFY)
+                    .ok()?;
+                Some(i)
+            });
             let monitor = Monitor {
                 child,
                 init_fd,
@@ -312,6 +345,8 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 seccomp,
                 userns: cfg.userns.is_some(),
                 cgroup: cfg.cgroup.clone(),
+                oom_watch,
+                oom_seen: 0,
                 exit_file: cfg.exit_file.clone(),
                 _stdin: stdin_keep,
             };
@@ -379,12 +414,16 @@ impl Monitor {
                 Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
                 None => PollTimeout::NONE,
             };
-            let (sig_ready, listen_ready, ready) = {
-                let mut fds = Vec::with_capacity(2 + self.outputs.len());
+            let (sig_ready, listen_ready, ready, oom_ready) = {
+                let mut fds = Vec::with_capacity(3 + self.outputs.len());
                 fds.push(PollFd::new(self.signals.as_fd(), PollFlags::POLLIN));
                 fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
                 for (fd, _) in &self.outputs {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                }
+                let outputs_end = fds.len();
+                if let Some(w) = &self.oom_watch {
+                    fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
                 }
                 let n = match poll(&mut fds, timeout) {
                     Ok(n) => n,
@@ -398,9 +437,18 @@ impl Monitor {
                     break; // quiet after exit: done
                 }
                 let revents = |i: usize| fds[i].revents().unwrap_or(PollFlags::empty());
-                let ready: Vec<bool> = (2..fds.len()).map(|i| !revents(i).is_empty()).collect();
-                (!revents(0).is_empty(), !revents(1).is_empty(), ready)
+                let ready: Vec<bool> = (2..outputs_end).map(|i| !revents(i).is_empty()).collect();
+                let oom_ready = fds.len() > outputs_end && !revents(outputs_end).is_empty();
+                (
+                    !revents(0).is_empty(),
+                    !revents(1).is_empty(),
+                    ready,
+                    oom_ready,
+                )
             };
+            if oom_ready {
+                self.note_oom_kills();
+            }
             self.enforce_deadlines();
             // Output first, so nothing written before the exit is lost.
             let mut closed = Vec::new();
@@ -502,8 +550,8 @@ impl Monitor {
                 .unwrap_or((255, None)),
         };
         // A SIGKILL while the cgroup counts OOM kills is the OOM killer's doing.
-        let oom_killed = signal == Some(libc::SIGKILL)
-            && self.cgroup.as_deref().is_some_and(|cg| oom_kills(cg) > 0);
+        self.note_oom_kills();
+        let oom_killed = signal == Some(libc::SIGKILL) && self.oom_seen > 0;
         let record = ExitRecord {
             exit_code: code,
             signal,
@@ -542,6 +590,16 @@ impl Monitor {
             }
         }
         found
+    }
+
+    /// Drains the memory.events watch and keeps the highest OOM kill count seen.
+    fn note_oom_kills(&mut self) {
+        if let Some(w) = &self.oom_watch {
+            while matches!(w.read_events(), Ok(e) if !e.is_empty()) {}
+        }
+        if let Some(cg) = &self.cgroup {
+            self.oom_seen = self.oom_seen.max(oom_kills(cg));
+        }
     }
 
     fn enforce_deadlines(&mut self) {

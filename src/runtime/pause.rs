@@ -245,6 +245,9 @@ fn signal_fd() -> Result<SignalFd, String> {
 }
 
 fn setup(cfg: &PauseConfig) -> Result<(), String> {
+    if cfg.placed {
+        super::await_placement()?;
+    }
     if let Some(cg) = &cfg.cgroup {
         std::fs::write(cg.join("cgroup.procs"), "0")
             .map_err(|e| format!("joining cgroup {}: {e}", cg.display()))?;

@@ -82,6 +82,8 @@ pub enum Error {
     Unenforceable { what: String },
     #[error("cgroup {path}: {source}")]
     Cgroup { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Systemd(#[from] crate::systemd::Error),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }
@@ -207,6 +209,8 @@ struct Inner {
     dir: PathBuf,
     handlers: Vec<String>,
     cgroups: Policy,
+    /// systemd's unit manager, with the systemd cgroup driver.
+    systemd: Option<Arc<crate::systemd::Manager>>,
     sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
     names: std::sync::Mutex<HashMap<String, String>>,
     /// User namespace maps in use, by pod.
@@ -267,6 +271,8 @@ impl SandboxService {
             inner: Arc::new(Inner {
                 dir,
                 handlers,
+                systemd: (cgroups.systemd && cgroups.hierarchy.is_some())
+                    .then(|| Arc::new(crate::systemd::Manager::new())),
                 cgroups,
                 sandboxes: RwLock::new(HashMap::new()),
                 names: std::sync::Mutex::new(HashMap::new()),
@@ -422,6 +428,31 @@ impl SandboxService {
     /// How this node enforces limits.
     pub fn cgroups(&self) -> &Policy {
         &self.inner.cgroups
+    }
+
+    /// systemd's unit manager when the systemd cgroup driver is in use.
+    pub fn systemd(&self) -> Option<&Arc<crate::systemd::Manager>> {
+        self.inner.systemd.as_ref()
+    }
+
+    /// Takes down a pod's cgroups: the pause leaf and, when crius made it, the pod's own
+    /// (stopping their units under systemd, which kills anything left in them).
+    async fn discard_cgroups(&self, pod: Option<&Cgroup>, owned: bool, pause: Option<&Cgroup>) {
+        let mut all: Vec<&Cgroup> = pause.into_iter().collect();
+        if owned {
+            all.extend(pod);
+        }
+        for c in all {
+            if let Some(sd) = &self.inner.systemd
+                && let Some((unit, _)) = crate::systemd::unit_and_slice(&c.path)
+                && let Err(e) = sd.stop(&unit).await
+            {
+                tracing::warn!(unit, error = %e, "stopping a pod's systemd unit");
+            }
+            if let Err(e) = c.remove() {
+                tracing::warn!(cgroup = %c.path.display(), error = %e, "removing pod cgroup");
+            }
+        }
     }
 
     /// Full ID from an ID or a unique prefix of one.
@@ -583,6 +614,11 @@ impl SandboxService {
             },
         };
         let paths = self.paths(&id);
+        let cgroup_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.clone())
+            .unwrap_or_default();
         let result = self
             .create(
                 &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image,
@@ -596,6 +632,21 @@ impl SandboxService {
             }
             Err(e) => {
                 remove_files(&paths);
+                // Whatever cgroups (and units) were made before the failure.
+                let policy = &self.inner.cgroups;
+                if let (Some(h), Ok((rel, owned))) =
+                    (&policy.hierarchy, policy.pod_path(&cgroup_parent, &id))
+                    && let (Ok(pod), Ok(pause)) = (
+                        h.cgroup(&rel),
+                        h.cgroup(&format!("{rel}/{}", policy.leaf(&id))),
+                    )
+                {
+                    // An own slice may be a unit without a directory yet: stop it all the same.
+                    let pod =
+                        (owned && (pod.exists() || self.inner.systemd.is_some())).then_some(pod);
+                    self.discard_cgroups(pod.as_ref(), owned, Some(&pause))
+                        .await;
+                }
                 self.release_userns(&id);
                 self.names().remove(&key);
                 Err(e)
@@ -662,10 +713,15 @@ impl SandboxService {
             None => None,
             Some(img) => Some(mount_pause_image(paths, img)?),
         };
-        let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config)?;
+        let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config).await?;
+        let placement = match (&self.inner.systemd, &pause_cgroup) {
+            (Some(sd), Some(cg)) => Some(Placement::of(sd, cg)?),
+            _ => None,
+        };
         let pause_cfg = PauseConfig {
             image: pause_image,
             cgroup: pause_cgroup.as_ref().map(|c| c.path.clone()),
+            placed: placement.is_some(),
             new_net: !host_net,
             new_ipc: ipc != NS_NODE,
             // A pod on the host network keeps the host's name too, as containerd does.
@@ -676,7 +732,7 @@ impl SandboxService {
             uid_map: userns.iter().map(|u| u.uids).collect(),
             gid_map: userns.iter().map(|u| u.gids).collect(),
         };
-        let pause = spawn_pause(&pause_cfg).await?;
+        let pause = spawn_pause(&pause_cfg, placement).await?;
         let mut namespaces = Vec::new();
         for (kind, created) in [
             ("user", userns.is_some()),
@@ -730,7 +786,7 @@ impl SandboxService {
     /// Creates the pod's cgroup (kubelet's parent or crius's own) with the pod-level limits, and
     /// the pause process's leaf below it. Without cgroup v2, limits are refused unless the
     /// operator allowed running unenforced.
-    fn pod_cgroups(
+    async fn pod_cgroups(
         &self,
         id: &str,
         config: &cri::PodSandboxConfig,
@@ -754,19 +810,33 @@ impl SandboxService {
         let pod = h
             .cgroup(&rel)
             .map_err(|e| invalid("config.linux.cgroup_parent", e.to_string()))?;
+        let files = cgroup::files(&limits).map_err(|r| invalid("config.linux.resources", r))?;
+        let pause = h
+            .cgroup(&format!("{rel}/{}", policy.leaf(id)))
+            .map_err(|e| invalid("config.linux.cgroup_parent", e.to_string()))?;
         let cg_err = |c: &Cgroup| {
             let path = c.path.clone();
             move |source: io::Error| Error::Cgroup { path, source }
         };
-        pod.create(&cgroup::CONTROLLERS).map_err(cg_err(&pod))?;
-        let files = cgroup::files(&limits).map_err(|r| invalid("config.linux.resources", r))?;
-        for (file, value) in files {
-            pod.set(&file, &value).map_err(cg_err(&pod))?;
+        match &self.inner.systemd {
+            // The pause scope is made around the process (see `spawn_pause`); a pod slice of
+            // crius's own is a unit too. A slice kubelet names is kubelet's to make.
+            Some(sd) => {
+                if owned && let Some((unit, _)) = crate::systemd::unit_and_slice(&pod.path) {
+                    sd.start_slice(&unit, &pod.path, &files).await?;
+                    pod.create(&cgroup::CONTROLLERS).map_err(cg_err(&pod))?;
+                }
+            }
+            None => {
+                pod.create(&cgroup::CONTROLLERS).map_err(cg_err(&pod))?;
+                pause.create(&cgroup::CONTROLLERS).map_err(cg_err(&pause))?;
+            }
         }
-        let pause = h
-            .cgroup(&format!("{rel}/{id}"))
-            .map_err(|e| invalid("config.linux.cgroup_parent", e.to_string()))?;
-        pause.create(&cgroup::CONTROLLERS).map_err(cg_err(&pause))?;
+        if owned || self.inner.systemd.is_none() {
+            for (file, value) in files {
+                pod.set(&file, &value).map_err(cg_err(&pod))?;
+            }
+        }
         Ok((Some(pod), owned, Some(pause)))
     }
 
@@ -804,7 +874,8 @@ impl SandboxService {
         self.stop(id).await?;
         let r = entry.lock().await;
         remove_files(&self.paths(&r.id));
-        remove_cgroups(&r);
+        self.discard_cgroups(r.cgroup.as_ref(), r.owns_cgroup, r.pause_cgroup.as_ref())
+            .await;
         self.release_userns(&r.id);
         self.map_write().remove(&r.id);
         self.names().remove(&r.name_key());
@@ -994,7 +1065,55 @@ fn sysctls(
     Ok(out)
 }
 
-async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
+/// Where systemd is to put a process: its scope, the slice the scope goes in, and the cgroup
+/// path the process must show once there.
+pub struct Placement {
+    pub manager: Arc<crate::systemd::Manager>,
+    pub unit: String,
+    pub slice: String,
+    pub cgroup: String,
+}
+
+impl Placement {
+    pub fn of(manager: &Arc<crate::systemd::Manager>, cg: &Cgroup) -> Result<Placement, Error> {
+        let bad = || Error::Invalid {
+            field: "cgroup".into(),
+            reason: format!("{} is not a systemd unit's cgroup", cg.path.display()),
+        };
+        let (unit, slice) = crate::systemd::unit_and_slice(&cg.path).ok_or_else(bad)?;
+        let rel = cg.path.strip_prefix(&cg.root).map_err(|_| bad())?;
+        Ok(Placement {
+            manager: manager.clone(),
+            unit,
+            slice,
+            cgroup: rel.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Starts the scope around `pid` with `limits`, then tells the waiting process (on `to`)
+    /// whether it is in place.
+    pub async fn place(
+        &self,
+        pid: i32,
+        limits: &[(String, String)],
+        to: Option<&mut tokio::process::ChildStdin>,
+    ) -> Result<(), crate::systemd::Error> {
+        let r = self
+            .manager
+            .start_scope(&self.unit, &self.slice, pid, &self.cgroup, limits)
+            .await;
+        if let Some(to) = to {
+            let word = match &r {
+                Ok(()) => "go\n".to_string(),
+                Err(e) => format!("{e}\n"),
+            };
+            let _ = tokio::io::AsyncWriteExt::write_all(to, word.as_bytes()).await;
+        }
+        r
+    }
+}
+
+async fn spawn_pause(cfg: &PauseConfig, placement: Option<Placement>) -> Result<ProcessId, Error> {
     let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
         message: e.to_string(),
     })?;
@@ -1002,7 +1121,11 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
         .arg0("crius")
         .arg("pause")
         .arg(json)
-        .stdin(std::process::Stdio::null())
+        .stdin(if placement.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -1012,6 +1135,16 @@ async fn spawn_pause(cfg: &PauseConfig) -> Result<ProcessId, Error> {
     let stdout = child.stdout.take().ok_or_else(|| Error::Pause {
         message: "no stdout".into(),
     })?;
+    if let Some(p) = placement {
+        let mut stdin = child.stdin.take();
+        let pid = child.id().unwrap_or(0) as i32;
+        let placed = p.place(pid, &[], stdin.as_mut()).await;
+        drop(stdin);
+        if let Err(e) = placed {
+            let _ = child.start_kill();
+            return Err(e.into());
+        }
+    }
     let mut line = String::new();
     let read = tokio::time::timeout(
         Duration::from_secs(30),
@@ -1062,19 +1195,6 @@ fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, 
         gid,
         cwd: image.cwd.clone(),
     })
-}
-
-/// Takes down the pause leaf and, when crius made it, the pod cgroup.
-fn remove_cgroups(r: &Record) {
-    let mut all: Vec<&Cgroup> = r.pause_cgroup.iter().collect();
-    if r.owns_cgroup {
-        all.extend(r.cgroup.iter());
-    }
-    for c in all {
-        if let Err(e) = c.remove() {
-            tracing::warn!(cgroup = %c.path.display(), error = %e, "removing pod cgroup");
-        }
-    }
 }
 
 /// CRI resources as plain numbers.

@@ -59,12 +59,14 @@ fn integration() -> Result<()> {
 /// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
 /// agent suite, the tests named `cgroup_v2` (QoS limits and swap) and `volumes_env` (secrets on
 /// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
-/// the whole suite.
-const VM_SUITES: [(&str, &[&str]); 4] = [
-    ("cgroups", &[]),
-    ("pods", &[]),
-    ("security", &[]),
-    ("agent", &["cgroup_v2", "volumes_env"]),
+/// the whole suite. The systemd cgroup driver's test runs in a VM booted with systemd as PID 1
+/// (the flag), the rest where a shell is PID 1.
+const VM_SUITES: [(&str, &[&str], bool); 5] = [
+    ("cgroups", &["--skip", "systemd_driver"], false),
+    ("cgroups", &["systemd_driver"], true),
+    ("pods", &[], false),
+    ("security", &[], false),
+    ("agent", &["cgroup_v2", "volumes_env"], false),
 ];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
@@ -74,8 +76,10 @@ fn test_vm() -> Result<()> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    for (s, _) in VM_SUITES {
-        cmd.args(["--test", s]);
+    for (s, _, systemd) in VM_SUITES {
+        if !systemd {
+            cmd.args(["--test", s]);
+        }
     }
     eprintln!("xtask: running {cmd:?}");
     let out = cmd
@@ -93,20 +97,28 @@ fn test_vm() -> Result<()> {
         if v["reason"] == "compiler-artifact"
             && let (Some(exe), Some(name)) =
                 (v["executable"].as_str(), v["target"]["name"].as_str())
-            && let Some((_, filter)) = VM_SUITES.iter().find(|(s, _)| *s == name)
         {
-            bins.push((name.to_string(), exe.to_string(), *filter));
+            for (_, filter, systemd) in VM_SUITES.iter().filter(|(s, ..)| *s == name) {
+                bins.push((name.to_string(), exe.to_string(), *filter, *systemd));
+            }
         }
     }
     if bins.len() != VM_SUITES.len() {
-        bail!("expected {} test binaries, found {bins:?}", VM_SUITES.len());
+        bail!("expected {} test runs, found {bins:?}", VM_SUITES.len());
     }
     // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
     // read-only at its own path.
     let workspace = std::env::current_dir().context("current directory")?;
-    for (name, exe, filter) in bins {
-        eprintln!("xtask: VM tier: {name}");
+    for (name, exe, filter, systemd) in bins {
+        eprintln!(
+            "xtask: VM tier: {name} {}{}",
+            filter.join(" "),
+            if systemd { " (systemd as PID 1)" } else { "" }
+        );
         let mut cmd = Command::new("hack/vm-run");
+        if systemd {
+            cmd.arg("-S");
+        }
         cmd.args(["-t", "1500", "-r"])
             .arg(&workspace)
             .args(["--", &exe, "--test-threads=2"]);
