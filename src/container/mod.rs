@@ -159,6 +159,7 @@ struct Inner {
 struct Confinement {
     seccomp: Option<Arc<sandbox::security::Filter>>,
     apparmor: Option<String>,
+    selinux: Option<sandbox::security::SelinuxLabels>,
 }
 
 #[derive(Clone)]
@@ -637,7 +638,7 @@ impl ContainerService {
         } else {
             None
         };
-        let confinement = self.confinement(sc)?;
+        let confinement = self.confinement(sc, sandbox.selinux.as_ref())?;
         check_userns(&config, &sandbox)?;
 
         let id = random_id()?;
@@ -733,6 +734,7 @@ impl ContainerService {
     fn confinement(
         &self,
         sc: Option<&cri::LinuxContainerSecurityContext>,
+        pod_selinux: Option<&sandbox::security::SelinuxLabels>,
     ) -> Result<Confinement, Error> {
         const FIELD: &str = "config.linux.security_context";
         let privileged = sc.is_some_and(|s| s.privileged);
@@ -765,8 +767,21 @@ impl ContainerService {
             &self.inner.root,
             FIELD,
         )?;
-        sandbox::security::check_selinux(sc.and_then(|s| s.selinux_options.as_ref()), FIELD)?;
-        Ok(Confinement { seccomp, apparmor })
+        // A privileged container runs with the runtime's own label, as with containerd.
+        let selinux = if privileged {
+            None
+        } else {
+            sandbox::security::selinux_labels(
+                sc.and_then(|s| s.selinux_options.as_ref()),
+                pod_selinux,
+                FIELD,
+            )?
+        };
+        Ok(Confinement {
+            seccomp,
+            apparmor,
+            selinux,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -830,7 +845,9 @@ impl ContainerService {
         } else {
             MsFlags::MS_NODEV
         };
-        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags).map_err(io_err(&rootfs))?;
+        let mount_label = confinement.selinux.as_ref().map(|l| l.mount.as_str());
+        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags, mount_label)
+            .map_err(io_err(&rootfs))?;
 
         let sc = config
             .linux
@@ -951,6 +968,23 @@ impl ContainerService {
         }
         if let (Some(name), Some(p)) = (&confinement.apparmor, oci.process_mut()) {
             p.set_apparmor_profile(Some(name.clone()));
+        }
+        if let Some(l) = &confinement.selinux {
+            label_spec(&mut oci, l);
+            for (i, m) in config.mounts.iter().enumerate() {
+                if !m.selinux_relabel {
+                    continue;
+                }
+                let field = format!("config.mounts[{i}].selinux_relabel");
+                if !sandbox::security::relabel_allowed(&m.host_path) {
+                    return Err(invalid(
+                        &field,
+                        format!("relabelling {} would break the node", m.host_path),
+                    ));
+                }
+                runtime::selinux::relabel(Path::new(&m.host_path), &l.mount)
+                    .map_err(|e| invalid(&field, e.to_string()))?;
+            }
         }
         let cfg_path = b.dir.join("config.json");
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
@@ -1976,6 +2010,26 @@ fn attach_devices(cg: &Cgroup, oci: &oci_spec::runtime::Spec) -> Result<(), Erro
         })?;
     }
     Ok(())
+}
+
+/// Puts SELinux labels in a container's spec: the process's (set on its exec by the init), the
+/// files' (the rootfs is mounted with it) and a `context=` on its tmpfs mounts.
+fn label_spec(oci: &mut oci_spec::runtime::Spec, l: &sandbox::security::SelinuxLabels) {
+    if let Some(p) = oci.process_mut() {
+        p.set_selinux_label(Some(l.process.clone()));
+    }
+    if let Some(linux) = oci.linux_mut() {
+        linux.set_mount_label(Some(l.mount.clone()));
+    }
+    if let Some(mounts) = oci.mounts_mut() {
+        for m in mounts.iter_mut() {
+            if m.typ().as_deref() == Some("tmpfs") {
+                let mut opts = m.options().clone().unwrap_or_default();
+                opts.push(format!("context=\"{}\"", l.mount));
+                m.set_options(Some(opts));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

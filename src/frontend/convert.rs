@@ -781,6 +781,7 @@ pub fn mounts(
     termination_log: Option<&Path>,
 ) -> Result<Vec<cri::Mount>, ConfigError> {
     let mut out = Vec::new();
+    let selinux = Path::new("/sys/fs/selinux/enforce").exists();
     for m in c.volume_mounts.iter().flatten() {
         let base = ctx
             .volumes
@@ -830,6 +831,9 @@ pub fn mounts(
             readonly,
             recursive_read_only: readonly && m.recursive_read_only.as_deref() == Some("Enabled"),
             propagation: propagation as i32,
+            // As kubelet: volumes it makes itself take the pod's SELinux label on a node running
+            // SELinux; a hostPath keeps its own.
+            selinux_relabel: selinux && !volume_is_host_path(ctx.spec, &m.name),
             ..Default::default()
         });
     }
@@ -856,6 +860,13 @@ pub fn mounts(
 }
 
 /// Secret, ConfigMap, downward API and projected volumes are read-only to containers.
+fn volume_is_host_path(spec: &PodSpec, name: &str) -> bool {
+    spec.volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == name && v.host_path.is_some())
+}
+
 fn volume_read_only(spec: &PodSpec, name: &str) -> bool {
     spec.volumes.iter().flatten().any(|v| {
         v.name == name

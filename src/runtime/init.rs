@@ -702,6 +702,10 @@ pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), Init
     if let Some(profile) = p.apparmor_profile() {
         apparmor_on_exec(profile)?;
     }
+    if let Some(label) = p.selinux_label() {
+        super::selinux::set_exec_label(Some(label))
+            .map_err(fail(format!("SELinux label {label}")))?;
+    }
     let nnp = p.no_new_privileges().unwrap_or(false);
     // Without no_new_privs only a privileged caller may install a filter, so it goes on now, and
     // the calls still to come (setgroups, setuid, capset, execve) must pass it, as with runc.

@@ -15,6 +15,7 @@ pub mod mounts;
 pub mod pause;
 pub mod process;
 pub mod seccomp;
+pub mod selinux;
 pub mod tmpfs;
 
 use std::path::PathBuf;
@@ -143,6 +144,10 @@ pub struct PauseConfig {
     /// first (see `await_placement`).
     #[serde(default)]
     pub placed: bool,
+    /// The pod's SELinux label: taken on by the pod's process when it execs, once the setup
+    /// (done under the runtime's own label) is over.
+    #[serde(default)]
+    pub selinux_label: Option<String>,
     /// A new user namespace with these maps, made before every other namespace so that it owns
     /// them; the pause process becomes its root.
     #[serde(default)]

@@ -176,7 +176,14 @@ fn unescape_mountinfo(s: &str) -> String {
 /// Mounts an overlay of `lowers` (topmost first; none: an empty directory made in `layer`)
 /// under a writable `layer/upper` (with `layer/work`) at `target`: a container's or a pause
 /// image's root filesystem.
-pub fn overlay(target: &Path, lowers: &[PathBuf], layer: &Path, flags: MsFlags) -> io::Result<()> {
+/// With `label`, every file in it shows that SELinux label (`context=`).
+pub fn overlay(
+    target: &Path,
+    lowers: &[PathBuf],
+    layer: &Path,
+    flags: MsFlags,
+    label: Option<&str>,
+) -> io::Result<()> {
     let (upper, work) = (layer.join("upper"), layer.join("work"));
     for d in [target, upper.as_path(), work.as_path()] {
         std::fs::create_dir_all(d)?;
@@ -192,11 +199,14 @@ pub fn overlay(target: &Path, lowers: &[PathBuf], layer: &Path, flags: MsFlags) 
             .collect::<Vec<_>>()
             .join(":")
     };
-    let opts = format!(
+    let mut opts = format!(
         "lowerdir={lower},upperdir={},workdir={}",
         upper.display(),
         work.display()
     );
+    if let Some(l) = label {
+        opts.push_str(&format!(",context=\"{l}\""));
+    }
     mount(
         Some("overlay"),
         target,

@@ -19,6 +19,12 @@ use crate::sys;
 
 pub fn main(config: &str) -> i32 {
     let _ = nix::sys::prctl::set_name(c"pause");
+    if config == HOLD {
+        return match signal_fd() {
+            Ok(s) => sleep_until_stopped(&s),
+            Err(e) => fail(e),
+        };
+    }
     let cfg: PauseConfig = match serde_json::from_str(config) {
         Ok(c) => c,
         Err(e) => return fail(format!("pause config: {e}")),
@@ -48,15 +54,21 @@ pub fn main(config: &str) -> i32 {
             Err(e) => fail(format!("fork: {e}")),
             Ok(ForkResult::Child) => {
                 drop(failed_r);
+                let label = cfg.selinux_label.as_deref();
                 match &cfg.image {
                     // The pod's PID 1: its own loop, reaping orphans of every container.
-                    None => {
+                    None if label.is_none() => {
                         drop(failed_w);
                         sleep_until_stopped(&signals)
                     }
+                    None => {
+                        let e = hold_labelled(label);
+                        let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
+                        sys::exit_now(127)
+                    }
                     Some(image) => {
                         let e = match enter_image(image) {
-                            Ok(command) => command.exec(),
+                            Ok(command) => command.exec(label),
                             Err(e) => e,
                         };
                         let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
@@ -92,14 +104,14 @@ pub fn main(config: &str) -> i32 {
             Err(e) => return fail(e),
         };
         ready(id);
-        match command {
-            Some(c) => {
-                let e = c.exec();
-                eprintln!("pause: {e}");
-                127
-            }
-            None => sleep_until_stopped(&signals),
-        }
+        let label = cfg.selinux_label.as_deref();
+        let e = match command {
+            Some(c) => c.exec(label),
+            None if label.is_none() => sleep_until_stopped(&signals),
+            None => hold_labelled(label),
+        };
+        eprintln!("pause: {e}");
+        127
     }
 }
 
@@ -114,8 +126,14 @@ struct ImageCommand {
 }
 
 impl ImageCommand {
-    /// Replaces this process with the image's; returns why it could not.
-    fn exec(self) -> String {
+    /// Replaces this process with the image's (labelled `label` for SELinux); returns why it
+    /// could not.
+    fn exec(self, label: Option<&str>) -> String {
+        if let Some(l) = label
+            && let Err(e) = super::selinux::set_exec_label(Some(l))
+        {
+            return format!("pause image: SELinux label {l}: {e}");
+        }
         if let Err(e) = sys::reset_signals() {
             return format!("pause image: resetting signals: {e}");
         }
@@ -362,6 +380,25 @@ fn ready(id: ProcessId) {
 fn fail(message: String) -> i32 {
     report(&PauseReport::Failed { message });
     1
+}
+
+/// `crius pause hold`: only the sleep, for a pod process that execs into its SELinux label.
+const HOLD: &str = "hold";
+
+/// Re-executes this program as `crius pause hold` under the pod's SELinux label (the setup
+/// before needed the runtime's own); returns why it could not.
+fn hold_labelled(label: Option<&str>) -> String {
+    if let Some(l) = label
+        && let Err(e) = super::selinux::set_exec_label(Some(l))
+    {
+        return format!("SELinux label {l}: {e}");
+    }
+    let args = [c"crius", c"pause", c"hold"];
+    let env: [&std::ffi::CStr; 0] = [];
+    match nix::unistd::execve(c"/proc/self/exe", &args, &env) {
+        Err(e) => format!("re-executing the pause process: {e}"),
+        Ok(never) => match never {},
+    }
 }
 
 fn sleep_until_stopped(signals: &SignalFd) -> ! {

@@ -137,6 +137,10 @@ pub struct Record {
     /// The configured pause image's top snapshot, when the pod runs one.
     #[serde(default)]
     pub image_chain: Option<Digest>,
+    /// The pod's SELinux labels (its pause process's, and its containers' unless they ask for
+    /// their own).
+    #[serde(default)]
+    pub selinux: Option<security::SelinuxLabels>,
 }
 
 /// A pod's user namespace: one range each for user and group IDs, container ID 0 first.
@@ -493,14 +497,18 @@ impl SandboxService {
     /// the node cannot provide fails the pod here, clearly, before anything is made.
     // The deprecated profile fields are still what older kubelets send.
     #[allow(deprecated)]
-    fn check_profiles(&self, config: &cri::PodSandboxConfig) -> Result<(), Error> {
+    /// Returns the pod's SELinux labels, when it asks for some.
+    fn check_profiles(
+        &self,
+        config: &cri::PodSandboxConfig,
+    ) -> Result<Option<security::SelinuxLabels>, Error> {
         const FIELD: &str = "config.linux.security_context";
         let Some(sc) = config
             .linux
             .as_ref()
             .and_then(|l| l.security_context.as_ref())
         else {
-            return Ok(());
+            return Ok(None);
         };
         let choice =
             security::seccomp_choice(sc.seccomp.as_ref(), &sc.seccomp_profile_path, FIELD)?;
@@ -515,7 +523,9 @@ impl SandboxService {
             &self.inner.dir,
             FIELD,
         )?;
-        security::check_selinux(sc.selinux_options.as_ref(), FIELD)
+        let labels = security::selinux_labels(sc.selinux_options.as_ref(), None, FIELD)?;
+        // A privileged pod keeps the runtime's label, as with containerd.
+        Ok(labels.filter(|_| !sc.privileged))
     }
 
     pub async fn run(
@@ -589,7 +599,7 @@ impl SandboxService {
         }
         let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
         let sysctls = sysctls(&config, network, ipc)?;
-        self.check_profiles(&config)?;
+        let selinux = self.check_profiles(&config)?;
 
         let key = name_key(Some(meta));
         let id = random_id()?;
@@ -621,7 +631,7 @@ impl SandboxService {
             .unwrap_or_default();
         let result = self
             .create(
-                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image,
+                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image, selinux,
             )
             .await;
         match result {
@@ -667,6 +677,7 @@ impl SandboxService {
         sysctls: Vec<(String, String)>,
         userns: Option<UserNs>,
         image: Option<SandboxImage>,
+        selinux: Option<security::SelinuxLabels>,
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
         let host_net = network == NS_NODE;
@@ -722,6 +733,7 @@ impl SandboxService {
             image: pause_image,
             cgroup: pause_cgroup.as_ref().map(|c| c.path.clone()),
             placed: placement.is_some(),
+            selinux_label: selinux.as_ref().map(|l| l.process.clone()),
             new_net: !host_net,
             new_ipc: ipc != NS_NODE,
             // A pod on the host network keeps the host's name too, as containerd does.
@@ -775,6 +787,7 @@ impl SandboxService {
             pause_cgroup,
             userns,
             image_chain: image.and_then(|i| i.chain),
+            selinux,
         };
         if let Err(e) = atomic::write_json(&paths.state(), &record) {
             let _ = pause.signal(libc::SIGKILL);
@@ -1117,7 +1130,7 @@ async fn spawn_pause(cfg: &PauseConfig, placement: Option<Placement>) -> Result<
     let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
         message: e.to_string(),
     })?;
-    let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+    let spawned = tokio::process::Command::new(runtime::SELF_EXE)
         .arg0("crius")
         .arg("pause")
         .arg(json)
@@ -1128,10 +1141,10 @@ async fn spawn_pause(cfg: &PauseConfig, placement: Option<Placement>) -> Result<
         })
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| Error::Pause {
-            message: format!("spawn: {e}"),
-        })?;
+        .spawn();
+    let mut child = spawned.map_err(|e| Error::Pause {
+        message: format!("spawn: {e}"),
+    })?;
     let stdout = child.stdout.take().ok_or_else(|| Error::Pause {
         message: "no stdout".into(),
     })?;
@@ -1185,6 +1198,7 @@ fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, 
         &image.lowerdirs,
         &paths.dir.join("layer"),
         MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
+        None,
     )
     .map_err(io_err(&rootfs))?;
     Ok(PauseImage {

@@ -13,7 +13,7 @@ use oci_spec::runtime::LinuxSeccomp;
 use sha2::{Digest as _, Sha256};
 
 use super::{Error, invalid};
-use crate::runtime::seccomp;
+use crate::runtime::{seccomp, selinux};
 
 /// The seccomp profile a container asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,7 +125,7 @@ pub fn apparmor_enabled() -> bool {
 
 /// Whether the host runs SELinux.
 pub fn selinux_enabled() -> bool {
-    Path::new("/sys/fs/selinux/enforce").exists()
+    selinux::enabled()
 }
 
 /// The AppArmor profile name a container runs under, if any. On a host with AppArmor, nothing
@@ -297,26 +297,120 @@ fn load_default_apparmor(state: &Path) -> Result<(), String> {
         .clone()
 }
 
-/// SELinux options: refused on a host without SELinux; on a host with it, crius does not label
-/// processes or mounts yet, so a request is refused too rather than run unlabelled.
-pub fn check_selinux(options: Option<&cri::SeLinuxOption>, field: &str) -> Result<(), Error> {
-    let Some(o) = options else {
-        return Ok(());
-    };
-    if o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty() {
-        return Ok(());
+/// A pod's or container's SELinux labels: its processes' and its files' (the OCI
+/// `process.selinuxLabel` and `linux.mountLabel`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SelinuxLabels {
+    pub process: String,
+    pub mount: String,
+}
+
+impl SelinuxLabels {
+    /// The MCS/MLS level both labels carry.
+    pub fn level(&self) -> &str {
+        selinux::parts(&self.process).map_or("", |p| p[3])
     }
+}
+
+/// The labels SELinux options ask for, made as containerd makes them: the policy's container
+/// contexts (`lxc_contexts`) with the given user, role, type and level put in; without a level,
+/// `inherit`'s (the pod's, for a container) or a random pair of categories. Without options, no
+/// labels of its own: `inherit`'s. Refused on a host without SELinux (a pod must never run
+/// unlabelled when a label was asked for) and when the loaded policy does not know a label.
+pub fn selinux_labels(
+    options: Option<&cri::SeLinuxOption>,
+    inherit: Option<&SelinuxLabels>,
+    field: &str,
+) -> Result<Option<SelinuxLabels>, Error> {
+    let Some(o) = options.filter(|o| {
+        !(o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty())
+    }) else {
+        return Ok(inherit.cloned());
+    };
     let f = format!("{field}.selinux_options");
-    if !selinux_enabled() {
+    if !selinux::enabled() {
         return Err(invalid(
             &f,
             "SELinux options given, but SELinux is not enabled on this node",
         ));
     }
-    Err(invalid(
-        &f,
-        "SELinux labelling is not supported by crius yet",
-    ))
+    for (name, v) in [
+        ("user", &o.user),
+        ("role", &o.role),
+        ("type", &o.r#type),
+        ("level", &o.level),
+    ] {
+        let bad = |c: char| c.is_whitespace() || c == '"' || (name != "level" && c == ':');
+        if v.chars().any(bad) {
+            return Err(invalid(
+                &format!("{f}.{name}"),
+                format!("{v:?} is not a valid SELinux {name}"),
+            ));
+        }
+    }
+    let (process, file) = selinux::container_defaults();
+    let (Some(p), Some(fl)) = (selinux::parts(&process), selinux::parts(&file)) else {
+        return Err(invalid(
+            &f,
+            format!("the policy's container contexts {process:?} and {file:?} are malformed"),
+        ));
+    };
+    let pick = |given: &str, default: &str| {
+        if given.is_empty() {
+            default.to_string()
+        } else {
+            given.to_string()
+        }
+    };
+    let level = match (o.level.as_str(), inherit) {
+        ("", Some(i)) if !i.level().is_empty() => i.level().to_string(),
+        ("", _) => random_level()?,
+        (l, _) => l.to_string(),
+    };
+    let labels = SelinuxLabels {
+        process: format!(
+            "{}:{}:{}:{level}",
+            pick(&o.user, p[0]),
+            pick(&o.role, p[1]),
+            pick(&o.r#type, p[2])
+        ),
+        mount: format!("{}:{}:{}:{level}", pick(&o.user, fl[0]), fl[1], fl[2]),
+    };
+    for (what, ctx) in [("process", &labels.process), ("file", &labels.mount)] {
+        if !selinux::valid(ctx) {
+            return Err(invalid(
+                &f,
+                format!("the {what} label {ctx:?} is not valid in the loaded SELinux policy"),
+            ));
+        }
+    }
+    Ok(Some(labels))
+}
+
+/// Two distinct categories out of 1024, as container runtimes give each pod (`s0:cA,cB`).
+fn random_level() -> Result<String, Error> {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).map_err(|e| Error::Io {
+        path: "getrandom".into(),
+        source: std::io::Error::other(e),
+    })?;
+    let a = u16::from_le_bytes([b[0], b[1]]) % 1024;
+    let mut c = u16::from_le_bytes([b[2], b[3]]) % 1023;
+    if c >= a {
+        c += 1;
+    }
+    Ok(format!("s0:c{},c{}", a.min(c), a.max(c)))
+}
+
+/// Paths whose relabelling would break the node, refused as go-selinux refuses them.
+pub fn relabel_allowed(path: &str) -> bool {
+    let p = Path::new(path);
+    ![
+        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
+        "/run", "/sbin", "/sys", "/tmp", "/usr", "/var",
+    ]
+    .iter()
+    .any(|s| p == Path::new(s))
 }
 
 #[cfg(test)]
@@ -432,9 +526,33 @@ mod tests {
             level: "s0:c1,c2".into(),
             ..Default::default()
         };
-        let e = check_selinux(Some(&o), "c").unwrap_err();
+        let e = selinux_labels(Some(&o), None, "c").unwrap_err();
         assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
-        assert!(check_selinux(Some(&cri::SeLinuxOption::default()), "c").is_ok());
+        assert_eq!(
+            selinux_labels(Some(&cri::SeLinuxOption::default()), None, "c").unwrap(),
+            None
+        );
+        let pod = SelinuxLabels {
+            process: "u:r:t:s0:c1,c2".into(),
+            mount: "u:object_r:f:s0:c1,c2".into(),
+        };
+        assert_eq!(pod.level(), "s0:c1,c2");
+        assert_eq!(selinux_labels(None, Some(&pod), "c").unwrap(), Some(pod));
+    }
+
+    #[test]
+    fn random_levels_are_two_categories() {
+        for _ in 0..200 {
+            let l = random_level().unwrap();
+            let (a, b) = l
+                .strip_prefix("s0:c")
+                .and_then(|r| r.split_once(",c"))
+                .unwrap();
+            let (a, b): (u16, u16) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!(a < b && b < 1024, "{l}");
+        }
+        assert!(!relabel_allowed("/etc") && !relabel_allowed("/"));
+        assert!(relabel_allowed("/var/lib/kubelet/pods/x/volumes"));
     }
 
     #[test]

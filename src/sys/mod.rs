@@ -36,6 +36,24 @@ pub fn fsetxattr<F: AsFd>(fd: F, name: &[u8], value: &[u8]) -> io::Result<()> {
     check(ret)
 }
 
+/// Sets an extended attribute on a path, not following a final symlink (`lsetxattr(2)`).
+pub fn lsetxattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let name = cstring(name)?;
+    let path = cstring(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `path` and `name` are valid NUL-terminated strings and `value` a valid slice for
+    // the whole call.
+    let ret = unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    check(ret)
+}
+
 /// Reads an extended attribute of an open file (`fgetxattr(2)`); `None` when it is not set.
 pub fn fgetxattr<F: AsFd>(fd: F, name: &[u8]) -> io::Result<Option<Vec<u8>>> {
     let name = cstring(name)?;

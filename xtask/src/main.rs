@@ -59,14 +59,16 @@ fn integration() -> Result<()> {
 /// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
 /// agent suite, the tests named `cgroup_v2` (QoS limits and swap) and `volumes_env` (secrets on
 /// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
-/// the whole suite. The systemd cgroup driver's test runs in a VM booted with systemd as PID 1
-/// (the flag), the rest where a shell is PID 1.
-const VM_SUITES: [(&str, &[&str], bool); 5] = [
-    ("cgroups", &["--skip", "systemd_driver"], false),
-    ("cgroups", &["systemd_driver"], true),
-    ("pods", &[], false),
-    ("security", &[], false),
-    ("agent", &["cgroup_v2", "volumes_env"], false),
+/// the whole suite. The last field is how the VM boots (`hack/vm-run`'s flag): the systemd
+/// cgroup driver's test with systemd as PID 1 (`-S`), the SELinux test with SELinux instead of
+/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor.
+const VM_SUITES: [(&str, &[&str], Option<&str>); 6] = [
+    ("cgroups", &["--skip", "systemd_driver"], None),
+    ("cgroups", &["systemd_driver"], Some("-S")),
+    ("pods", &[], None),
+    ("security", &["--skip", "selinux"], None),
+    ("security", &["selinux"], Some("-Z")),
+    ("agent", &["cgroup_v2", "volumes_env"], None),
 ];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
@@ -76,8 +78,8 @@ fn test_vm() -> Result<()> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    for (s, _, systemd) in VM_SUITES {
-        if !systemd {
+    for (s, _, boot) in VM_SUITES {
+        if boot.is_none() {
             cmd.args(["--test", s]);
         }
     }
@@ -98,8 +100,8 @@ fn test_vm() -> Result<()> {
             && let (Some(exe), Some(name)) =
                 (v["executable"].as_str(), v["target"]["name"].as_str())
         {
-            for (_, filter, systemd) in VM_SUITES.iter().filter(|(s, ..)| *s == name) {
-                bins.push((name.to_string(), exe.to_string(), *filter, *systemd));
+            for (_, filter, boot) in VM_SUITES.iter().filter(|(s, ..)| *s == name) {
+                bins.push((name.to_string(), exe.to_string(), *filter, *boot));
             }
         }
     }
@@ -109,16 +111,14 @@ fn test_vm() -> Result<()> {
     // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
     // read-only at its own path.
     let workspace = std::env::current_dir().context("current directory")?;
-    for (name, exe, filter, systemd) in bins {
+    for (name, exe, filter, boot) in bins {
         eprintln!(
-            "xtask: VM tier: {name} {}{}",
+            "xtask: VM tier: {name} {} (boot: {})",
             filter.join(" "),
-            if systemd { " (systemd as PID 1)" } else { "" }
+            boot.unwrap_or("default")
         );
         let mut cmd = Command::new("hack/vm-run");
-        if systemd {
-            cmd.arg("-S");
-        }
+        cmd.args(boot);
         cmd.args(["-t", "1500", "-r"])
             .arg(&workspace)
             .args(["--", &exe, "--test-threads=2"]);
