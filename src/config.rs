@@ -100,6 +100,10 @@ pub struct Runtime {
     /// A pause image (e.g. `registry.k8s.io/pause:3.10`) for pods' namespace holders instead of
     /// crius's built-in pause. Pulled on first use with the node's credentials; reported pinned.
     pub sandbox_image: Option<String>,
+    /// On a node running SELinux, label every pod that is not privileged, as containerd's
+    /// `enable_selinux`: without `selinux_options`, the policy's container label with a pair of
+    /// categories of the pod's own. Off, only pods that ask for a label get one.
+    pub selinux: bool,
 }
 
 /// A runtime handler. It has no settings yet: every handler runs on crius's own runtime.

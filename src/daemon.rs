@@ -118,7 +118,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         parent: cfg.cgroup.parent.clone(),
         allow_unenforced: cfg.cgroup.allow_unenforced,
     };
-    let sandboxes = SandboxService::open(&cfg.state, handlers, policy)?;
+    let sandboxes = SandboxService::open(&cfg.state, handlers, policy, cfg.runtime.selinux)?;
     if let Some(sd) = sandboxes.systemd() {
         sd.connect().await?;
     }

@@ -1135,6 +1135,11 @@ async fn selinux_labels_processes_and_files() {
     // commands, its root filesystem and its tmpfs mounts.
     let vol = tempfile::tempdir().unwrap();
     std::fs::write(vol.path().join("data"), "x").unwrap();
+    // A link in the volume to a file outside: the link is labelled, never what it points at.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "x").unwrap();
+    let outside_label = file_label(&outside.path().join("secret"));
+    std::os::unix::fs::symlink(outside.path(), vol.path().join("link")).unwrap();
     let mut cfg = env.container_config("inherit", LONG);
     cfg.mounts.push(cri::Mount {
         container_path: "/vol".into(),
@@ -1159,6 +1164,18 @@ async fn selinux_labels_processes_and_files() {
         file_label(&vol.path().join("data")),
         files,
         "a relabelled volume"
+    );
+    assert_eq!(
+        file_label(&outside.path().join("secret")),
+        outside_label,
+        "relabelling does not follow links"
+    );
+    // The pod's own files and shm carry its file label too.
+    let (out, _, _) = sh(&env, &c, "cat /proc/self/mountinfo").await;
+    assert!(
+        out.lines()
+            .any(|l| l.contains(" /dev/shm ") && l.contains("container_file_t")),
+        "{out}"
     );
 
     // Options of its own: its level and type win.
@@ -1261,4 +1278,66 @@ async fn selinux_labels_processes_and_files() {
     assert_eq!(label_of(host_pid(&env, &c4).await), l2);
     env.remove_pod(&pod).await;
     env.remove_pod(&pod2).await;
+
+    // runtime.selinux: every pod that is not privileged is labelled, each with its own level.
+    let env = PodEnv::start_with("[runtime]\nselinux = true\n").await;
+    let mut levels = std::collections::HashSet::new();
+    for i in 0..3 {
+        let mut sb = env.sandbox_config(&format!("plain-{i}"));
+        if i == 1 {
+            // A shared PID namespace: the pod's PID 1 is a child of the holder, labelled too.
+            sb.linux
+                .as_mut()
+                .unwrap()
+                .security_context
+                .as_mut()
+                .unwrap()
+                .namespace_options = Some(cri::NamespaceOption {
+                pid: cri::NamespaceMode::Pod as i32,
+                ..Default::default()
+            });
+        }
+        let p = env.run_pod(&sb).await.unwrap();
+        let l = label_of(pause_pid(&env, &p).await);
+        assert!(l.starts_with("system_u:system_r:container_t:s0:c"), "{l}");
+        assert!(levels.insert(l), "a level handed out twice");
+        if i < 2 {
+            let c = env.run(&p, &sb, env.container_config("c", LONG)).await;
+            assert!(label_of(host_pid(&env, &c).await).contains("container_t"));
+        }
+        env.remove_pod(&p).await;
+    }
+
+    // A configured pause image: its process takes the pod's label when it is exec'd (the label
+    // is set before the holder moves into the image's root, which has no /proc).
+    let pause = image(
+        vec![busybox_layer(Compress::Gzip)],
+        &ImageOpts {
+            entrypoint: &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+            cmd: &[],
+            user: "65535:65535",
+            ..Default::default()
+        },
+    );
+    env.reg.push_image("pause", "3.10", &pause).await.unwrap();
+    let host = env.reg.host();
+    let d = Daemon::start(&format!(
+        "[runtime]\nselinux = true\nsandbox_image = \"{host}/pause:3.10\"\n"
+    ));
+    let imaged = PodEnv {
+        image: env.image.clone(),
+        reg: env.reg,
+        d,
+        logs: tempfile::tempdir().unwrap(),
+    };
+    imaged.d.pull(&imaged.image).await.unwrap();
+    let sb = imaged.sandbox_config("imaged");
+    let p = imaged.run_pod(&sb).await.unwrap();
+    let l = label_of(pause_pid(&imaged, &p).await);
+    assert!(l.starts_with("system_u:system_r:container_t:s0:c"), "{l}");
+    let c = imaged
+        .run(&p, &sb, imaged.container_config("c", LONG))
+        .await;
+    assert_eq!(label_of(host_pid(&imaged, &c).await), l);
+    imaged.remove_pod(&p).await;
 }

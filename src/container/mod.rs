@@ -774,6 +774,8 @@ impl ContainerService {
             sandbox::security::selinux_labels(
                 sc.and_then(|s| s.selinux_options.as_ref()),
                 pod_selinux,
+                false,
+                &|_| false,
                 FIELD,
             )?
         };

@@ -843,6 +843,7 @@ pub fn mounts(
         out.push(cri::Mount {
             container_path: "/etc/hosts".into(),
             host_path: h.display().to_string(),
+            selinux_relabel: selinux,
             ..Default::default()
         });
     }
@@ -853,6 +854,7 @@ pub fn mounts(
                 .clone()
                 .unwrap_or_else(|| "/dev/termination-log".into()),
             host_path: t.display().to_string(),
+            selinux_relabel: selinux,
             ..Default::default()
         });
     }

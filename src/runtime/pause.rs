@@ -19,11 +19,18 @@ use crate::sys;
 
 pub fn main(config: &str) -> i32 {
     let _ = nix::sys::prctl::set_name(c"pause");
-    if config == HOLD {
-        return match signal_fd() {
-            Ok(s) => sleep_until_stopped(&s),
-            Err(e) => fail(e),
+    if config == HOLD || config == HOLD_READY {
+        let signals = match signal_fd() {
+            Ok(s) => s,
+            Err(e) => return fail(e),
         };
+        if config == HOLD_READY {
+            match ProcessId::of(std::process::id() as i32) {
+                Ok(id) => ready(id),
+                Err(e) => return fail(format!("own identity: {e}")),
+            }
+        }
+        sleep_until_stopped(&signals)
     }
     let cfg: PauseConfig = match serde_json::from_str(config) {
         Ok(c) => c,
@@ -62,13 +69,14 @@ pub fn main(config: &str) -> i32 {
                         sleep_until_stopped(&signals)
                     }
                     None => {
-                        let e = hold_labelled(label);
+                        let e = hold_labelled(label, HOLD);
                         let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
                         sys::exit_now(127)
                     }
                     Some(image) => {
-                        let e = match enter_image(image) {
-                            Ok(command) => command.exec(label),
+                        // The label first: the image's root has no /proc to set it from.
+                        let e = match label_next_exec(label).and_then(|()| enter_image(image)) {
+                            Ok(command) => command.exec(),
                             Err(e) => e,
                         };
                         let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
@@ -99,19 +107,29 @@ pub fn main(config: &str) -> i32 {
             Ok(id) => id,
             Err(e) => return fail(format!("own identity: {e}")),
         };
-        let command = match cfg.image.as_ref().map(enter_image).transpose() {
+        let label = cfg.selinux_label.as_deref();
+        if cfg.image.is_none() && label.is_some() {
+            // The re-executed holder reports itself ready: a refused exec fails the pod.
+            return fail(hold_labelled(label, HOLD_READY));
+        }
+        let command = match cfg
+            .image
+            .as_ref()
+            .map(|i| label_next_exec(label).and_then(|()| enter_image(i)))
+            .transpose()
+        {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
         ready(id);
-        let label = cfg.selinux_label.as_deref();
-        let e = match command {
-            Some(c) => c.exec(label),
-            None if label.is_none() => sleep_until_stopped(&signals),
-            None => hold_labelled(label),
-        };
-        eprintln!("pause: {e}");
-        127
+        match command {
+            Some(c) => {
+                let e = c.exec();
+                eprintln!("pause: {e}");
+                127
+            }
+            None => sleep_until_stopped(&signals),
+        }
     }
 }
 
@@ -126,14 +144,8 @@ struct ImageCommand {
 }
 
 impl ImageCommand {
-    /// Replaces this process with the image's (labelled `label` for SELinux); returns why it
-    /// could not.
-    fn exec(self, label: Option<&str>) -> String {
-        if let Some(l) = label
-            && let Err(e) = super::selinux::set_exec_label(Some(l))
-        {
-            return format!("pause image: SELinux label {l}: {e}");
-        }
+    /// Replaces this process with the image's; returns why it could not.
+    fn exec(self) -> String {
         if let Err(e) = sys::reset_signals() {
             return format!("pause image: resetting signals: {e}");
         }
@@ -382,18 +394,32 @@ fn fail(message: String) -> i32 {
     1
 }
 
-/// `crius pause hold`: only the sleep, for a pod process that execs into its SELinux label.
+/// `crius pause hold`: only the sleep, for a pod process that execs into its SELinux label;
+/// `hold-ready` reports the pod ready first (when no parent of its does).
 const HOLD: &str = "hold";
+const HOLD_READY: &str = "hold-ready";
 
-/// Re-executes this program as `crius pause hold` under the pod's SELinux label (the setup
-/// before needed the runtime's own); returns why it could not.
-fn hold_labelled(label: Option<&str>) -> String {
-    if let Some(l) = label
-        && let Err(e) = super::selinux::set_exec_label(Some(l))
-    {
-        return format!("SELinux label {l}: {e}");
+/// Labels this process's next exec for SELinux.
+fn label_next_exec(label: Option<&str>) -> Result<(), String> {
+    match label {
+        Some(l) => {
+            super::selinux::set_exec_label(Some(l)).map_err(|e| format!("SELinux label {l}: {e}"))
+        }
+        None => Ok(()),
     }
-    let args = [c"crius", c"pause", c"hold"];
+}
+
+/// Re-executes this program as `crius pause <how>` under the pod's SELinux label (the setup
+/// before needed the runtime's own); returns why it could not.
+fn hold_labelled(label: Option<&str>, how: &str) -> String {
+    if let Err(e) = label_next_exec(label) {
+        return e;
+    }
+    let how = match std::ffi::CString::new(how) {
+        Ok(h) => h,
+        Err(e) => return e.to_string(),
+    };
+    let args = [c"crius", c"pause", how.as_c_str()];
     let env: [&std::ffi::CStr; 0] = [];
     match nix::unistd::execve(c"/proc/self/exe", &args, &env) {
         Err(e) => format!("re-executing the pause process: {e}"),

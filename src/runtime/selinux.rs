@@ -4,6 +4,7 @@
 //! pod gets is `sandbox::security`'s business.
 
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::sys;
@@ -39,15 +40,85 @@ pub fn process_label(pid: i32) -> io::Result<String> {
     Ok(s.trim_end_matches(['\0', '\n']).to_string())
 }
 
-/// Labels `path` and everything below it (symlinks themselves, not what they point at).
+/// Labels `path` and everything below it on the same filesystem. The walk goes by descriptor
+/// and never follows a symlink (it labels the link itself), so a container that shares the
+/// directory cannot swap a part of it for a link and have the node's own files relabelled.
+/// Files on a filesystem without labels are passed over, as containerd does.
 pub fn relabel(path: &Path, context: &str) -> io::Result<()> {
-    let with = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
-    sys::lsetxattr(path, XATTR, context.as_bytes()).map_err(|e| with(path, e))?;
-    let meta = std::fs::symlink_metadata(path).map_err(|e| with(path, e))?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path).map_err(|e| with(path, e))? {
-            let entry = entry.map_err(|e| with(path, e))?;
-            relabel(&entry.path(), context)?;
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::{Mode, SFlag, fstat};
+    use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+    use std::rc::Rc;
+    let with = |e: nix::Error| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("{}: {e}", path.display()),
+        )
+    };
+    let handle = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let top = open(path, handle, Mode::empty()).map_err(with)?;
+    let dev = fstat(top.as_fd()).map_err(with)?.st_dev;
+    // Entries still to label: the top one, open, then each by its directory (held open while
+    // any of its entries are left) and name.
+    enum Todo {
+        Open(OwnedFd),
+        Entry(Rc<OwnedFd>, std::ffi::OsString),
+    }
+    let mut todo = vec![Todo::Open(top)];
+    while let Some(next) = todo.pop() {
+        let fd = match next {
+            Todo::Open(fd) => fd,
+            Todo::Entry(dir, name) => {
+                match openat(dir.as_fd(), name.as_os_str(), handle, Mode::empty()) {
+                    Ok(fd) => fd,
+                    // Gone meanwhile: nothing to label.
+                    Err(nix::Error::ENOENT) => continue,
+                    Err(e) => return Err(with(e)),
+                }
+            }
+        };
+        let st = fstat(fd.as_fd()).map_err(with)?;
+        if st.st_dev != dev {
+            continue;
+        }
+        let link = Path::new("/proc/self/fd").join(fd.as_raw_fd().to_string());
+        let is_link = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK;
+        let labelled = if is_link {
+            // A link's own label: through its handle the path ends at the link.
+            sys::lsetxattr(&link, XATTR, context.as_bytes())
+        } else {
+            sys::setxattr(&link, XATTR, context.as_bytes())
+        };
+        match labelled {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => continue,
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFDIR {
+            continue;
+        }
+        let dir = openat(
+            fd.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(with)?;
+        // One descriptor to list the directory, one to open its entries from later.
+        let mut listing = nix::dir::Dir::from_fd(
+            dir.try_clone()
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?,
+        )
+        .map_err(with)?;
+        let dir = Rc::new(dir);
+        for entry in listing.iter() {
+            let entry = entry.map_err(with)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let name = std::ffi::OsStr::from_bytes(name).to_os_string();
+            todo.push(Todo::Entry(dir.clone(), name));
         }
     }
     Ok(())

@@ -213,6 +213,10 @@ struct Inner {
     dir: PathBuf,
     handlers: Vec<String>,
     cgroups: Policy,
+    /// Label every pod that is not privileged (`runtime.selinux` on a node running SELinux).
+    selinux: bool,
+    /// The SELinux levels pods hold, so that a random one is never handed out twice.
+    levels: std::sync::Mutex<HashMap<String, usize>>,
     /// systemd's unit manager, with the systemd cgroup driver.
     systemd: Option<Arc<crate::systemd::Manager>>,
     sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
@@ -268,6 +272,7 @@ impl SandboxService {
         state: &Path,
         handlers: Vec<String>,
         cgroups: Policy,
+        selinux: bool,
     ) -> Result<SandboxService, Error> {
         let dir = state.join("sandboxes");
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
@@ -275,6 +280,8 @@ impl SandboxService {
             inner: Arc::new(Inner {
                 dir,
                 handlers,
+                selinux: selinux && crate::runtime::selinux::enabled(),
+                levels: std::sync::Mutex::new(Default::default()),
                 systemd: (cgroups.systemd && cgroups.hierarchy.is_some())
                     .then(|| Arc::new(crate::systemd::Manager::new())),
                 cgroups,
@@ -306,6 +313,7 @@ impl SandboxService {
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(r.id.clone(), u.clone());
                     }
+                    self.hold_level(r.selinux.as_ref());
                     self.map_write()
                         .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
                 }
@@ -439,6 +447,31 @@ impl SandboxService {
         self.inner.systemd.as_ref()
     }
 
+    fn hold_level(&self, l: Option<&security::SelinuxLabels>) {
+        if let Some(l) = l {
+            *self
+                .inner
+                .levels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(l.level().to_string())
+                .or_default() += 1;
+        }
+    }
+
+    fn release_level(&self, l: Option<&security::SelinuxLabels>) {
+        let Some(l) = l else {
+            return;
+        };
+        let mut levels = self.inner.levels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = levels.get_mut(l.level()) {
+            *n -= 1;
+            if *n == 0 {
+                levels.remove(l.level());
+            }
+        }
+    }
+
     /// Takes down a pod's cgroups: the pause leaf and, when crius made it, the pod's own
     /// (stopping their units under systemd, which kills anything left in them).
     async fn discard_cgroups(&self, pod: Option<&Cgroup>, owned: bool, pause: Option<&Cgroup>) {
@@ -503,13 +536,12 @@ impl SandboxService {
         config: &cri::PodSandboxConfig,
     ) -> Result<Option<security::SelinuxLabels>, Error> {
         const FIELD: &str = "config.linux.security_context";
-        let Some(sc) = config
+        let default_sc = cri::LinuxSandboxSecurityContext::default();
+        let sc = config
             .linux
             .as_ref()
             .and_then(|l| l.security_context.as_ref())
-        else {
-            return Ok(None);
-        };
+            .unwrap_or(&default_sc);
         let choice =
             security::seccomp_choice(sc.seccomp.as_ref(), &sc.seccomp_profile_path, FIELD)?;
         if let security::SeccompChoice::Localhost(path) = &choice {
@@ -523,9 +555,37 @@ impl SandboxService {
             &self.inner.dir,
             FIELD,
         )?;
-        let labels = security::selinux_labels(sc.selinux_options.as_ref(), None, FIELD)?;
         // A privileged pod keeps the runtime's label, as with containerd.
-        Ok(labels.filter(|_| !sc.privileged))
+        if sc.privileged {
+            security::selinux_labels(sc.selinux_options.as_ref(), None, false, &|_| false, FIELD)?;
+            return Ok(None);
+        }
+        // Each pod's random categories its own: none another pod holds.
+        let mut levels = self.inner.levels.lock().unwrap_or_else(|p| p.into_inner());
+        let labels = security::selinux_labels(
+            sc.selinux_options.as_ref(),
+            None,
+            self.inner.selinux,
+            &|l| levels.contains_key(l),
+            FIELD,
+        );
+        if let Ok(Some(l)) = &labels {
+            *levels.entry(l.level().to_string()).or_default() += 1;
+        }
+        drop(levels);
+        let asked = sc
+            .selinux_options
+            .as_ref()
+            .is_some_and(|o| *o != cri::SeLinuxOption::default());
+        match (asked, labels) {
+            // The node's default failing (a policy without the container types) names the
+            // setting, not a field the pod never set.
+            (false, Err(e)) => Err(invalid(
+                "runtime.selinux",
+                format!("labelling pods by default: {e}"),
+            )),
+            (_, r) => r,
+        }
     }
 
     pub async fn run(
@@ -600,16 +660,27 @@ impl SandboxService {
         let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
         let sysctls = sysctls(&config, network, ipc)?;
         let selinux = self.check_profiles(&config)?;
+        // The level is held from here; released again on every failure below.
+        let held = selinux.clone();
+        let fail = |e: Error| {
+            self.release_level(held.as_ref());
+            Err(e)
+        };
 
         let key = name_key(Some(meta));
-        let id = random_id()?;
+        let id = match random_id() {
+            Ok(id) => id,
+            Err(e) => return fail(e),
+        };
         {
             let mut names = self.names();
             if let Some(existing) = names.get(&key) {
-                return Err(Error::NameReserved {
+                let e = Error::NameReserved {
                     name: key,
                     id: existing.clone(),
-                });
+                };
+                drop(names);
+                return fail(e);
             }
             names.insert(key.clone(), id.clone());
         }
@@ -619,7 +690,7 @@ impl SandboxService {
                 Ok(u) => Some(u),
                 Err(e) => {
                     self.names().remove(&key);
-                    return Err(e);
+                    return fail(e);
                 }
             },
         };
@@ -659,7 +730,7 @@ impl SandboxService {
                 }
                 self.release_userns(&id);
                 self.names().remove(&key);
-                Err(e)
+                fail(e)
             }
         }
     }
@@ -707,22 +778,37 @@ impl SandboxService {
             _ => std::fs::read("/etc/resolv.conf").unwrap_or_default(),
         };
         write_file(&paths.resolv(), &resolv)?;
+        // The pod's files are its containers' to read (and its shm to write), as containerd
+        // labels them.
+        if let Some(l) = &selinux {
+            for f in [paths.hostname(), paths.hosts(), paths.resolv()] {
+                runtime::selinux::relabel(&f, &l.mount).map_err(io_err(&f))?;
+            }
+        }
         if ipc != NS_NODE {
             let shm = paths.shm();
             std::fs::create_dir_all(&shm).map_err(io_err(&shm))?;
+            let mut opts = "mode=1777,size=65536k".to_string();
+            if let Some(l) = &selinux {
+                opts.push_str(&format!(",context=\"{}\"", l.mount));
+            }
             mount(
                 Some("shm"),
                 &shm,
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("mode=1777,size=65536k"),
+                Some(opts.as_str()),
             )
             .map_err(|e| io_err(&shm)(e.into()))?;
         }
 
         let pause_image = match &image {
             None => None,
-            Some(img) => Some(mount_pause_image(paths, img)?),
+            Some(img) => Some(mount_pause_image(
+                paths,
+                img,
+                selinux.as_ref().map(|l| l.mount.as_str()),
+            )?),
         };
         let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config).await?;
         let placement = match (&self.inner.systemd, &pause_cgroup) {
@@ -890,6 +976,7 @@ impl SandboxService {
         self.discard_cgroups(r.cgroup.as_ref(), r.owns_cgroup, r.pause_cgroup.as_ref())
             .await;
         self.release_userns(&r.id);
+        self.release_level(r.selinux.as_ref());
         self.map_write().remove(&r.id);
         self.names().remove(&r.name_key());
         Ok(())
@@ -1190,7 +1277,11 @@ async fn spawn_pause(cfg: &PauseConfig, placement: Option<Placement>) -> Result<
 
 /// Mounts the pause image's root filesystem (its layers under a writable layer of the pod's own)
 /// at `rootfs` in the sandbox directory.
-fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, Error> {
+fn mount_pause_image(
+    paths: &Paths,
+    image: &SandboxImage,
+    label: Option<&str>,
+) -> Result<PauseImage, Error> {
     let (uid, gid) = image.ids()?;
     let rootfs = paths.dir.join("rootfs");
     runtime::mounts::overlay(
@@ -1198,7 +1289,7 @@ fn mount_pause_image(paths: &Paths, image: &SandboxImage) -> Result<PauseImage, 
         &image.lowerdirs,
         &paths.dir.join("layer"),
         MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
-        None,
+        label,
     )
     .map_err(io_err(&rootfs))?;
     Ok(PauseImage {

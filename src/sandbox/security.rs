@@ -314,18 +314,24 @@ impl SelinuxLabels {
 
 /// The labels SELinux options ask for, made as containerd makes them: the policy's container
 /// contexts (`lxc_contexts`) with the given user, role, type and level put in; without a level,
-/// `inherit`'s (the pod's, for a container) or a random pair of categories. Without options, no
-/// labels of its own: `inherit`'s. Refused on a host without SELinux (a pod must never run
-/// unlabelled when a label was asked for) and when the loaded policy does not know a label.
+/// `inherit`'s (the pod's, for a container) or a random pair of categories that `taken` does
+/// not hold. Without options, no labels of its own (`inherit`'s) unless `by_default`. Refused on
+/// a host without SELinux (a pod must never run unlabelled when a label was asked for) and when
+/// the loaded policy does not know a label.
 pub fn selinux_labels(
     options: Option<&cri::SeLinuxOption>,
     inherit: Option<&SelinuxLabels>,
+    by_default: bool,
+    taken: &dyn Fn(&str) -> bool,
     field: &str,
 ) -> Result<Option<SelinuxLabels>, Error> {
-    let Some(o) = options.filter(|o| {
+    let none = cri::SeLinuxOption::default();
+    let o = match options.filter(|o| {
         !(o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty())
-    }) else {
-        return Ok(inherit.cloned());
+    }) {
+        Some(o) => o,
+        None if by_default => &none,
+        None => return Ok(inherit.cloned()),
     };
     let f = format!("{field}.selinux_options");
     if !selinux::enabled() {
@@ -364,7 +370,7 @@ pub fn selinux_labels(
     };
     let level = match (o.level.as_str(), inherit) {
         ("", Some(i)) if !i.level().is_empty() => i.level().to_string(),
-        ("", _) => random_level()?,
+        ("", _) => random_level(taken)?,
         (l, _) => l.to_string(),
     };
     let labels = SelinuxLabels {
@@ -387,30 +393,66 @@ pub fn selinux_labels(
     Ok(Some(labels))
 }
 
-/// Two distinct categories out of 1024, as container runtimes give each pod (`s0:cA,cB`).
-fn random_level() -> Result<String, Error> {
-    let mut b = [0u8; 4];
-    getrandom::fill(&mut b).map_err(|e| Error::Io {
-        path: "getrandom".into(),
-        source: std::io::Error::other(e),
-    })?;
-    let a = u16::from_le_bytes([b[0], b[1]]) % 1024;
-    let mut c = u16::from_le_bytes([b[2], b[3]]) % 1023;
-    if c >= a {
-        c += 1;
+/// Two distinct categories out of 1024, as container runtimes give each pod (`s0:cA,cB`), not
+/// one `taken` holds.
+fn random_level(taken: &dyn Fn(&str) -> bool) -> Result<String, Error> {
+    for _ in 0..1000 {
+        let mut b = [0u8; 4];
+        getrandom::fill(&mut b).map_err(|e| Error::Io {
+            path: "getrandom".into(),
+            source: std::io::Error::other(e),
+        })?;
+        let a = u16::from_le_bytes([b[0], b[1]]) % 1024;
+        let mut c = u16::from_le_bytes([b[2], b[3]]) % 1023;
+        if c >= a {
+            c += 1;
+        }
+        let level = format!("s0:c{},c{}", a.min(c), a.max(c));
+        if !taken(&level) {
+            return Ok(level);
+        }
     }
-    Ok(format!("s0:c{},c{}", a.min(c), a.max(c)))
+    Err(invalid(
+        "selinux_options.level",
+        "no free pair of SELinux categories left",
+    ))
 }
 
-/// Paths whose relabelling would break the node, refused as go-selinux refuses them.
+/// Paths whose relabelling would break the node, refused as go-selinux refuses them (where they
+/// really lead: `/usr/..` is `/`).
 pub fn relabel_allowed(path: &str) -> bool {
-    let p = Path::new(path);
+    let p = std::fs::canonicalize(path).unwrap_or_else(|_| Path::new(path).to_path_buf());
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
     ![
-        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
-        "/run", "/sbin", "/sys", "/tmp", "/usr", "/var",
+        "/",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/etc/passwd",
+        "/etc/pki",
+        "/etc/shadow",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/media",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+        "/var/lib",
+        "/var/log",
+        "/var/spool",
     ]
     .iter()
     .any(|s| p == Path::new(s))
+        && home.is_none_or(|h| p != h)
 }
 
 #[cfg(test)]
@@ -526,10 +568,18 @@ mod tests {
             level: "s0:c1,c2".into(),
             ..Default::default()
         };
-        let e = selinux_labels(Some(&o), None, "c").unwrap_err();
+        let free = |_: &str| false;
+        let e = selinux_labels(Some(&o), None, false, &free, "c").unwrap_err();
         assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
         assert_eq!(
-            selinux_labels(Some(&cri::SeLinuxOption::default()), None, "c").unwrap(),
+            selinux_labels(
+                Some(&cri::SeLinuxOption::default()),
+                None,
+                false,
+                &free,
+                "c"
+            )
+            .unwrap(),
             None
         );
         let pod = SelinuxLabels {
@@ -537,13 +587,16 @@ mod tests {
             mount: "u:object_r:f:s0:c1,c2".into(),
         };
         assert_eq!(pod.level(), "s0:c1,c2");
-        assert_eq!(selinux_labels(None, Some(&pod), "c").unwrap(), Some(pod));
+        assert_eq!(
+            selinux_labels(None, Some(&pod), false, &free, "c").unwrap(),
+            Some(pod)
+        );
     }
 
     #[test]
     fn random_levels_are_two_categories() {
         for _ in 0..200 {
-            let l = random_level().unwrap();
+            let l = random_level(&|l| l == "s0:c1,c2").unwrap();
             let (a, b) = l
                 .strip_prefix("s0:c")
                 .and_then(|r| r.split_once(",c"))

@@ -36,6 +36,24 @@ pub fn fsetxattr<F: AsFd>(fd: F, name: &[u8], value: &[u8]) -> io::Result<()> {
     check(ret)
 }
 
+/// Sets an extended attribute on what a path leads to (`setxattr(2)`).
+pub fn setxattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let name = cstring(name)?;
+    let path = cstring(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `path` and `name` are valid NUL-terminated strings and `value` a valid slice for
+    // the whole call.
+    let ret = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    check(ret)
+}
+
 /// Sets an extended attribute on a path, not following a final symlink (`lsetxattr(2)`).
 pub fn lsetxattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
     let name = cstring(name)?;
