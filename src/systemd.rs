@@ -226,8 +226,8 @@ impl Manager {
             .map(|_| ())
     }
 
-    /// Stops a unit (killing what is left in it) and forgets a failed result; a unit systemd
-    /// no longer knows is already stopped.
+    /// Stops a unit (killing what is left in it), waits for it to be down and forgets a failed
+    /// result; a unit systemd no longer knows is already stopped.
     pub async fn stop(&self, unit: &str) -> Result<(), Error> {
         match self.call("StopUnit", unit, &(unit, "replace")).await {
             Ok(_) => {}
@@ -237,8 +237,37 @@ impl Manager {
             }) if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" => return Ok(()),
             Err(e) => return Err(e),
         }
+        let deadline = Instant::now() + START_TIMEOUT;
+        while matches!(self.active_state(unit).await.as_deref(), Some(s) if s != "inactive" && s != "failed")
+        {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("stop {unit}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let _ = self.call("ResetFailedUnit", unit, &(unit,)).await;
         Ok(())
+    }
+
+    /// A unit's ActiveState; none when systemd no longer has it loaded.
+    async fn active_state(&self, unit: &str) -> Option<String> {
+        let reply = self.call("GetUnit", unit, &(unit,)).await.ok()?;
+        let path: OwnedObjectPath = reply.body().deserialize().ok()?;
+        let conn = self.connection(false).await.ok()?;
+        let reply = conn
+            .call_method(
+                Some(DESTINATION),
+                path.as_str(),
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &("org.freedesktop.systemd1.Unit", "ActiveState"),
+            )
+            .await
+            .ok()?;
+        let state: zbus::OwnedVariant = reply.body().deserialize().ok()?;
+        String::try_from(state).ok()
     }
 }
 

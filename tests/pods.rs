@@ -568,20 +568,7 @@ async fn daemon_killed_while_pods_run_then_restarted() {
             env.container_config("short", &["sh", "-c", "sleep 2; echo bye; exit 5"]),
         )
         .await;
-    let pause_pid = {
-        let st = env
-            .d
-            .runtime()
-            .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: pod.clone(),
-                verbose: true,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
-        info["pid"].as_i64().unwrap()
-    };
+    let pause_pid = env.pause_pid(&pod).await;
     env.d.kill9();
     // the short container ends while no daemon runs
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -1432,21 +1419,6 @@ fn proc_status_field(pid: i64, field: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn pause_pid(env: &PodEnv, pod: &str) -> i64 {
-    let st = env
-        .d
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: pod.into(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
-    info["pid"].as_i64().unwrap()
-}
-
 #[tokio::test]
 async fn configured_pause_image_holds_the_pods_namespaces() {
     let reg = Registry::start(None);
@@ -1481,7 +1453,7 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
     // image's user, with no capabilities, in the image's root.
     let sb = env.sandbox_config("imaged");
     let pod = env.run_pod(&sb).await.unwrap();
-    let pid = pause_pid(&env, &pod).await;
+    let pid = env.pause_pid(&pod).await;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     assert!(
         String::from_utf8_lossy(&cmdline).contains(PAUSE_CMD),
@@ -1560,7 +1532,7 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
         ..Default::default()
     });
     let pod3 = env.run_pod(&userns).await.unwrap();
-    let pid3 = pause_pid(&env, &pod3).await;
+    let pid3 = env.pause_pid(&pod3).await;
     let uid_map = std::fs::read_to_string(format!("/proc/{pid3}/uid_map")).unwrap();
     let first: Vec<u64> = uid_map
         .split_whitespace()
@@ -1583,7 +1555,7 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
 
     // Stop ends the image's process; remove leaves no mount behind.
     for p in [&pod, &pod2, &pod3] {
-        let pid = pause_pid(&env, p).await;
+        let pid = env.pause_pid(p).await;
         env.stop_pod(p).await;
         // Gone, or a zombie about to be reaped (it may be reaped between two reads).
         let state = proc_status_field(pid, "State");

@@ -1073,22 +1073,7 @@ async fn groups_by_supplemental_groups_policy() {
     env.remove_pod(&pod).await;
 }
 
-async fn pause_pid(env: &PodEnv, pod: &str) -> u32 {
-    let st = env
-        .d
-        .runtime()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: pod.into(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
-    info["pid"].as_u64().expect("pid") as u32
-}
-
-fn label_of(pid: u32) -> String {
+fn label_of(pid: impl std::fmt::Display) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/attr/current"))
         .unwrap()
         .trim_end_matches(['\0', '\n'])
@@ -1129,7 +1114,7 @@ async fn selinux_labels_processes_and_files() {
     });
     let pod = env.run_pod(&sb).await.unwrap();
     let pod_label = "system_u:system_r:container_t:s0:c5,c6";
-    assert_eq!(label_of(pause_pid(&env, &pod).await), pod_label);
+    assert_eq!(label_of(env.pause_pid(&pod).await), pod_label);
 
     // A container without options of its own takes the pod's labels: its processes, exec'd
     // commands, its root filesystem and its tmpfs mounts.
@@ -1215,7 +1200,7 @@ async fn selinux_labels_processes_and_files() {
         .selinux_options
         .clone();
     let ppod = env.run_pod(&psb).await.unwrap();
-    assert!(!label_of(pause_pid(&env, &ppod).await).contains("container_t"));
+    assert!(!label_of(env.pause_pid(&ppod).await).contains("container_t"));
     let c3 = env
         .run(
             &ppod,
@@ -1269,7 +1254,7 @@ async fn selinux_labels_processes_and_files() {
         ..Default::default()
     });
     let pod2 = env.run_pod(&sb2).await.unwrap();
-    let l2 = label_of(pause_pid(&env, &pod2).await);
+    let l2 = label_of(env.pause_pid(&pod2).await);
     assert!(
         l2.starts_with("system_u:system_r:container_t:s0:c") && l2.contains(','),
         "{l2}"
@@ -1298,7 +1283,7 @@ async fn selinux_labels_processes_and_files() {
             });
         }
         let p = env.run_pod(&sb).await.unwrap();
-        let l = label_of(pause_pid(&env, &p).await);
+        let l = label_of(env.pause_pid(&p).await);
         assert!(l.starts_with("system_u:system_r:container_t:s0:c"), "{l}");
         assert!(levels.insert(l), "a level handed out twice");
         if i < 2 {
@@ -1333,7 +1318,7 @@ async fn selinux_labels_processes_and_files() {
     imaged.d.pull(&imaged.image).await.unwrap();
     let sb = imaged.sandbox_config("imaged");
     let p = imaged.run_pod(&sb).await.unwrap();
-    let l = label_of(pause_pid(&imaged, &p).await);
+    let l = label_of(imaged.pause_pid(&p).await);
     assert!(l.starts_with("system_u:system_r:container_t:s0:c"), "{l}");
     let c = imaged
         .run(&p, &sb, imaged.container_config("c", LONG))

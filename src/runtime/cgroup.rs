@@ -396,11 +396,13 @@ pub fn expand_slice(name: &str) -> Result<String, String> {
     if base == "-" {
         return Ok(String::new());
     }
+    // systemd's unit name characters (and no dots but the suffix's, so no `..` either).
+    let unit_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, ':' | '-' | '_' | '\\');
     if base.is_empty()
         || base.starts_with('-')
         || base.ends_with('-')
         || base.contains("--")
-        || base.contains('/')
+        || !base.chars().all(unit_char)
     {
         return Err(format!("{name:?} is not a valid slice name"));
     }
@@ -538,6 +540,8 @@ mod tests {
         );
         assert_eq!(expand_slice("-.slice").unwrap(), "");
         assert!(expand_slice("a--b.slice").is_err());
+        assert!(expand_slice("a b.slice").is_err());
+        assert!(expand_slice("a/../b.slice").is_err());
         assert!(expand_slice("x.scope").is_err());
         let mut p = Policy {
             hierarchy: None,

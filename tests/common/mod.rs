@@ -987,6 +987,23 @@ impl PodEnv {
         }
     }
 
+    /// The pod's pause process (its host pid), from the verbose sandbox status.
+    pub async fn pause_pid(&self, pod: &str) -> i64 {
+        let st = self
+            .d
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: true,
+            })
+            .await
+            .expect("pod sandbox status")
+            .into_inner();
+        let info: serde_json::Value =
+            serde_json::from_str(&st.info["info"]).expect("verbose info is JSON");
+        info["pid"].as_i64().expect("pid")
+    }
+
     pub async fn run_pod(&self, cfg: &cri::PodSandboxConfig) -> Result<String, tonic::Status> {
         std::fs::create_dir_all(&cfg.log_directory).expect("log directory");
         self.d
