@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use nix::mount::{MntFlags, MsFlags, umount2};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::atomic;
 use crate::content::Digest;
@@ -1033,12 +1033,11 @@ impl ContainerService {
         sandbox: &sandbox::Record,
         config: &cri::ContainerConfig,
     ) -> Result<Option<Cgroup>, Error> {
+        // Refuses limits that cannot be enforced, with or without a cgroup.
+        let files = self.limit_files(config)?;
         let Some(pod) = &sandbox.cgroup else {
-            // Refuses limits that cannot be enforced.
-            self.limit_files(config)?;
             return Ok(None);
         };
-        let files = self.limit_files(config)?;
         let policy = self.inner.sandboxes.cgroups();
         // A pod made before crius registered units with systemd has a plain directory, not a
         // slice: its containers get plain directories too.
@@ -1114,17 +1113,9 @@ impl ContainerService {
         };
         let files = self.limit_files(&r.config)?;
         let placement = sandbox::Placement::of(sd, cg)?;
-        let mut stdin = stdin;
         let result = async {
             placement
-                .manager
-                .start_scope(
-                    &placement.unit,
-                    &placement.slice,
-                    pid,
-                    &placement.cgroup,
-                    &files,
-                )
+                .start(pid, &files)
                 .await
                 .map_err(sandbox::Error::from)?;
             // systemd enables only the controllers it knows (not hugetlb): enable the rest on
@@ -1135,21 +1126,15 @@ impl ContainerService {
                     source,
                 })?;
             write_limits(cg, &files)?;
+            let dir = self.bundle(&r.id).dir;
             let spec: oci_spec::runtime::Spec = serde_json::from_slice(
-                &std::fs::read(self.bundle(&r.id).dir.join("config.json"))
-                    .map_err(io_err(&self.bundle(&r.id).dir))?,
+                &std::fs::read(dir.join("config.json")).map_err(io_err(&dir))?,
             )
             .map_err(|e| invalid("config.json", e.to_string()))?;
             attach_devices(cg, &spec)
         }
         .await;
-        if let Some(to) = stdin.as_mut() {
-            let word = match &result {
-                Ok(()) => "go\n".to_string(),
-                Err(e) => format!("{e}\n"),
-            };
-            let _ = to.write_all(word.as_bytes()).await;
-        }
+        sandbox::Placement::answer(stdin, &result).await;
         result
     }
 

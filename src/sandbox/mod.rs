@@ -1190,26 +1190,30 @@ impl Placement {
         })
     }
 
-    /// Starts the scope around `pid` with `limits`, then tells the waiting process (on `to`)
-    /// whether it is in place.
-    pub async fn place(
+    /// Starts the scope around `pid` with `limits`; returns once the process is in it.
+    pub async fn start(
         &self,
         pid: i32,
         limits: &[(String, String)],
-        to: Option<&mut tokio::process::ChildStdin>,
     ) -> Result<(), crate::systemd::Error> {
-        let r = self
-            .manager
+        self.manager
             .start_scope(&self.unit, &self.slice, pid, &self.cgroup, limits)
-            .await;
+            .await
+    }
+
+    /// Tells the process waiting to be placed (on its stdin, `to`) whether it is: `go`, or why
+    /// not (see `runtime::await_placement`).
+    pub async fn answer<E: std::fmt::Display>(
+        to: Option<&mut tokio::process::ChildStdin>,
+        result: &Result<(), E>,
+    ) {
         if let Some(to) = to {
-            let word = match &r {
+            let word = match result {
                 Ok(()) => "go\n".to_string(),
                 Err(e) => format!("{e}\n"),
             };
             let _ = tokio::io::AsyncWriteExt::write_all(to, word.as_bytes()).await;
         }
-        r
     }
 }
 
@@ -1238,7 +1242,8 @@ async fn spawn_pause(cfg: &PauseConfig, placement: Option<Placement>) -> Result<
     if let Some(p) = placement {
         let mut stdin = child.stdin.take();
         let pid = child.id().unwrap_or(0) as i32;
-        let placed = p.place(pid, &[], stdin.as_mut()).await;
+        let placed = p.start(pid, &[]).await;
+        Placement::answer(stdin.as_mut(), &placed).await;
         drop(stdin);
         if let Err(e) = placed {
             let _ = child.start_kill();
