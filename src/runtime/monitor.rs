@@ -253,6 +253,21 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         (None, None)
     };
 
+    // OOM kills are watched from before the container runs: one right after its exec would
+    // otherwise go unseen once systemd has taken the emptied scope away.
+    let oom_watch = cfg
+        .cgroup
+        .as_ref()
+        .and_then(|_| Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok());
+    let watch_oom = || {
+        if let (Some(w), Some(cg)) = (&oom_watch, &cfg.cgroup) {
+            let _ = w.add_watch(&cg.join("memory.events"), AddWatchFlags::IN_MODIFY);
+        }
+    };
+    // A systemd scope exists only once the init is placed in it.
+    if !cfg.placed {
+        watch_oom();
+    }
     match sys::fork().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             drop(err_r);
@@ -288,6 +303,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                     let _ = std::fs::remove_file(&sock_path);
                     return Err(e);
                 }
+                watch_oom();
                 let _ = std::fs::File::from(w).write_all(&[1]);
             }
             let child = match pid_r {
@@ -327,12 +343,6 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 .map_err(|e| format!("container init {child}: {e}"))?;
             let init_fd = sys::pidfd_open(child.as_raw())
                 .map_err(|e| format!("container init {child}: {e}"))?;
-            let oom_watch = cfg.cgroup.as_deref().and_then(|cg| {
-                let i = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?;
-                i.add_watch(&cg.join("memory.events"), AddWatchFlags::IN_MODIFY)
-                    .ok()?;
-                Some(i)
-            });
             let monitor = Monitor {
                 child,
                 init_fd,
