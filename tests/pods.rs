@@ -1067,6 +1067,28 @@ async fn shared_pid_and_host_network_pods() {
         "host name on the host network"
     );
     env.remove_pod(&pod).await;
+
+    // No hostname (critest sends none, with metadata names longer than a hostname may be): the
+    // pod takes the node's, as containerd does. One too long is refused naming the field.
+    let long = "create-PodSandbox-for-container-with-a-name-longer-than-sixty-four-bytes";
+    let mut nameless = env.sandbox_config(long);
+    nameless.hostname.clear();
+    let pod = env.run_pod(&nameless).await.unwrap();
+    let c = env
+        .run(&pod, &nameless, env.container_config("c", LONG))
+        .await;
+    let name = env.exec(&c, &["hostname"], 10).await.unwrap().0;
+    assert_eq!(
+        name.trim(),
+        nix::unistd::gethostname().unwrap().to_string_lossy(),
+        "the node's name when none is given"
+    );
+    env.remove_pod(&pod).await;
+    let mut too_long = env.sandbox_config("too-long");
+    too_long.hostname = long.into();
+    let err = env.run_pod(&too_long).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("config.hostname"), "{err:?}");
 }
 
 #[tokio::test]

@@ -607,6 +607,16 @@ impl SandboxService {
                 return Err(invalid(field, "is required"));
             }
         }
+        // sethostname takes at most HOST_NAME_MAX (64) bytes.
+        if config.hostname.len() > 64 || config.hostname.contains('\0') {
+            return Err(invalid(
+                "config.hostname",
+                format!(
+                    "{:?} is not a valid hostname (at most 64 bytes)",
+                    config.hostname
+                ),
+            ));
+        }
         if !handler.is_empty() && !self.inner.handlers.iter().any(|h| h == handler) {
             let mut known: Vec<String> = self
                 .inner
@@ -752,17 +762,12 @@ impl SandboxService {
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
         let host_net = network == NS_NODE;
-        let meta_name = config
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
-        let hostname = if host_net {
+        // Without a hostname the pod takes the node's, as containerd does (kubelet always sends
+        // one; metadata names may be longer than a hostname can be).
+        let hostname = if host_net || config.hostname.is_empty() {
             nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_default()
-        } else if config.hostname.is_empty() {
-            meta_name
         } else {
             config.hostname.clone()
         };
