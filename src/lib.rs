@@ -2,6 +2,7 @@
 //!
 //! - `cli`: the client commands (talks CRI over the socket, like crictl)
 //! - `daemon`: the daemon's lifecycle; `cri`: tonic glue for CRI runtime.v1 and `crius.v1`
+//! - `pod`: pod sandboxes orchestrated over `sandbox`, `container` and `image`
 //! - `image`: references, registries, pulls, the image catalog
 //! - `content` (blobs by digest), `snapshot` (unpacked layers)
 //! - `config`, `atomic` (state files), `sys` (the only `unsafe`)
@@ -15,6 +16,7 @@ pub mod cri;
 pub mod daemon;
 pub mod frontend;
 pub mod image;
+pub mod pod;
 pub mod runtime;
 pub mod sandbox;
 pub mod snapshot;

@@ -47,7 +47,13 @@ pub async fn serve(
     services: Services,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let pods = crate::pod::PodService::new(
+        services.images.clone(),
+        services.sandboxes.clone(),
+        services.containers.clone(),
+    );
     let runtime = RuntimeServiceServer::new(runtime::Runtime::new(
+        pods,
         services.sandboxes,
         services.containers,
         services.pause_image.clone(),

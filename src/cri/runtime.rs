@@ -11,12 +11,14 @@ use tonic::{Request, Response, Status};
 use super::rpc;
 use super::status::unimplemented;
 use crate::container::ContainerService;
+use crate::pod::PodService;
 use crate::sandbox::SandboxService;
 
 pub const RUNTIME_NAME: &str = "crius";
 pub const CRI_VERSION: &str = "v1";
 
 pub struct Runtime {
+    pods: PodService,
     sandboxes: SandboxService,
     containers: ContainerService,
     /// The pod CIDR kubelet last gave (there is no pod network yet to use it).
@@ -27,11 +29,13 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(
+        pods: PodService,
         sandboxes: SandboxService,
         containers: ContainerService,
         pause_image: Option<String>,
     ) -> Runtime {
         Runtime {
+            pods,
             sandboxes,
             containers,
             pause_image,
@@ -83,8 +87,8 @@ impl RuntimeService for Runtime {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
             let id = self
-                .containers
-                .run_sandbox(config, &req.runtime_handler, self.pause_image.as_deref())
+                .pods
+                .run(config, &req.runtime_handler, self.pause_image.as_deref())
                 .await?;
             Ok(cri::RunPodSandboxResponse { pod_sandbox_id: id })
         })
@@ -96,9 +100,7 @@ impl RuntimeService for Runtime {
         req: Request<cri::StopPodSandboxRequest>,
     ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
         rpc("StopPodSandbox", async {
-            self.containers
-                .stop_sandbox(&req.into_inner().pod_sandbox_id)
-                .await?;
+            self.pods.stop(&req.into_inner().pod_sandbox_id).await?;
             Ok(cri::StopPodSandboxResponse {})
         })
         .await
@@ -109,9 +111,7 @@ impl RuntimeService for Runtime {
         req: Request<cri::RemovePodSandboxRequest>,
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
         rpc("RemovePodSandbox", async {
-            self.containers
-                .remove_sandbox(&req.into_inner().pod_sandbox_id)
-                .await?;
+            self.pods.remove(&req.into_inner().pod_sandbox_id).await?;
             Ok(cri::RemovePodSandboxResponse {})
         })
         .await

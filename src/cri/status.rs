@@ -4,7 +4,7 @@
 
 use tonic::{Code, Status};
 
-use crate::{container, content, image, sandbox, snapshot};
+use crate::{container, content, image, pod, sandbox, snapshot};
 
 /// Errors that can answer an RPC.
 pub trait ToStatus: std::error::Error {
@@ -117,6 +117,16 @@ impl ToStatus for container::Error {
     }
 }
 
+impl ToStatus for pod::Error {
+    fn code(&self) -> Code {
+        match self {
+            pod::Error::Sandbox(e) => e.code(),
+            pod::Error::Container(e) => e.code(),
+            pod::Error::Image(e) => e.code(),
+        }
+    }
+}
+
 macro_rules! into_status {
     ($($t:ty),*) => {
         $(impl From<$t> for Status {
@@ -127,4 +137,4 @@ macro_rules! into_status {
     };
 }
 
-into_status!(image::Error, sandbox::Error, container::Error);
+into_status!(image::Error, sandbox::Error, container::Error, pod::Error);

@@ -1,0 +1,135 @@
+//! pod: pod sandboxes as CRI sees them, orchestrated above `sandbox` and `container`. Running a
+//! pod resolves its pause image (pulled on first use and held while the pod lives) and has
+//! `sandbox` start the pause process; stopping one stops its containers before the pause
+//! process; removing one removes its containers, then the sandbox, then releases the image.
+//! Uses `image`, `sandbox` and `container`; holds no state of its own.
+
+use k8s_cri::v1 as cri;
+
+use crate::container::{self, ContainerService};
+use crate::image::{self, ImageService};
+use crate::sandbox::{self, SandboxService};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::Error),
+    #[error(transparent)]
+    Container(#[from] container::Error),
+    #[error(transparent)]
+    Image(#[from] image::Error),
+}
+
+/// Pod-level operations over the services below.
+#[derive(Clone)]
+pub struct PodService {
+    images: ImageService,
+    sandboxes: SandboxService,
+    containers: ContainerService,
+}
+
+impl PodService {
+    pub fn new(
+        images: ImageService,
+        sandboxes: SandboxService,
+        containers: ContainerService,
+    ) -> PodService {
+        PodService {
+            images,
+            sandboxes,
+            containers,
+        }
+    }
+
+    /// StopPodSandbox: every container is killed, then the pause process stops.
+    pub async fn stop(&self, sandbox_id: &str) -> Result<(), Error> {
+        let id = match self.sandboxes.resolve(sandbox_id) {
+            Ok(id) => id,
+            Err(sandbox::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let stops = self.containers.in_sandbox(&id).await.into_iter().map(|c| {
+            let me = self.clone();
+            async move { me.containers.stop(&c, 0).await }
+        });
+        for r in futures_util::future::join_all(stops).await {
+            r?;
+        }
+        Ok(self.sandboxes.stop(&id).await?)
+    }
+
+    /// RemovePodSandbox: containers, then the sandbox's namespaces and files.
+    pub async fn remove(&self, sandbox_id: &str) -> Result<(), Error> {
+        let id = match self.sandboxes.resolve(sandbox_id) {
+            Ok(id) => id,
+            Err(sandbox::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        for c in self.containers.in_sandbox(&id).await {
+            self.containers.remove(&c).await?;
+        }
+        let chain = self
+            .sandboxes
+            .get(&id)
+            .await
+            .ok()
+            .and_then(|r| r.image_chain);
+        self.sandboxes.remove(&id).await?;
+        if let Some(c) = &chain {
+            self.images.release(c);
+        }
+        Ok(())
+    }
+
+    /// Runs a pod sandbox: on crius's built-in pause, or on the operator's pause image when one
+    /// is configured (pulled when absent, with the node's credentials, and held while the pod
+    /// lives so it is not collected from under it).
+    pub async fn run(
+        &self,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        pause_image: Option<&str>,
+    ) -> Result<String, Error> {
+        let Some(reference) = pause_image else {
+            return Ok(self.sandboxes.run(config, handler, None).await?);
+        };
+        let image = match self.images.lookup(reference)? {
+            Some(i) => i,
+            None => self.images.pull(reference, None).await?,
+        };
+        let rc = &image.config.config;
+        let mut args = rc.entrypoint.clone().unwrap_or_default();
+        args.extend(rc.cmd.clone().unwrap_or_default());
+        let chain = image.top_chain().cloned();
+        if let Some(c) = &chain {
+            self.images.hold(c);
+        }
+        let lowerdirs = match &chain {
+            Some(c) => self.images.lowerdirs(c),
+            None => Ok(Vec::new()),
+        };
+        let result = match lowerdirs {
+            Err(e) => Err(e.into()),
+            Ok(lowerdirs) => {
+                let sandbox_image = sandbox::SandboxImage {
+                    chain: chain.clone(),
+                    lowerdirs,
+                    args,
+                    env: rc.env.clone().unwrap_or_default(),
+                    user: rc.user.clone(),
+                    cwd: rc.working_dir.clone(),
+                };
+                self.sandboxes
+                    .run(config, handler, Some(sandbox_image))
+                    .await
+                    .map_err(Error::from)
+            }
+        };
+        if result.is_err()
+            && let Some(c) = &chain
+        {
+            self.images.release(c);
+        }
+        result
+    }
+}
