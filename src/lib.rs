@@ -5,7 +5,7 @@
 //! - `pod`: pod sandboxes orchestrated over `sandbox`, `container` and `image`
 //! - `image`: references, registries, pulls, the image catalog
 //! - `content` (blobs by digest), `snapshot` (unpacked layers)
-//! - `config`, `atomic` (state files), `sys` (the only `unsafe`)
+//! - `config`, `atomic` (state files), `records` (in-memory record index), `sys` (the only `unsafe`)
 
 pub mod atomic;
 pub mod cli;
@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod frontend;
 pub mod image;
 pub mod pod;
+pub mod records;
 pub mod runtime;
 pub mod sandbox;
 pub mod snapshot;

@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn relative_times() {
-        let now = crate::runtime::now_nanos();
+        let now = crate::records::now_nanos();
         assert_eq!(ago(now), "just now");
         assert_eq!(ago(now - 90 * 1_000_000_000), "1 minute ago");
         assert_eq!(ago(now - 3 * 3600 * 1_000_000_000), "3 hours ago");

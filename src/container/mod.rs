@@ -13,7 +13,7 @@ pub mod user;
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -24,6 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use crate::atomic;
 use crate::content::Digest;
 use crate::image::{self, ImageService};
+use crate::records::{Entry, Lookup, Registry, now_nanos, random_id};
 use crate::runtime::cgroup::{self, Cgroup};
 use crate::runtime::devices;
 use crate::runtime::{
@@ -146,8 +147,7 @@ struct Inner {
     layers: PathBuf,
     images: ImageService,
     sandboxes: SandboxService,
-    containers: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
-    names: std::sync::Mutex<HashMap<String, String>>,
+    records: Registry<Record>,
     samples: stats::Samples,
     /// Where the root (persistent) state lives, for the default AppArmor profile.
     root: PathBuf,
@@ -185,10 +185,15 @@ impl Bundle {
     }
 }
 
-fn random_id() -> Result<String, Error> {
-    let mut b = [0u8; 32];
-    getrandom::fill(&mut b).map_err(|e| io_err(Path::new("getrandom"))(io::Error::other(e)))?;
-    Ok(hex::encode(b))
+fn lookup_err(id: &str, l: Lookup) -> Error {
+    match l {
+        Lookup::Empty => invalid("container_id", "is required"),
+        Lookup::NotFound => Error::NotFound { id: id.to_string() },
+        Lookup::Ambiguous(count) => Error::Ambiguous {
+            id: id.to_string(),
+            count,
+        },
+    }
 }
 
 /// `SIGTERM`, `TERM`, `15`, `SIGRTMIN+3`.
@@ -303,8 +308,7 @@ impl ContainerService {
                 layers: root.join("containers"),
                 images,
                 sandboxes,
-                containers: RwLock::new(HashMap::new()),
-                names: std::sync::Mutex::new(HashMap::new()),
+                records: Registry::default(),
                 samples: stats::Samples::default(),
                 root: root.to_path_buf(),
                 filters: sandbox::security::Filters::default(),
@@ -347,8 +351,7 @@ impl ContainerService {
                 inner.insert(c.path.clone());
             }
         }
-        let containers: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let containers = self.inner.records.all();
         for c in containers {
             if let Some(cg) = &c.lock().await.cgroup {
                 inner.insert(cg.path.clone());
@@ -415,28 +418,6 @@ impl ContainerService {
         }
     }
 
-    fn map_read(
-        &self,
-    ) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
-        self.inner
-            .containers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn map_write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
-        self.inner
-            .containers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.inner.names.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Reads back every container; exits that happened while no daemon ran are picked up from
     /// their exit records. Writable layers without a record (after a reboot) are removed.
     fn recover(&self) -> Result<(), Error> {
@@ -464,7 +445,7 @@ impl ContainerService {
                         None => {
                             r.state = EXITED;
                             r.exit_code = 255;
-                            r.finished_at = runtime::now_nanos();
+                            r.finished_at = now_nanos();
                             r.reason = "Unknown".into();
                             r.message =
                                 "the container's monitor ended without an exit record".into();
@@ -478,9 +459,8 @@ impl ContainerService {
                 self.inner.images.hold(c);
             }
             known.insert(r.id.clone());
-            self.names().insert(r.name_key(), r.id.clone());
-            self.map_write()
-                .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
+            let _ = self.inner.records.reserve(&r.name_key(), &r.id);
+            self.inner.records.insert(r.id.clone(), r);
         }
         let layers = &self.inner.layers;
         for entry in std::fs::read_dir(layers).map_err(io_err(layers))? {
@@ -497,30 +477,14 @@ impl ContainerService {
     }
 
     pub fn resolve(&self, id: &str) -> Result<String, Error> {
-        if id.is_empty() {
-            return Err(invalid("container_id", "is required"));
-        }
-        let map = self.map_read();
-        if map.contains_key(id) {
-            return Ok(id.to_string());
-        }
-        let matches: Vec<&String> = map.keys().filter(|k| k.starts_with(id)).collect();
-        match matches.len() {
-            0 => Err(Error::NotFound { id: id.to_string() }),
-            1 => Ok(matches[0].clone()),
-            n => Err(Error::Ambiguous {
-                id: id.to_string(),
-                count: n,
-            }),
-        }
+        self.inner
+            .records
+            .resolve(id)
+            .map_err(|l| lookup_err(id, l))
     }
 
-    fn entry(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<Record>>, Error> {
-        let id = self.resolve(id)?;
-        self.map_read()
-            .get(&id)
-            .cloned()
-            .ok_or(Error::NotFound { id })
+    fn entry(&self, id: &str) -> Result<Entry<Record>, Error> {
+        self.inner.records.get(id).map_err(|l| lookup_err(id, l))
     }
 
     /// Applies `exit.json` to a running container's record (and unmounts its rootfs).
@@ -565,7 +529,7 @@ impl ContainerService {
                     // A monitor that died without a record: the container's end is unknown.
                     r.state = EXITED;
                     r.exit_code = 255;
-                    r.finished_at = runtime::now_nanos();
+                    r.finished_at = now_nanos();
                     r.reason = "Unknown".into();
                     r.message = "the container's monitor ended without an exit record".into();
                     let b = me.bundle(&r.id);
@@ -641,20 +605,16 @@ impl ContainerService {
         let confinement = self.confinement(sc, sandbox.selinux.as_ref())?;
         check_userns(&config, &sandbox)?;
 
-        let id = random_id()?;
+        let id = random_id().map_err(io_err(Path::new("getrandom")))?;
         let key = format!("{}/{}/{}", sandbox.id, meta.name, meta.attempt);
-        {
-            let mut names = self.names();
-            if let Some(existing) = names.get(&key) {
-                return Err(Error::NameReserved {
-                    name: format!(
-                        "{} (attempt {}) in pod {}",
-                        meta.name, meta.attempt, sandbox.id
-                    ),
-                    id: existing.clone(),
-                });
-            }
-            names.insert(key.clone(), id.clone());
+        if let Err(existing) = self.inner.records.reserve(&key, &id) {
+            return Err(Error::NameReserved {
+                name: format!(
+                    "{} (attempt {}) in pod {}",
+                    meta.name, meta.attempt, sandbox.id
+                ),
+                id: existing,
+            });
         }
         let b = self.bundle(&id);
         let hold = image.top_chain().cloned();
@@ -675,8 +635,7 @@ impl ContainerService {
             .await;
         match result {
             Ok(record) => {
-                self.map_write()
-                    .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(record)));
+                self.inner.records.insert(id.clone(), record);
                 Ok(id)
             }
             Err(e) => {
@@ -695,7 +654,7 @@ impl ContainerService {
                 if let Some(c) = &hold {
                     self.inner.images.release(c);
                 }
-                self.names().remove(&key);
+                self.inner.records.release(&key);
                 Err(e)
             }
         }
@@ -1004,7 +963,7 @@ impl ContainerService {
                 .unwrap_or_else(|| image.record.id.to_string()),
             image_id: image.record.id.to_string(),
             top_chain: image.top_chain().cloned(),
-            created_at: runtime::now_nanos(),
+            created_at: now_nanos(),
             started_at: 0,
             finished_at: 0,
             state: CREATED,
@@ -1230,7 +1189,7 @@ impl ContainerService {
                 r.exit_code = 128;
                 r.reason = "StartError".into();
                 r.message = message.clone();
-                r.started_at = runtime::now_nanos();
+                r.started_at = now_nanos();
                 r.finished_at = r.started_at;
                 let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
                 let _ = atomic::write_json(&b.record(), &*r);
@@ -1307,8 +1266,8 @@ impl ContainerService {
         self.inner
             .samples
             .forget(r.cgroup.as_ref(), &b.layer.join("upper"));
-        self.map_write().remove(&r.id);
-        self.names().remove(&r.name_key());
+        self.inner.records.remove(&r.id);
+        self.inner.records.release(&r.name_key());
         Ok(())
     }
 
@@ -1389,7 +1348,7 @@ impl ContainerService {
             cpu: r.cgroup.as_ref().map(|cg| s.cpu(cg)),
             memory: r.cgroup.as_ref().map(stats::memory),
             writable_layer: Some(cri::FilesystemUsage {
-                timestamp: runtime::now_nanos(),
+                timestamp: now_nanos(),
                 fs_id: Some(cri::FilesystemIdentifier {
                     mountpoint: self.inner.layers.display().to_string(),
                 }),
@@ -1411,8 +1370,7 @@ impl ContainerService {
         &self,
         filter: Option<&cri::ContainerStatsFilter>,
     ) -> Vec<cri::ContainerStats> {
-        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let mut r = e.lock().await;
@@ -1538,8 +1496,7 @@ impl ContainerService {
 
     /// IDs of a sandbox's containers.
     pub async fn in_sandbox(&self, sandbox_id: &str) -> Vec<String> {
-        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let r = e.lock().await;
@@ -1566,8 +1523,7 @@ impl ContainerService {
     }
 
     pub async fn list(&self, filter: Option<&cri::ContainerFilter>) -> Vec<cri::Container> {
-        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let mut r = e.lock().await;

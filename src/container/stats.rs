@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
+use crate::records::now_nanos;
 use crate::runtime::cgroup::Cgroup;
-use crate::runtime::now_nanos;
 
 /// How long a measured writable-layer size is reused.
 const LAYER_TTL: Duration = Duration::from_secs(10);

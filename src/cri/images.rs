@@ -179,7 +179,7 @@ impl CriImageService for Images {
         rpc("ImageFsInfo", async {
             let u = self.svc.fs_usage()?;
             let usage = cri::FilesystemUsage {
-                timestamp: crate::image::now_nanos(),
+                timestamp: crate::records::now_nanos(),
                 fs_id: Some(cri::FilesystemIdentifier {
                     mountpoint: u.mountpoint.display().to_string(),
                 }),

@@ -137,7 +137,7 @@ impl RuntimeService for Runtime {
                 status: Some(status),
                 info,
                 containers_statuses,
-                timestamp: crate::runtime::now_nanos(),
+                timestamp: crate::records::now_nanos(),
             })
         })
         .await

@@ -26,7 +26,6 @@ use crate::snapshot::{self, Snapshotter, UnpackError, UnpackOptions};
 
 pub use auth::Credentials;
 pub use manifest::ImageConfig;
-pub use pull::now_nanos;
 pub use reference::Reference;
 
 #[derive(Debug, thiserror::Error)]

@@ -17,6 +17,7 @@ use super::progress::Progress;
 use super::registry::Session;
 use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
 use crate::content::{Digest, Ingest};
+use crate::records::now_nanos;
 use crate::snapshot::{self, Meta, unpack};
 
 pub(super) async fn pull(
@@ -185,13 +186,6 @@ pub(super) async fn pull(
         pulled_at: now_nanos(),
     };
     Ok((record, config))
-}
-
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Result<(), Error> {

@@ -198,13 +198,7 @@ pub struct ExecReport {
     pub error: Option<String>,
 }
 
-/// Unix time in nanoseconds.
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
+pub use crate::records::now_nanos;
 
 /// The exit status kubelet expects: the code, or 128 + signal number.
 pub fn exit_code(status: nix::sys::wait::WaitStatus) -> Option<(i32, Option<i32>)> {

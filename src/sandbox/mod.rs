@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -20,6 +20,7 @@ pub mod security;
 
 use crate::atomic;
 use crate::content::Digest;
+use crate::records::{Entry, Lookup, Registry, now_nanos, random_id};
 use crate::runtime::cgroup::{self, Cgroup, Policy, Resources};
 use crate::runtime::{self, IdMapping, PauseConfig, PauseImage, PauseReport, ProcessId};
 
@@ -219,8 +220,7 @@ struct Inner {
     levels: std::sync::Mutex<HashMap<String, usize>>,
     /// systemd's unit manager, with the systemd cgroup driver.
     systemd: Option<Arc<crate::systemd::Manager>>,
-    sandboxes: RwLock<HashMap<String, Arc<tokio::sync::Mutex<Record>>>>,
-    names: std::sync::Mutex<HashMap<String, String>>,
+    records: Registry<Record>,
     /// User namespace maps in use, by pod.
     userns: std::sync::Mutex<HashMap<String, UserNs>>,
 }
@@ -230,17 +230,15 @@ pub struct SandboxService {
     inner: Arc<Inner>,
 }
 
-fn random_id() -> Result<String, Error> {
-    let mut b = [0u8; 32];
-    getrandom::fill(&mut b).map_err(|e| Error::Io {
-        path: PathBuf::from("getrandom"),
-        source: io::Error::other(e),
-    })?;
-    Ok(hex::encode(b))
-}
-
-pub fn now_nanos() -> i64 {
-    runtime::now_nanos()
+fn lookup_err(id: &str, l: Lookup) -> Error {
+    match l {
+        Lookup::Empty => invalid("pod_sandbox_id", "is required"),
+        Lookup::NotFound => Error::NotFound { id: id.to_string() },
+        Lookup::Ambiguous(count) => Error::Ambiguous {
+            id: id.to_string(),
+            count,
+        },
+    }
 }
 
 /// Waits until `pid` has exited, at most `timeout`; true if it did.
@@ -285,8 +283,7 @@ impl SandboxService {
                 systemd: (cgroups.systemd && cgroups.hierarchy.is_some())
                     .then(|| Arc::new(crate::systemd::Manager::new())),
                 cgroups,
-                sandboxes: RwLock::new(HashMap::new()),
-                names: std::sync::Mutex::new(HashMap::new()),
+                records: Registry::default(),
                 userns: std::sync::Mutex::new(HashMap::new()),
             }),
         };
@@ -305,7 +302,7 @@ impl SandboxService {
                         r.ready = false;
                         let _ = atomic::write_json(&paths.state(), &r);
                     }
-                    self.names().insert(r.name_key(), r.id.clone());
+                    let _ = self.inner.records.reserve(&r.name_key(), &r.id);
                     if let Some(u) = &r.userns {
                         self.inner
                             .userns
@@ -314,8 +311,7 @@ impl SandboxService {
                             .insert(r.id.clone(), u.clone());
                     }
                     self.hold_level(r.selinux.as_ref());
-                    self.map_write()
-                        .insert(r.id.clone(), Arc::new(tokio::sync::Mutex::new(r)));
+                    self.inner.records.insert(r.id.clone(), r);
                 }
                 Ok(None) | Err(_) => {
                     // A sandbox that never finished starting: take down what it left.
@@ -385,28 +381,6 @@ impl SandboxService {
             .remove(id);
     }
 
-    fn map_read(
-        &self,
-    ) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
-        self.inner
-            .sandboxes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn map_write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Record>>>> {
-        self.inner
-            .sandboxes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.inner.names.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub fn paths(&self, id: &str) -> Paths {
         Paths {
             dir: self.inner.dir.join(id),
@@ -420,16 +394,17 @@ impl SandboxService {
     /// The pause-image snapshots of the sandboxes read back at start (nothing else holds their
     /// locks yet), for the image store to keep.
     pub fn image_chains(&self) -> Vec<Digest> {
-        self.map_read()
-            .values()
+        self.inner
+            .records
+            .all()
+            .iter()
             .filter_map(|e| e.try_lock().ok().and_then(|r| r.image_chain.clone()))
             .collect()
     }
 
     /// Every sandbox record.
     pub async fn records(&self) -> Vec<Record> {
-        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let entries = self.inner.records.all();
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {
             out.push(e.lock().await.clone());
@@ -494,30 +469,14 @@ impl SandboxService {
 
     /// Full ID from an ID or a unique prefix of one.
     pub fn resolve(&self, id: &str) -> Result<String, Error> {
-        if id.is_empty() {
-            return Err(invalid("pod_sandbox_id", "is required"));
-        }
-        let map = self.map_read();
-        if map.contains_key(id) {
-            return Ok(id.to_string());
-        }
-        let matches: Vec<&String> = map.keys().filter(|k| k.starts_with(id)).collect();
-        match matches.len() {
-            0 => Err(Error::NotFound { id: id.to_string() }),
-            1 => Ok(matches[0].clone()),
-            n => Err(Error::Ambiguous {
-                id: id.to_string(),
-                count: n,
-            }),
-        }
+        self.inner
+            .records
+            .resolve(id)
+            .map_err(|l| lookup_err(id, l))
     }
 
-    fn entry(&self, id: &str) -> Result<Arc<tokio::sync::Mutex<Record>>, Error> {
-        let id = self.resolve(id)?;
-        self.map_read()
-            .get(&id)
-            .cloned()
-            .ok_or(Error::NotFound { id })
+    fn entry(&self, id: &str) -> Result<Entry<Record>, Error> {
+        self.inner.records.get(id).map_err(|l| lookup_err(id, l))
     }
 
     /// A copy of a sandbox's record.
@@ -680,26 +639,20 @@ impl SandboxService {
         let key = name_key(Some(meta));
         let id = match random_id() {
             Ok(id) => id,
-            Err(e) => return fail(e),
+            Err(e) => return fail(io_err(Path::new("getrandom"))(e)),
         };
-        {
-            let mut names = self.names();
-            if let Some(existing) = names.get(&key) {
-                let e = Error::NameReserved {
-                    name: key,
-                    id: existing.clone(),
-                };
-                drop(names);
-                return fail(e);
-            }
-            names.insert(key.clone(), id.clone());
+        if let Err(existing) = self.inner.records.reserve(&key, &id) {
+            return fail(Error::NameReserved {
+                name: key,
+                id: existing,
+            });
         }
         let userns = match userns {
             None => None,
             Some(asked) => match self.reserve_userns(&id, asked) {
                 Ok(u) => Some(u),
                 Err(e) => {
-                    self.names().remove(&key);
+                    self.inner.records.release(&key);
                     return fail(e);
                 }
             },
@@ -717,8 +670,7 @@ impl SandboxService {
             .await;
         match result {
             Ok(record) => {
-                self.map_write()
-                    .insert(id.clone(), Arc::new(tokio::sync::Mutex::new(record)));
+                self.inner.records.insert(id.clone(), record);
                 Ok(id)
             }
             Err(e) => {
@@ -739,7 +691,7 @@ impl SandboxService {
                         .await;
                 }
                 self.release_userns(&id);
-                self.names().remove(&key);
+                self.inner.records.release(&key);
                 fail(e)
             }
         }
@@ -982,8 +934,8 @@ impl SandboxService {
             .await;
         self.release_userns(&r.id);
         self.release_level(r.selinux.as_ref());
-        self.map_write().remove(&r.id);
-        self.names().remove(&r.name_key());
+        self.inner.records.remove(&r.id);
+        self.inner.records.release(&r.name_key());
         Ok(())
     }
 
@@ -1059,8 +1011,7 @@ impl SandboxService {
     }
 
     pub async fn list(&self, filter: Option<&cri::PodSandboxFilter>) -> Vec<cri::PodSandbox> {
-        let entries: Vec<Arc<tokio::sync::Mutex<Record>>> =
-            self.map_read().values().cloned().collect();
+        let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let r = e.lock().await;
