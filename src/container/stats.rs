@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
+use super::{ContainerService, Error, RUNNING, Record};
 use crate::records::now_nanos;
 use crate::runtime::cgroup::Cgroup;
+use crate::sandbox;
 
 /// How long a measured writable-layer size is reused.
 const LAYER_TTL: Duration = Duration::from_secs(10);
@@ -302,6 +304,157 @@ pub fn network_metrics(net: &cri::NetworkUsage) -> Vec<cri::Metric> {
         ));
     }
     out
+}
+
+impl ContainerService {
+    pub(super) fn stats_of(&self, r: &Record) -> cri::ContainerStats {
+        let s = &self.inner.samples;
+        let upper = self.bundle(&r.id).layer.join("upper");
+        let (bytes, inodes) = s.layer(&upper);
+        cri::ContainerStats {
+            attributes: Some(cri::ContainerAttributes {
+                id: r.id.clone(),
+                metadata: r.config.metadata.clone(),
+                labels: r.config.labels.clone(),
+                annotations: r.config.annotations.clone(),
+            }),
+            cpu: r.cgroup.as_ref().map(|cg| s.cpu(cg)),
+            memory: r.cgroup.as_ref().map(memory),
+            writable_layer: Some(cri::FilesystemUsage {
+                timestamp: now_nanos(),
+                fs_id: Some(cri::FilesystemIdentifier {
+                    mountpoint: self.inner.layers.display().to_string(),
+                }),
+                used_bytes: Some(cri::UInt64Value { value: bytes }),
+                inodes_used: Some(cri::UInt64Value { value: inodes }),
+            }),
+            swap: r.cgroup.as_ref().map(swap),
+        }
+    }
+
+    pub async fn stats(&self, id: &str) -> Result<cri::ContainerStats, Error> {
+        let entry = self.entry(id)?;
+        let r = entry.lock().await;
+        Ok(self.stats_of(&r))
+    }
+
+    /// Stats of running containers matching the filter (kubelet asks for running ones only).
+    pub async fn list_stats(
+        &self,
+        filter: Option<&cri::ContainerStatsFilter>,
+    ) -> Vec<cri::ContainerStats> {
+        let entries = self.inner.records.all();
+        let mut out = Vec::new();
+        for e in entries {
+            let mut r = e.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                continue;
+            }
+            if let Some(f) = filter
+                && ((!f.id.is_empty() && !r.id.starts_with(&f.id))
+                    || (!f.pod_sandbox_id.is_empty()
+                        && !r.sandbox_id.starts_with(&f.pod_sandbox_id))
+                    || !sandbox::labels_match(&r.config.labels, &f.label_selector))
+            {
+                continue;
+            }
+            out.push(self.stats_of(&r));
+        }
+        out
+    }
+
+    pub async fn pod_stats(&self, id: &str) -> Result<cri::PodSandboxStats, Error> {
+        let sb = self.inner.sandboxes.get(id).await?;
+        let mut containers = Vec::new();
+        for cid in self.in_sandbox(&sb.id).await {
+            if let Ok(entry) = self.entry(&cid) {
+                let mut r = entry.lock().await;
+                self.sync_exit(&mut r);
+                if r.state == RUNNING {
+                    containers.push(self.stats_of(&r));
+                }
+            }
+        }
+        let s = &self.inner.samples;
+        let cg = sb.cgroup.as_ref();
+        Ok(cri::PodSandboxStats {
+            attributes: Some(cri::PodSandboxAttributes {
+                id: sb.id.clone(),
+                metadata: sb.config.metadata.clone(),
+                labels: sb.config.labels.clone(),
+                annotations: sb.config.annotations.clone(),
+            }),
+            linux: Some(cri::LinuxPodSandboxStats {
+                cpu: cg.map(|c| s.cpu(c)),
+                memory: cg.map(memory),
+                network: sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)),
+                process: cg.map(processes),
+                containers,
+            }),
+            windows: None,
+        })
+    }
+
+    pub async fn list_pod_stats(
+        &self,
+        filter: Option<&cri::PodSandboxStatsFilter>,
+    ) -> Vec<cri::PodSandboxStats> {
+        let mut out = Vec::new();
+        for p in self.inner.sandboxes.list(None).await {
+            if p.state != cri::PodSandboxState::SandboxReady as i32 {
+                continue;
+            }
+            if let Some(f) = filter
+                && ((!f.id.is_empty() && !p.id.starts_with(&f.id))
+                    || !sandbox::labels_match(&p.labels, &f.label_selector))
+            {
+                continue;
+            }
+            if let Ok(s) = self.pod_stats(&p.id).await {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// cadvisor-style metrics of every ready pod and its running containers.
+    pub async fn pod_metrics(&self) -> Vec<cri::PodSandboxMetrics> {
+        let mut out = Vec::new();
+        for p in self.inner.sandboxes.list(None).await {
+            if p.state != cri::PodSandboxState::SandboxReady as i32 {
+                continue;
+            }
+            let Ok(sb) = self.inner.sandboxes.get(&p.id).await else {
+                continue;
+            };
+            let mut metrics = sb.cgroup.as_ref().map(cgroup_metrics).unwrap_or_default();
+            if let Some(net) = sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)) {
+                metrics.extend(network_metrics(&net));
+            }
+            let mut container_metrics = Vec::new();
+            for cid in self.in_sandbox(&sb.id).await {
+                let Ok(entry) = self.entry(&cid) else {
+                    continue;
+                };
+                let r = entry.lock().await;
+                if r.state == RUNNING
+                    && let Some(cg) = &r.cgroup
+                {
+                    container_metrics.push(cri::ContainerMetrics {
+                        container_id: r.id.clone(),
+                        metrics: cgroup_metrics(cg),
+                    });
+                }
+            }
+            out.push(cri::PodSandboxMetrics {
+                pod_sandbox_id: sb.id.clone(),
+                metrics,
+                container_metrics,
+            });
+        }
+        out
+    }
 }
 
 #[cfg(test)]

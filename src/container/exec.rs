@@ -1,0 +1,160 @@
+//! ExecSync: a command run in a running container by its monitor, its output read from pipes
+//! the daemon hands over, with the timeout enforced by the monitor.
+
+use super::*;
+
+/// Exec output beyond this is dropped (probes read 10 KiB; this protects the daemon).
+const MAX_EXEC_OUTPUT: usize = 16 << 20;
+/// How long output is still read after an exec'd command ended.
+const EXEC_DRAIN: Duration = Duration::from_millis(200);
+
+impl ContainerService {
+    /// Runs a command in a running container and collects its output.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: i64,
+    ) -> Result<(Vec<u8>, Vec<u8>, i32), Error> {
+        if cmd.is_empty() {
+            return Err(invalid("cmd", "is required"));
+        }
+        let entry = self.entry(id)?;
+        let cid = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            match (r.state, r.init) {
+                (RUNNING, Some(_)) => r.id.clone(),
+                (s, _) => {
+                    return Err(Error::WrongState {
+                        id: r.id.clone(),
+                        state: state_name(s),
+                        want: "running",
+                    });
+                }
+            }
+        };
+        let sock = self.bundle(&cid).dir.join(runtime::MONITOR_SOCKET);
+        let exec_err = |message: String| Error::Exec {
+            id: cid.clone(),
+            message,
+        };
+        let req = ExecRequest {
+            args: cmd,
+            timeout_ms: if timeout > 0 {
+                timeout as u64 * 1000
+            } else {
+                0
+            },
+        };
+        let body = serde_json::to_vec(&req).map_err(|e| exec_err(e.to_string()))?;
+        // The command writes straight into these pipes; the monitor only starts and reaps it.
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| exec_err(format!("pipe: {e}")))
+        };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let conn = {
+            let dir = sock.parent().unwrap_or(Path::new("/"));
+            let (_dir, short) =
+                runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
+            std::os::unix::net::UnixStream::connect(&short)
+                .map_err(|e| exec_err(format!("the container's monitor does not answer ({e})")))?
+        };
+        {
+            use std::os::fd::AsRawFd;
+            let fds = [out_w.as_raw_fd(), err_w.as_raw_fd()];
+            let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+            let iov = [std::io::IoSlice::new(&body)];
+            nix::sys::socket::sendmsg::<()>(
+                conn.as_raw_fd(),
+                &iov,
+                &cmsg,
+                nix::sys::socket::MsgFlags::empty(),
+                None,
+            )
+            .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))?;
+        }
+        drop((out_w, err_w));
+        conn.set_nonblocking(true).map_err(io_err(&sock))?;
+        let mut conn = tokio::net::UnixStream::from_std(conn).map_err(io_err(&sock))?;
+        let mut out =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(out_r).map_err(io_err(&sock))?;
+        let mut err =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(err_r).map_err(io_err(&sock))?;
+        let collect = async {
+            let (mut o, mut e, mut report) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut bo, mut be, mut br) =
+                (vec![0u8; 64 << 10], vec![0u8; 64 << 10], vec![0u8; 4096]);
+            let (mut o_done, mut e_done) = (false, false);
+            // Once the command has ended, what it wrote is already in the pipes; a background
+            // child may hold them open forever, so reading stops shortly after.
+            let mut ended: Option<tokio::time::Instant> = None;
+            loop {
+                if o_done && e_done && ended.is_some() {
+                    break;
+                }
+                let drain = async {
+                    match ended {
+                        Some(t) => tokio::time::sleep_until(t + EXEC_DRAIN).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = out.read(&mut bo), if !o_done => match r {
+                        Ok(0) | Err(_) => o_done = true,
+                        Ok(n) => push_capped(&mut o, &bo[..n]),
+                    },
+                    r = err.read(&mut be), if !e_done => match r {
+                        Ok(0) | Err(_) => e_done = true,
+                        Ok(n) => push_capped(&mut e, &be[..n]),
+                    },
+                    r = conn.read(&mut br), if ended.is_none() => match r {
+                        Ok(0) | Err(_) => ended = Some(tokio::time::Instant::now()),
+                        Ok(n) => {
+                            report.extend_from_slice(&br[..n]);
+                            if report.ends_with(b"\n") {
+                                ended = Some(tokio::time::Instant::now());
+                            }
+                        }
+                    },
+                    () = drain => break,
+                }
+            }
+            (o, e, report)
+        };
+        // The monitor enforces the timeout; this guard only catches a monitor that hangs.
+        let guard = if timeout > 0 {
+            Duration::from_secs(timeout as u64 + 10)
+        } else {
+            Duration::from_secs(u64::MAX / 4)
+        };
+        let (o, e, report) =
+            tokio::time::timeout(guard, collect)
+                .await
+                .map_err(|_| Error::ExecTimeout {
+                    id: cid.clone(),
+                    seconds: timeout,
+                })?;
+        let report: ExecReport = serde_json::from_slice(&report)
+            .map_err(|_| exec_err("the container's monitor ended without an answer".into()))?;
+        if let Some(message) = report.error {
+            return Err(exec_err(message));
+        }
+        if report.timed_out {
+            return Err(Error::ExecTimeout {
+                id: cid,
+                seconds: timeout,
+            });
+        }
+        Ok((o, e, report.exit_code))
+    }
+}
+
+/// Appends output, keeping at most MAX_EXEC_OUTPUT bytes (the rest is read and dropped so the
+/// writer never blocks).
+pub(super) fn push_capped(buf: &mut Vec<u8>, data: &[u8]) {
+    let room = MAX_EXEC_OUTPUT.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..data.len().min(room)]);
+}

@@ -1,0 +1,275 @@
+//! Starting a container (its monitor), stopping it (stop signal, grace period, then every
+//! process of it), removing it, and reopening its log after kubelet rotated it.
+
+use super::*;
+
+impl ContainerService {
+    pub async fn start(&self, id: &str) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        if r.state != CREATED {
+            return Err(Error::WrongState {
+                id: r.id.clone(),
+                state: state_name(r.state),
+                want: "created",
+            });
+        }
+        let b = self.bundle(&r.id);
+        let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
+        // Under systemd the monitor reports the forked init and waits for it to be placed.
+        let placed = r.cgroup.clone().filter(|cg| self.scoped(Some(cg)));
+        let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+            .arg0("crius")
+            .arg("monitor")
+            .arg(&b.dir)
+            .stdin(if placed.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| Error::Start {
+                id: r.id.clone(),
+                message: format!("spawning the monitor: {e}"),
+            })?;
+        let monitor = child.id().and_then(|pid| ProcessId::of(pid as i32).ok());
+        let stdout = child.stdout.take();
+        let mut stdin = child.stdin.take();
+        let mut line = String::new();
+        let mut placement_error = None;
+        if let Some(out) = stdout {
+            let mut out = tokio::io::BufReader::new(out);
+            loop {
+                line.clear();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(60), out.read_line(&mut line)).await;
+                if read.is_err() {
+                    let _ = child.start_kill();
+                }
+                if let (Some(cg), Ok(StartReport::Forked { pid })) =
+                    (&placed, serde_json::from_str(line.trim()))
+                {
+                    if let Err(e) = self.place(&r, cg, pid, stdin.as_mut()).await {
+                        placement_error = Some(e.to_string());
+                    }
+                    stdin = None;
+                    continue;
+                }
+                break;
+            }
+        }
+        drop(stdin);
+        // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
+        drop(child);
+        let report: Result<StartReport, String> = serde_json::from_str(line.trim()).map_err(|_| {
+            let log = std::fs::read_to_string(b.dir.join("monitor.log")).unwrap_or_default();
+            format!("the monitor gave no start report ({})", log.trim())
+        });
+        let report = match (report, placement_error) {
+            (Ok(StartReport::Failed { .. }) | Err(_), Some(e)) => Err(e),
+            (r, _) => r,
+        };
+        match report {
+            Ok(StartReport::Started {
+                pid,
+                start_time,
+                started_at,
+            }) => {
+                let init = ProcessId { pid, start_time };
+                r.state = RUNNING;
+                r.init = Some(init);
+                r.monitor = monitor;
+                r.started_at = started_at;
+                r.mnt_ns = init.namespace("mnt").ok();
+                atomic::write_json(&b.record(), &*r).map_err(io_err(&b.record()))?;
+                self.watch(r.id.clone(), monitor.unwrap_or(init));
+                Ok(())
+            }
+            Ok(StartReport::Forked { .. }) => Err(Error::Start {
+                id: r.id.clone(),
+                message: "the monitor reported a forked init it was not asked to".into(),
+            }),
+            Ok(StartReport::Failed { message }) | Err(message) => {
+                r.state = EXITED;
+                r.exit_code = 128;
+                r.reason = "StartError".into();
+                r.message = message.clone();
+                r.started_at = now_nanos();
+                r.finished_at = r.started_at;
+                let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
+                let _ = atomic::write_json(&b.record(), &*r);
+                Err(Error::Start {
+                    id: r.id.clone(),
+                    message,
+                })
+            }
+        }
+    }
+
+    /// Sends the stop signal, waits `timeout` seconds, then kills the whole container.
+    pub async fn stop(&self, id: &str, timeout: i64) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let (init, monitor, signal, own_pid_ns, mnt_ns, cgroup) = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                return Ok(());
+            }
+            let Some(init) = r.init else { return Ok(()) };
+            (
+                init,
+                r.monitor,
+                parse_signal(&r.stop_signal).unwrap_or(libc::SIGTERM),
+                r.own_pid_ns,
+                r.mnt_ns,
+                r.cgroup.clone(),
+            )
+        };
+        let ended = monitor.filter(|m| m.alive()).unwrap_or(init);
+        if timeout > 0 {
+            let _ = init.signal(signal);
+            wait_for_exit(ended, Duration::from_secs(timeout as u64)).await;
+        }
+        if ended.alive() {
+            kill_all(init, own_pid_ns, mnt_ns, cgroup.as_ref());
+            wait_for_exit(ended, Duration::from_secs(10)).await;
+        }
+        let mut r = entry.lock().await;
+        self.sync_exit(&mut r);
+        Ok(())
+    }
+
+    /// Removes a container, killing it first if it runs. Idempotent.
+    pub async fn remove(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.stop(id, 0).await?;
+        let r = entry.lock().await;
+        let b = self.bundle(&r.id);
+        remove_files(&b);
+        if let Some(cg) = &r.cgroup {
+            if let Some(sd) = self.inner.sandboxes.systemd()
+                && let Some((unit, _)) = crate::systemd::unit_and_slice(&cg.path)
+                && let Err(e) = sd.stop(&unit).await
+            {
+                tracing::warn!(unit, error = %e, "stopping a container's systemd scope");
+            }
+            if let Err(e) = cg.remove() {
+                tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
+            }
+        }
+        if let Some(c) = &r.top_chain {
+            self.inner.images.release(c);
+        }
+        self.inner
+            .samples
+            .forget(r.cgroup.as_ref(), &b.layer.join("upper"));
+        self.inner.records.remove(&r.id);
+        self.inner.records.release(&r.name_key());
+        Ok(())
+    }
+
+    /// Has the monitor open the log path again (kubelet rotated the file).
+    pub async fn reopen_log(&self, id: &str) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let (monitor, path) = {
+            let mut r = entry.lock().await;
+            self.sync_exit(&mut r);
+            if r.state != RUNNING {
+                return Err(Error::WrongState {
+                    id: r.id.clone(),
+                    state: state_name(r.state),
+                    want: "running",
+                });
+            }
+            (r.monitor, r.log_path.clone())
+        };
+        let (Some(monitor), Some(path)) = (monitor, path) else {
+            return Ok(());
+        };
+        monitor.signal(libc::SIGUSR1).map_err(io_err(&path))?;
+        for _ in 0..200 {
+            if path.exists() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Err(io_err(&path)(io::Error::other(
+            "the log file was not reopened within 2 s",
+        )))
+    }
+}
+
+/// `SIGTERM`, `TERM`, `15`, `SIGRTMIN+3`.
+pub fn parse_signal(s: &str) -> Option<i32> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(n) = s.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let name = s.to_ascii_uppercase();
+    let name = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    if let Some(rest) = name.strip_prefix("SIGRTMIN") {
+        let off: i32 = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('+')?.parse().ok()?
+        };
+        let n = libc::SIGRTMIN() + off;
+        return (n <= libc::SIGRTMAX()).then_some(n);
+    }
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
+/// SIGKILL to every process of the container: its cgroup's when it has one; else the init alone
+/// with its own PID namespace, or every process sharing its mount namespace.
+pub(super) fn kill_all(
+    init: ProcessId,
+    own_pid_ns: bool,
+    mnt_ns: Option<u64>,
+    cgroup: Option<&Cgroup>,
+) {
+    let _ = init.signal(libc::SIGKILL);
+    if let Some(cg) = cgroup
+        && cg.kill().is_ok()
+    {
+        return;
+    }
+    if own_pid_ns {
+        return;
+    }
+    if let Some(ns) = mnt_ns {
+        for pid in runtime::process::pids_in_namespace("mnt", ns) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+pub(super) fn remove_files(b: &Bundle) {
+    // The rootfs and any idmapped layers are unmounted first; a tree that keeps a mount is left.
+    for d in [&b.layer, &b.dir] {
+        if let Err(e) = runtime::mounts::remove_tree(d) {
+            tracing::warn!(dir = %d.display(), error = %e, "removing container files");
+        }
+    }
+}
