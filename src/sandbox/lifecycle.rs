@@ -1,0 +1,429 @@
+//! RunPodSandbox (checks, names, namespaces, files, cgroups, the pause process), StopPodSandbox
+//! and RemovePodSandbox, with the SELinux levels pods hold.
+
+use super::*;
+
+impl SandboxService {
+    /// The pod's security profiles: the pause process runs no code of the pod's, but a profile
+    /// the node cannot provide fails the pod here, clearly, before anything is made. Returns the
+    /// pod's SELinux labels, when it asks for some.
+    // The deprecated profile fields are still what older kubelets send.
+    #[allow(deprecated)]
+    fn check_profiles(
+        &self,
+        config: &cri::PodSandboxConfig,
+    ) -> Result<Option<security::SelinuxLabels>, Error> {
+        const FIELD: &str = "config.linux.security_context";
+        let default_sc = cri::LinuxSandboxSecurityContext::default();
+        let sc = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .unwrap_or(&default_sc);
+        let choice =
+            security::seccomp_choice(sc.seccomp.as_ref(), &sc.seccomp_profile_path, FIELD)?;
+        if let security::SeccompChoice::Localhost(path) = &choice {
+            crate::runtime::seccomp::load(path, &[])
+                .map_err(|e| invalid(&format!("{FIELD}.seccomp"), e.to_string()))?;
+        }
+        security::apparmor_profile(
+            sc.apparmor.as_ref(),
+            "",
+            sc.privileged,
+            &self.inner.dir,
+            FIELD,
+        )?;
+        // A privileged pod keeps the runtime's label, as with containerd.
+        if sc.privileged {
+            security::selinux_labels(sc.selinux_options.as_ref(), None, false, &|_| false, FIELD)?;
+            return Ok(None);
+        }
+        // Each pod's random categories its own: none another pod holds.
+        let mut levels = self.inner.levels.lock().unwrap_or_else(|p| p.into_inner());
+        let labels = security::selinux_labels(
+            sc.selinux_options.as_ref(),
+            None,
+            self.inner.selinux,
+            &|l| levels.contains_key(l),
+            FIELD,
+        );
+        if let Ok(Some(l)) = &labels {
+            *levels.entry(l.level().to_string()).or_default() += 1;
+        }
+        drop(levels);
+        let asked = sc
+            .selinux_options
+            .as_ref()
+            .is_some_and(|o| *o != cri::SeLinuxOption::default());
+        match (asked, labels) {
+            // The node's default failing (a policy without the container types) names the
+            // setting, not a field the pod never set.
+            (false, Err(e)) => Err(invalid(
+                "runtime.selinux",
+                format!("labelling pods by default: {e}"),
+            )),
+            (_, r) => r,
+        }
+    }
+
+    /// Creates the pod's namespaces and files and starts its pause process.
+    pub async fn run(
+        &self,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        image: Option<SandboxImage>,
+    ) -> Result<String, Error> {
+        let meta = config
+            .metadata
+            .as_ref()
+            .ok_or_else(|| invalid("config.metadata", "is required"))?;
+        for (field, v) in [
+            ("config.metadata.name", &meta.name),
+            ("config.metadata.namespace", &meta.namespace),
+            ("config.metadata.uid", &meta.uid),
+        ] {
+            if v.is_empty() {
+                return Err(invalid(field, "is required"));
+            }
+        }
+        // sethostname takes at most HOST_NAME_MAX (64) bytes.
+        if config.hostname.len() > 64 || config.hostname.contains('\0') {
+            return Err(invalid(
+                "config.hostname",
+                format!(
+                    "{:?} is not a valid hostname (at most 64 bytes)",
+                    config.hostname
+                ),
+            ));
+        }
+        if !handler.is_empty() && !self.inner.handlers.iter().any(|h| h == handler) {
+            let mut known: Vec<String> = self
+                .inner
+                .handlers
+                .iter()
+                .map(|h| format!("{h:?}"))
+                .collect();
+            known.insert(0, "\"\" (default)".into());
+            return Err(Error::UnknownHandler {
+                handler: handler.to_string(),
+                known: known.join(", "),
+            });
+        }
+        let ns = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.clone())
+            .unwrap_or_default();
+        let userns = userns_request(ns.userns_options.as_ref())?;
+        if userns.is_some() {
+            for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
+                if mode == NS_NODE {
+                    return Err(invalid(
+                        &format!("config.linux.security_context.namespace_options.{what}"),
+                        "the host's namespace cannot be shared by a pod with its own user namespace",
+                    ));
+                }
+            }
+            if config
+                .linux
+                .as_ref()
+                .and_then(|l| l.security_context.as_ref())
+                .is_some_and(|s| s.privileged)
+            {
+                return Err(invalid(
+                    "config.linux.security_context.privileged",
+                    "a privileged pod cannot have its own user namespace",
+                ));
+            }
+        }
+        if ns.pid == cri::NamespaceMode::Target as i32
+            || ns.network == cri::NamespaceMode::Target as i32
+            || ns.ipc == cri::NamespaceMode::Target as i32
+        {
+            return Err(invalid(
+                "config.linux.security_context.namespace_options",
+                "TARGET mode is only for containers",
+            ));
+        }
+        let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
+        let sysctls = sysctls(&config, network, ipc)?;
+        let selinux = self.check_profiles(&config)?;
+        // The level is held from here; released again on every failure below.
+        let held = selinux.clone();
+        let fail = |e: Error| {
+            self.release_level(held.as_ref());
+            Err(e)
+        };
+
+        let key = name_key(Some(meta));
+        let id = match random_id() {
+            Ok(id) => id,
+            Err(e) => return fail(io_err(Path::new("getrandom"))(e)),
+        };
+        if let Err(existing) = self.inner.records.reserve(&key, &id) {
+            return fail(Error::NameReserved {
+                name: key,
+                id: existing,
+            });
+        }
+        let userns = match userns {
+            None => None,
+            Some(asked) => match self.reserve_userns(&id, asked) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    self.inner.records.release(&key);
+                    return fail(e);
+                }
+            },
+        };
+        let paths = self.paths(&id);
+        let cgroup_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.clone())
+            .unwrap_or_default();
+        let result = self
+            .create(
+                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image, selinux,
+            )
+            .await;
+        match result {
+            Ok(record) => {
+                self.inner.records.insert(id.clone(), record);
+                Ok(id)
+            }
+            Err(e) => {
+                remove_files(&paths);
+                // Whatever cgroups (and units) were made before the failure.
+                let policy = &self.inner.cgroups;
+                if let (Some(h), Ok((rel, owned))) =
+                    (&policy.hierarchy, policy.pod_path(&cgroup_parent, &id))
+                    && let (Ok(pod), Ok(pause)) = (
+                        h.cgroup(&rel),
+                        h.cgroup(&format!("{rel}/{}", policy.leaf(&id))),
+                    )
+                {
+                    // An own slice may be a unit without a directory yet: stop it all the same.
+                    let pod =
+                        (owned && (pod.exists() || self.inner.systemd.is_some())).then_some(pod);
+                    self.discard_cgroups(pod.as_ref(), owned, Some(&pause))
+                        .await;
+                }
+                self.release_userns(&id);
+                self.inner.records.release(&key);
+                fail(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn create(
+        &self,
+        id: &str,
+        paths: &Paths,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        network: i32,
+        pid: i32,
+        ipc: i32,
+        sysctls: Vec<(String, String)>,
+        userns: Option<UserNs>,
+        image: Option<SandboxImage>,
+        selinux: Option<security::SelinuxLabels>,
+    ) -> Result<Record, Error> {
+        std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
+        let host_net = network == NS_NODE;
+        // Without a hostname the pod takes the node's, as containerd does (kubelet always sends
+        // one; metadata names may be longer than a hostname can be).
+        let hostname = if host_net || config.hostname.is_empty() {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            config.hostname.clone()
+        };
+        write_file(&paths.hostname(), format!("{hostname}\n").as_bytes())?;
+        let hosts = if host_net {
+            std::fs::read("/etc/hosts").unwrap_or_default()
+        } else {
+            default_hosts().into_bytes()
+        };
+        write_file(&paths.hosts(), &hosts)?;
+        let resolv = match &config.dns_config {
+            Some(dns) if !host_net => resolv_conf(dns),
+            _ => std::fs::read("/etc/resolv.conf").unwrap_or_default(),
+        };
+        write_file(&paths.resolv(), &resolv)?;
+        // The pod's files are its containers' to read (and its shm to write), as containerd
+        // labels them.
+        if let Some(l) = &selinux {
+            for f in [paths.hostname(), paths.hosts(), paths.resolv()] {
+                runtime::selinux::relabel(&f, &l.mount).map_err(io_err(&f))?;
+            }
+        }
+        if ipc != NS_NODE {
+            let shm = paths.shm();
+            std::fs::create_dir_all(&shm).map_err(io_err(&shm))?;
+            let mut opts = "mode=1777,size=65536k".to_string();
+            if let Some(l) = &selinux {
+                opts.push_str(&format!(",context=\"{}\"", l.mount));
+            }
+            mount(
+                Some("shm"),
+                &shm,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(opts.as_str()),
+            )
+            .map_err(|e| io_err(&shm)(e.into()))?;
+        }
+
+        let pause_image = match &image {
+            None => None,
+            Some(img) => Some(mount_pause_image(
+                paths,
+                img,
+                selinux.as_ref().map(|l| l.mount.as_str()),
+            )?),
+        };
+        let (pod_cgroup, owns_cgroup, pause_cgroup) = self.pod_cgroups(id, &config).await?;
+        let placement = match (&self.inner.systemd, &pause_cgroup) {
+            (Some(sd), Some(cg)) => Some(Placement::of(sd, cg)?),
+            _ => None,
+        };
+        let pause_cfg = PauseConfig {
+            image: pause_image,
+            cgroup: pause_cgroup.as_ref().map(|c| c.path.clone()),
+            placed: placement.is_some(),
+            selinux_label: selinux.as_ref().map(|l| l.process.clone()),
+            new_net: !host_net,
+            new_ipc: ipc != NS_NODE,
+            // A pod on the host network keeps the host's name too, as containerd does.
+            new_uts: !host_net,
+            new_pid: pid == NS_POD,
+            hostname: (!host_net).then(|| hostname.clone()),
+            sysctls,
+            uid_map: userns.iter().map(|u| u.uids).collect(),
+            gid_map: userns.iter().map(|u| u.gids).collect(),
+        };
+        let pause = spawn_pause(&pause_cfg, placement).await?;
+        let mut namespaces = Vec::new();
+        for (kind, created) in [
+            ("user", userns.is_some()),
+            ("net", pause_cfg.new_net),
+            ("ipc", pause_cfg.new_ipc),
+            ("uts", pause_cfg.new_uts),
+            ("pid", pause_cfg.new_pid),
+        ] {
+            if !created {
+                continue;
+            }
+            let target = paths.ns(kind);
+            std::fs::File::create(&target).map_err(io_err(&target))?;
+            let source = format!("/proc/{}/ns/{kind}", pause.pid);
+            if let Err(e) = mount(
+                Some(source.as_str()),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            ) {
+                let _ = pause.signal(libc::SIGKILL);
+                return Err(io_err(&target)(e.into()));
+            }
+            namespaces.push(kind.to_string());
+        }
+        let record = Record {
+            id: id.to_string(),
+            config,
+            runtime_handler: handler.to_string(),
+            created_at: now_nanos(),
+            ready: true,
+            pause: Some(pause),
+            network,
+            pid,
+            ipc,
+            namespaces,
+            cgroup: pod_cgroup,
+            owns_cgroup,
+            pause_cgroup,
+            userns,
+            image_chain: image.and_then(|i| i.chain),
+            selinux,
+        };
+        if let Err(e) = atomic::write_json(&paths.state(), &record) {
+            let _ = pause.signal(libc::SIGKILL);
+            return Err(io_err(&paths.state())(e));
+        }
+        Ok(record)
+    }
+
+    /// Stops the pause process (its containers must be stopped first). Idempotent.
+    pub async fn stop(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut r = entry.lock().await;
+        if let Some(p) = r.pause {
+            let _ = p.signal(libc::SIGTERM);
+            if !wait_for_exit(p, Duration::from_secs(2)).await {
+                let _ = p.signal(libc::SIGKILL);
+                wait_for_exit(p, Duration::from_secs(5)).await;
+            }
+        }
+        if r.ready {
+            r.ready = false;
+            let path = self.paths(&r.id).state();
+            atomic::write_json(&path, &*r).map_err(io_err(&path))?;
+        }
+        Ok(())
+    }
+
+    /// Removes everything the sandbox left: namespace handles, the shm mount, files, the record.
+    /// Idempotent.
+    pub async fn remove(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.stop(id).await?;
+        let r = entry.lock().await;
+        remove_files(&self.paths(&r.id));
+        self.discard_cgroups(r.cgroup.as_ref(), r.owns_cgroup, r.pause_cgroup.as_ref())
+            .await;
+        self.release_userns(&r.id);
+        self.release_level(r.selinux.as_ref());
+        self.inner.records.remove(&r.id);
+        self.inner.records.release(&r.name_key());
+        Ok(())
+    }
+
+    pub(super) fn hold_level(&self, l: Option<&security::SelinuxLabels>) {
+        if let Some(l) = l {
+            *self
+                .inner
+                .levels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(l.level().to_string())
+                .or_default() += 1;
+        }
+    }
+
+    pub(super) fn release_level(&self, l: Option<&security::SelinuxLabels>) {
+        let Some(l) = l else {
+            return;
+        };
+        let mut levels = self.inner.levels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = levels.get_mut(l.level()) {
+            *n -= 1;
+            if *n == 0 {
+                levels.remove(l.level());
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Starting the pause process (`crius pause`) that holds a pod's namespaces, on the built-in
+//! pause or a configured pause image mounted for it.
+
+use super::*;
+
+/// A configured pause image, resolved and unpacked by the caller: its layers and its command.
+#[derive(Debug, Clone)]
+pub struct SandboxImage {
+    /// The image's top snapshot, held while a pod runs on it.
+    pub chain: Option<Digest>,
+    /// Overlay lower directories, topmost first.
+    pub lowerdirs: Vec<PathBuf>,
+    /// Entrypoint followed by command.
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    /// The image config's `User`: numeric `uid[:gid]`, or empty for root.
+    pub user: String,
+    pub cwd: String,
+}
+
+impl SandboxImage {
+    fn ids(&self) -> Result<(u32, u32), Error> {
+        let bad = || Error::Pause {
+            message: format!(
+                "the pause image's user {:?} is not numeric (uid or uid:gid)",
+                self.user
+            ),
+        };
+        if self.user.is_empty() {
+            return Ok((0, 0));
+        }
+        let (u, g) = self.user.split_once(':').unwrap_or((&self.user, ""));
+        let uid: u32 = u.parse().map_err(|_| bad())?;
+        let gid: u32 = if g.is_empty() {
+            uid
+        } else {
+            g.parse().map_err(|_| bad())?
+        };
+        Ok((uid, gid))
+    }
+}
+
+pub(super) async fn spawn_pause(
+    cfg: &PauseConfig,
+    placement: Option<Placement>,
+) -> Result<ProcessId, Error> {
+    let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
+        message: e.to_string(),
+    })?;
+    let spawned = tokio::process::Command::new(runtime::SELF_EXE)
+        .arg0("crius")
+        .arg("pause")
+        .arg(json)
+        .stdin(if placement.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut child = spawned.map_err(|e| Error::Pause {
+        message: format!("spawn: {e}"),
+    })?;
+    let stdout = child.stdout.take().ok_or_else(|| Error::Pause {
+        message: "no stdout".into(),
+    })?;
+    if let Some(p) = placement {
+        let mut stdin = child.stdin.take();
+        let pid = child.id().unwrap_or(0) as i32;
+        let placed = p.start(pid, &[]).await;
+        Placement::answer(stdin.as_mut(), &placed).await;
+        drop(stdin);
+        if let Err(e) = placed {
+            let _ = child.start_kill();
+            return Err(e.into());
+        }
+    }
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await;
+    // The child is left to tokio, which reaps it when it exits.
+    drop(child);
+    match read {
+        Err(_) => {
+            return Err(Error::Pause {
+                message: "no answer within 30 s".into(),
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(Error::Pause {
+                message: e.to_string(),
+            });
+        }
+        Ok(Ok(_)) => {}
+    }
+    match serde_json::from_str::<PauseReport>(line.trim()) {
+        Ok(PauseReport::Ready { pid, start_time }) => Ok(ProcessId { pid, start_time }),
+        Ok(PauseReport::Failed { message }) => Err(Error::Pause { message }),
+        Err(_) => Err(Error::Pause {
+            message: format!("unexpected answer {:?}", line.trim()),
+        }),
+    }
+}
+
+/// Mounts the pause image's root filesystem (its layers under a writable layer of the pod's own)
+/// at `rootfs` in the sandbox directory.
+pub(super) fn mount_pause_image(
+    paths: &Paths,
+    image: &SandboxImage,
+    label: Option<&str>,
+) -> Result<PauseImage, Error> {
+    let (uid, gid) = image.ids()?;
+    let rootfs = paths.dir.join("rootfs");
+    runtime::mounts::overlay(
+        &rootfs,
+        &image.lowerdirs,
+        &paths.dir.join("layer"),
+        MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
+        label,
+    )
+    .map_err(io_err(&rootfs))?;
+    Ok(PauseImage {
+        rootfs,
+        args: image.args.clone(),
+        env: image.env.clone(),
+        uid,
+        gid,
+        cwd: image.cwd.clone(),
+    })
+}
