@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what crius's tests use on Debian 12: a real registry (docker-registry), htpasswd for its
-# basic auth, busybox-static for test images, and the build dependencies.
+# basic auth, busybox-static for test images, a Python with a current grpcio (a CRI client on
+# gRPC's C core), and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
-pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps)
+pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,3 +17,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # Debian's package may start a registry on :5000 through its service; the tests run their own.
 command -v systemctl >/dev/null && systemctl disable --now docker-registry >/dev/null 2>&1 || true
+# gRPC's C core as current clients ship it (Debian's python3-grpcio is older and behaves
+# differently), in a venv of its own.
+grpcio=/opt/crius-test/grpcio
+if ! "$grpcio/bin/python3" -c 'import grpc' 2>/dev/null; then
+    /usr/bin/python3 -m venv "$grpcio"
+    "$grpcio/bin/pip" install -q 'grpcio==1.85.3'
+fi

@@ -4,6 +4,7 @@
 //! logs one line per RPC with its duration. It also holds the client side used by the CLI, the
 //! front end and the tests. No runtime logic lives here.
 
+mod authority;
 pub mod client;
 mod images;
 mod pulls;
@@ -16,6 +17,7 @@ use std::time::Instant;
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Code, Response, Status};
 
@@ -71,7 +73,10 @@ pub async fn serve(
         .add_service(runtime)
         .add_service(images)
         .add_service(pulls)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|c| c.map(authority::AuthorityFilter::new)),
+            shutdown,
+        )
         .await
 }
 
