@@ -2,6 +2,8 @@
 //! daemon through CRI, images from the test registry; checked through the agent's records (what
 //! `crius get pods` shows), container logs and files.
 
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
 mod common;
 
 use std::path::PathBuf;

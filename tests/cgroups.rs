@@ -2,6 +2,8 @@
 //! host; on another host (this project's build machines are v1/v2 hybrids) they say so and pass
 //! without checking anything. `cargo xtask test-vm` runs them in a qemu VM that has one.
 
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,7 @@
 //! ImageService through the CRI socket against a real registry.
 
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
 mod common;
 
 use std::io::{Read, Write};

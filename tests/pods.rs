@@ -1,5 +1,7 @@
 //! RuntimeService through the CRI socket: pods and containers on real namespaces and mounts.
 
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,8 @@
 //! read-only rootfs, masked and read-only paths, seccomp, LSM requests, device access and
 //! recursively read-only mounts.
 
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,8 @@
 //! with `unsafe`; every block says why it is sound. Everything above it uses safe wrappers.
 //! It may use `libc` and `nix`, nothing else in crius.
 
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
