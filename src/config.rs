@@ -192,15 +192,6 @@ impl Config {
                 cfg.cgroup.driver
             ));
         }
-        if cfg.cgroup.driver == "systemd"
-            && !crate::runtime::cgroup::expand_slice(&format!("{}.slice", cfg.cgroup.parent))
-                .is_ok_and(|p| !p.is_empty())
-        {
-            return Err(format!(
-                "cgroup.parent {:?} must name a slice (letters, digits, single dashes inside) with the systemd driver",
-                cfg.cgroup.parent
-            ));
-        }
         if cfg.cgroup.parent.is_empty() || cfg.cgroup.parent.split('/').any(|c| c == "..") {
             return Err(format!(
                 "cgroup.parent {:?} must be a relative path without \"..\"",

@@ -37,6 +37,10 @@ pub enum Error {
         "cgroup.driver is \"systemd\" but systemd does not run this node ({marker} is missing): use \"cgroupfs\""
     )]
     NoSystemd { marker: &'static str },
+    #[error(
+        "cgroup.parent {parent:?} must name a slice (letters, digits, single dashes inside) with the systemd driver"
+    )]
+    SliceName { parent: String },
     #[error("cgroup.driver is \"systemd\": {0}")]
     Systemd(#[from] crate::systemd::Error),
 }
@@ -86,9 +90,23 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             lock: lock_path.clone(),
         })?;
 
+    if cfg.cgroup.driver == "systemd"
+        && !crate::runtime::cgroup::expand_slice(&format!("{}.slice", cfg.cgroup.parent))
+            .is_ok_and(|p| !p.is_empty())
+    {
+        return Err(Error::SliceName {
+            parent: cfg.cgroup.parent.clone(),
+        });
+    }
     let images = {
-        let cfg2 = cfg.clone();
-        tokio::task::spawn_blocking(move || ImageService::open(&cfg2))
+        let opts = image::Options {
+            root: cfg.root.clone(),
+            config_path: cfg.registry.config_path.clone(),
+            auth_file: cfg.registry.auth_file.clone(),
+            allow_device_nodes: cfg.image.allow_device_nodes,
+            max_concurrent_downloads: cfg.registry.max_concurrent_downloads,
+        };
+        tokio::task::spawn_blocking(move || ImageService::open(&opts))
             .await
             .map_err(|e| Error::Io {
                 path: cfg.root.clone(),

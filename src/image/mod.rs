@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic;
-use crate::config::Config;
 use crate::content::{self, Digest};
 use crate::snapshot::{self, Snapshotter, UnpackError, UnpackOptions};
 
@@ -206,10 +205,22 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where the image service keeps its stores and how it reaches registries.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The daemon's root: `images/`, `content/` and `snapshots/` go below it.
+    pub root: PathBuf,
+    /// The hosts.toml directory (mirrors, TLS) and the registry credentials file.
+    pub config_path: PathBuf,
+    pub auth_file: PathBuf,
+    pub allow_device_nodes: bool,
+    pub max_concurrent_downloads: usize,
+}
+
 impl ImageService {
     /// Opens the stores under the configured root and loads every image record. A record whose
     /// config or snapshots are gone (a crash mid-removal) is dropped so the image is pulled again.
-    pub fn open(cfg: &Config) -> Result<ImageService, Error> {
+    pub fn open(cfg: &Options) -> Result<ImageService, Error> {
         let dir = cfg.root.join("images");
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
             path: dir.clone(),
@@ -221,15 +232,12 @@ impl ImageService {
             dir,
             content,
             snapshots,
-            registry: registry::Registry::new(
-                cfg.registry.config_path.clone(),
-                cfg.registry.auth_file.clone(),
-            ),
+            registry: registry::Registry::new(cfg.config_path.clone(), cfg.auth_file.clone()),
             catalog: RwLock::new(Catalog::default()),
             unpack: UnpackOptions {
-                allow_device_nodes: cfg.image.allow_device_nodes,
+                allow_device_nodes: cfg.allow_device_nodes,
             },
-            downloads: tokio::sync::Semaphore::new(cfg.registry.max_concurrent_downloads),
+            downloads: tokio::sync::Semaphore::new(cfg.max_concurrent_downloads),
             layer_locks: Mutex::new(HashMap::new()),
             gc: tokio::sync::RwLock::new(()),
             holds: Mutex::new(HashMap::new()),
