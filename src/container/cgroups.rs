@@ -61,7 +61,7 @@ impl ContainerService {
                 root: h.root.clone(),
                 path: path.clone(),
             };
-            if let Err(e) = cg.remove() {
+            if let Err(e) = sandbox::remove_cgroup(&cg).await {
                 tracing::warn!(cgroup = %path.display(), error = %e, "removing an orphaned cgroup");
             }
         };

@@ -104,14 +104,14 @@ impl ContainerService {
                 Ok(id)
             }
             Err(e) => {
-                remove_files(&b);
+                discard_files(b).await;
                 if let Some(pod) = &sandbox.cgroup {
                     let cg = Cgroup {
                         root: pod.root.clone(),
                         path: pod.path.join(self.inner.sandboxes.cgroups().leaf(&id)),
                     };
                     if cg.path.exists()
-                        && let Err(e) = cg.remove()
+                        && let Err(e) = sandbox::remove_cgroup(&cg).await
                     {
                         tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing cgroup");
                     }

@@ -155,7 +155,7 @@ impl ContainerService {
         self.stop(id, 0).await?;
         let r = entry.lock().await;
         let b = self.bundle(&r.id);
-        remove_files(&b);
+        discard_files(b.clone()).await;
         if let Some(cg) = &r.cgroup {
             if let Some(sd) = self.inner.sandboxes.systemd()
                 && let Some((unit, _)) = crate::systemd::unit_and_slice(&cg.path)
@@ -163,7 +163,7 @@ impl ContainerService {
             {
                 tracing::warn!(unit, error = %e, "stopping a container's systemd scope");
             }
-            if let Err(e) = cg.remove() {
+            if let Err(e) = sandbox::remove_cgroup(cg).await {
                 tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
             }
         }
@@ -263,6 +263,11 @@ pub(super) fn kill_all(
             );
         }
     }
+}
+
+/// `remove_files` off the async threads (a writable layer may hold many files).
+pub(super) async fn discard_files(b: Bundle) {
+    let _ = tokio::task::spawn_blocking(move || remove_files(&b)).await;
 }
 
 pub(super) fn remove_files(b: &Bundle) {

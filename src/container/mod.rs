@@ -20,7 +20,7 @@ pub mod user;
 use cgroups::attach_devices;
 pub use create::{recursive_read_only_mounts, user_namespaces};
 pub use lifecycle::parse_signal;
-use lifecycle::remove_files;
+use lifecycle::{discard_files, remove_files};
 
 use std::collections::HashMap;
 use std::io;
@@ -175,6 +175,7 @@ pub struct ContainerService {
 }
 
 /// Files of one container.
+#[derive(Clone)]
 struct Bundle {
     dir: PathBuf,
     layer: PathBuf,

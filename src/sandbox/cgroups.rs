@@ -76,7 +76,7 @@ impl SandboxService {
             {
                 tracing::warn!(unit, error = %e, "stopping a pod's systemd unit");
             }
-            if let Err(e) = c.remove() {
+            if let Err(e) = remove_cgroup(c).await {
                 tracing::warn!(cgroup = %c.path.display(), error = %e, "removing pod cgroup");
             }
         }
@@ -158,4 +158,13 @@ pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
         pids_limit: 0,
         unified: r.unified.clone().into_iter().collect(),
     }
+}
+
+/// Removes a cgroup off the async threads: a busy one (zombies not yet reaped) is killed and
+/// retried for up to half a second.
+pub async fn remove_cgroup(cg: &Cgroup) -> io::Result<()> {
+    let cg = cg.clone();
+    tokio::task::spawn_blocking(move || cg.remove())
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)))
 }

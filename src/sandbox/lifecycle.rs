@@ -194,7 +194,8 @@ impl SandboxService {
                 Ok(id)
             }
             Err(e) => {
-                remove_files(&paths);
+                let doomed = paths.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_files(&doomed)).await;
                 // Whatever cgroups (and units) were made before the failure.
                 let policy = &self.inner.cgroups;
                 if let (Some(h), Ok((rel, owned))) =
@@ -392,7 +393,8 @@ impl SandboxService {
         };
         self.stop(id).await?;
         let r = entry.lock().await;
-        remove_files(&self.paths(&r.id));
+        let paths = self.paths(&r.id);
+        let _ = tokio::task::spawn_blocking(move || remove_files(&paths)).await;
         self.discard_cgroups(r.cgroup.as_ref(), r.owns_cgroup, r.pause_cgroup.as_ref())
             .await;
         self.release_userns(&r.id);

@@ -27,7 +27,7 @@ mod pause;
 pub mod security;
 mod userns;
 
-pub use cgroups::{Placement, resources};
+pub use cgroups::{Placement, remove_cgroup, resources};
 use files::{default_hosts, remove_files, resolv_conf, sysctls, write_file};
 pub use pause::SandboxImage;
 use pause::{mount_pause_image, spawn_pause};
