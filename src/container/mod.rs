@@ -84,10 +84,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
     }
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+fn invalid(field: impl Into<String>, reason: impl std::fmt::Display) -> Error {
     Error::Invalid {
         field: field.into(),
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 

@@ -113,6 +113,29 @@ pub enum Parsed {
     Manifest(Manifest),
 }
 
+/// Why a manifest, index or image config cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("not valid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error(
+        "Docker schema 1 manifests are not supported (deprecated; push the image again with a current client)"
+    )]
+    Schema1,
+    #[error("unsupported schemaVersion {0:?}")]
+    SchemaVersion(Option<u32>),
+    #[error("unsupported manifest media type {0:?}")]
+    MediaType(String),
+    #[error("invalid index: {0}")]
+    Index(serde_json::Error),
+    #[error("invalid manifest: {0}")]
+    Manifest(serde_json::Error),
+    #[error("invalid image config: {0}")]
+    Config(serde_json::Error),
+    #[error("unsupported rootfs type {0:?}")]
+    RootfsType(String),
+}
+
 #[derive(Debug, Deserialize)]
 struct Probe {
     #[serde(rename = "schemaVersion")]
@@ -125,8 +148,8 @@ struct Probe {
 
 /// Parses a manifest or index. `content_type` is the registry's Content-Type, used only when the
 /// document does not name its own media type.
-pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, String> {
-    let probe: Probe = serde_json::from_slice(data).map_err(|e| format!("not valid JSON: {e}"))?;
+pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, ManifestError> {
+    let probe: Probe = serde_json::from_slice(data).map_err(ManifestError::Json)?;
     let media_type = probe
         .media_type
         .clone()
@@ -136,13 +159,10 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, String> 
         || media_type == DOCKER_SCHEMA1
         || media_type == DOCKER_SCHEMA1_SIGNED
     {
-        return Err("Docker schema 1 manifests are not supported (deprecated; push the image again with a current client)".into());
+        return Err(ManifestError::Schema1);
     }
     if probe.schema_version != Some(2) {
-        return Err(format!(
-            "unsupported schemaVersion {:?}",
-            probe.schema_version
-        ));
+        return Err(ManifestError::SchemaVersion(probe.schema_version));
     }
     let is_index = match media_type.as_str() {
         OCI_INDEX | DOCKER_LIST => true,
@@ -150,15 +170,13 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, String> 
         // OCI allows omitting mediaType: tell the two apart by shape.
         _ if probe.manifests.is_some() => true,
         _ if probe.config.is_some() => false,
-        other => return Err(format!("unsupported manifest media type {other:?}")),
+        other => return Err(ManifestError::MediaType(other.to_string())),
     };
     if is_index {
-        let index: Index =
-            serde_json::from_slice(data).map_err(|e| format!("invalid index: {e}"))?;
+        let index: Index = serde_json::from_slice(data).map_err(ManifestError::Index)?;
         Ok(Parsed::Index(index))
     } else {
-        let m: Manifest =
-            serde_json::from_slice(data).map_err(|e| format!("invalid manifest: {e}"))?;
+        let m: Manifest = serde_json::from_slice(data).map_err(ManifestError::Manifest)?;
         Ok(Parsed::Manifest(m))
     }
 }
@@ -236,11 +254,10 @@ pub struct RootFs {
     pub diff_ids: Vec<Digest>,
 }
 
-pub fn parse_config(data: &[u8]) -> Result<ImageConfig, String> {
-    let c: ImageConfig =
-        serde_json::from_slice(data).map_err(|e| format!("invalid image config: {e}"))?;
+pub fn parse_config(data: &[u8]) -> Result<ImageConfig, ManifestError> {
+    let c: ImageConfig = serde_json::from_slice(data).map_err(ManifestError::Config)?;
     if !c.rootfs.kind.is_empty() && c.rootfs.kind != "layers" {
-        return Err(format!("unsupported rootfs type {:?}", c.rootfs.kind));
+        return Err(ManifestError::RootfsType(c.rootfs.kind));
     }
     Ok(c)
 }
@@ -326,6 +343,7 @@ mod tests {
         assert!(
             parse(br#"{"schemaVersion":1,"name":"x"}"#, None)
                 .unwrap_err()
+                .to_string()
                 .contains("schema 1")
         );
         assert!(parse(b"not json", None).is_err());

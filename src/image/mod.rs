@@ -286,7 +286,7 @@ impl ImageService {
                 .content
                 .read(&r.id)
                 .map_err(|e| e.to_string())
-                .and_then(|b| manifest::parse_config(&b));
+                .and_then(|b| manifest::parse_config(&b).map_err(|e| e.to_string()));
             match (complete, config) {
                 (true, Ok(config)) => {
                     for name in r.repo_tags.iter().chain(&r.repo_digests) {

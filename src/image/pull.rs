@@ -58,7 +58,7 @@ pub(super) async fn pull(
         reason,
     };
     let parsed = manifest::parse(&fetched.data, fetched.content_type.as_deref())
-        .map_err(|r| bad_manifest(&top, r))?;
+        .map_err(|r| bad_manifest(&top, r.to_string()))?;
     let (index, manifest_digest, manifest_bytes, m) = match parsed {
         Parsed::Manifest(m) => (None, top.clone(), fetched.data, m),
         Parsed::Index(idx) => {
@@ -77,7 +77,7 @@ pub(super) async fn pull(
             let f = session.manifest(&desc.digest.to_string()).await?;
             check_blob("manifest", &desc.digest, desc.size, &f.data)?;
             match manifest::parse(&f.data, f.content_type.as_deref())
-                .map_err(|r| bad_manifest(&desc.digest, r))?
+                .map_err(|r| bad_manifest(&desc.digest, r.to_string()))?
             {
                 Parsed::Manifest(m) => (
                     Some((top.clone(), fetched.data)),
@@ -111,8 +111,8 @@ pub(super) async fn pull(
         check_blob("config", &m.config.digest, m.config.size, &b)?;
         b
     };
-    let config =
-        manifest::parse_config(&config_bytes).map_err(|r| bad_manifest(&manifest_digest, r))?;
+    let config = manifest::parse_config(&config_bytes)
+        .map_err(|r| bad_manifest(&manifest_digest, r.to_string()))?;
     let diff_ids = &config.rootfs.diff_ids;
     if diff_ids.len() != m.layers.len() {
         return Err(bad_manifest(

@@ -238,6 +238,29 @@ impl Resources {
     }
 }
 
+/// Why resources or a cgroup name cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("hugepage size {0:?} is not valid")]
+    HugepageSize(String),
+    #[error("memory_swap_limit_in_bytes {swap} is below memory_limit_in_bytes {memory}")]
+    SwapBelowMemory { swap: i64, memory: i64 },
+    #[error("memory_swap_limit_in_bytes needs memory_limit_in_bytes")]
+    SwapWithoutMemory,
+    #[error("unified key {0:?} is not a cgroup interface file")]
+    UnifiedKey(String),
+    #[error("{0:?} is not a slice")]
+    NotASlice(String),
+    #[error("{0:?} is not a valid slice name")]
+    SliceName(String),
+    #[error(
+        "{0:?} is not a slice name, as the systemd cgroup driver needs (kubelet's cgroupDriver must be systemd too)"
+    )]
+    ParentNotSlice(String),
+    #[error("cgroup_parent {0:?} must not contain \"..\"")]
+    ParentDotDot(String),
+}
+
 /// `cpu.weight` from CPU shares (the kernel's and kubelet's conversion).
 pub fn cpu_weight(shares: i64) -> u64 {
     let shares = shares.clamp(2, 262_144) as u64;
@@ -245,18 +268,18 @@ pub fn cpu_weight(shares: i64) -> u64 {
 }
 
 /// "2MB" → "2MB" as cgroup v2 names hugetlb files (`hugetlb.2MB.max`); CRI and the kernel agree.
-fn hugetlb_file(size: &str) -> Result<String, String> {
+fn hugetlb_file(size: &str) -> Result<String, LimitError> {
     let ok = !size.is_empty() && size.chars().all(|c| c.is_ascii_alphanumeric());
     if ok {
         Ok(format!("hugetlb.{size}.max"))
     } else {
-        Err(format!("hugepage size {size:?} is not valid"))
+        Err(LimitError::HugepageSize(size.to_string()))
     }
 }
 
 /// The cgroup files and values for `r`, in the order they must be written: typed fields, then
 /// `unified` verbatim (it wins).
-pub fn files(r: &Resources) -> Result<Vec<(String, String)>, String> {
+pub fn files(r: &Resources) -> Result<Vec<(String, String)>, LimitError> {
     let mut out: Vec<(String, String)> = Vec::new();
     if r.cpu_shares > 0 {
         out.push(("cpu.weight".into(), cpu_weight(r.cpu_shares).to_string()));
@@ -289,15 +312,15 @@ pub fn files(r: &Resources) -> Result<Vec<(String, String)>, String> {
             -1 => "max".to_string(),
             s if s >= r.memory_limit => (s - r.memory_limit).to_string(),
             s => {
-                return Err(format!(
-                    "memory_swap_limit_in_bytes {s} is below memory_limit_in_bytes {}",
-                    r.memory_limit
-                ));
+                return Err(LimitError::SwapBelowMemory {
+                    swap: s,
+                    memory: r.memory_limit,
+                });
             }
         };
         out.push(("memory.swap.max".into(), swap));
     } else if r.memory_swap_limit > 0 {
-        return Err("memory_swap_limit_in_bytes needs memory_limit_in_bytes".into());
+        return Err(LimitError::SwapWithoutMemory);
     }
     if r.pids_limit > 0 {
         out.push(("pids.max".into(), r.pids_limit.to_string()));
@@ -307,7 +330,7 @@ pub fn files(r: &Resources) -> Result<Vec<(String, String)>, String> {
     }
     for (k, v) in &r.unified {
         if k.is_empty() || k.contains('/') || k.starts_with('.') || k.starts_with("cgroup.") {
-            return Err(format!("unified key {k:?} is not a cgroup interface file"));
+            return Err(LimitError::UnifiedKey(k.clone()));
         }
         out.retain(|(f, _)| f != k);
         out.push((k.clone(), v.clone()));
@@ -336,7 +359,7 @@ impl Policy {
         &self,
         cgroup_parent: &str,
         sandbox_id: &str,
-    ) -> Result<(String, bool), String> {
+    ) -> Result<(String, bool), LimitError> {
         if cgroup_parent.is_empty() {
             if self.systemd {
                 // A slice of crius's own below `<parent>.slice`, as kubelet makes pod slices.
@@ -353,14 +376,10 @@ impl Policy {
             if cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
                 return Ok((expand_slice(cgroup_parent)?, false));
             }
-            return Err(format!(
-                "{cgroup_parent:?} is not a slice name, as the systemd cgroup driver needs (kubelet's cgroupDriver must be systemd too)"
-            ));
+            return Err(LimitError::ParentNotSlice(cgroup_parent.to_string()));
         }
         if cgroup_parent.split('/').any(|c| c == "..") {
-            return Err(format!(
-                "cgroup_parent {cgroup_parent:?} must not contain \"..\""
-            ));
+            return Err(LimitError::ParentDotDot(cgroup_parent.to_string()));
         }
         Ok((cgroup_parent.trim_start_matches('/').to_string(), false))
     }
@@ -389,10 +408,10 @@ impl Policy {
 }
 
 /// systemd's slice naming: `a-b-c.slice` lives at `a.slice/a-b.slice/a-b-c.slice`.
-pub fn expand_slice(name: &str) -> Result<String, String> {
+pub fn expand_slice(name: &str) -> Result<String, LimitError> {
     let base = name
         .strip_suffix(".slice")
-        .ok_or_else(|| format!("{name:?} is not a slice"))?;
+        .ok_or_else(|| LimitError::NotASlice(name.to_string()))?;
     if base == "-" {
         return Ok(String::new());
     }
@@ -404,7 +423,7 @@ pub fn expand_slice(name: &str) -> Result<String, String> {
         || base.contains("--")
         || !base.chars().all(unit_char)
     {
-        return Err(format!("{name:?} is not a valid slice name"));
+        return Err(LimitError::SliceName(name.to_string()));
     }
     let mut path = Vec::new();
     let mut prefix = String::new();

@@ -6,7 +6,6 @@
 
 use std::convert::Infallible;
 use std::ffi::CString;
-use std::fmt;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -24,25 +23,8 @@ use super::seccomp::Compiled;
 use crate::sys;
 
 /// A failed step, as the monitor reports it.
-#[derive(Debug)]
-pub struct InitError {
-    pub step: String,
-    pub detail: String,
-}
-
-impl fmt::Display for InitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.step, self.detail)
-    }
-}
-
-fn fail<E: fmt::Display>(step: impl Into<String>) -> impl FnOnce(E) -> InitError {
-    let step = step.into();
-    move |e| InitError {
-        step,
-        detail: e.to_string(),
-    }
-}
+pub use super::step::StepError as InitError;
+use super::step::step as fail;
 
 /// The child's stdio, already created by the monitor.
 pub struct Stdio {

@@ -30,18 +30,27 @@ impl Stream {
     }
 }
 
+/// Why a CRI log path cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LogPathError {
+    #[error("is empty")]
+    Empty,
+    #[error("must be relative to the log directory")]
+    Absolute,
+    #[error("must not contain \"..\"")]
+    Parent,
+}
+
 /// Checks a CRI log path: relative, no `..`, not empty.
-pub fn check_relative(path: &Path) -> Result<(), String> {
+pub fn check_relative(path: &Path) -> Result<(), LogPathError> {
     if path.as_os_str().is_empty() {
-        return Err("is empty".into());
+        return Err(LogPathError::Empty);
     }
     for c in path.components() {
         match c {
             Component::Normal(_) | Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => {
-                return Err("must be relative to the log directory".into());
-            }
-            Component::ParentDir => return Err("must not contain \"..\"".into()),
+            Component::RootDir | Component::Prefix(_) => return Err(LogPathError::Absolute),
+            Component::ParentDir => return Err(LogPathError::Parent),
         }
     }
     Ok(())

@@ -16,6 +16,7 @@ pub mod pause;
 pub mod process;
 pub mod seccomp;
 pub mod selinux;
+pub mod step;
 pub mod tmpfs;
 
 use std::path::PathBuf;

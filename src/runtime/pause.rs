@@ -14,6 +14,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
+use super::step::{StepError, step};
 use super::{PauseConfig, PauseImage, PauseReport, ProcessId};
 use crate::sys;
 
@@ -27,17 +28,17 @@ pub fn main(config: &str) -> i32 {
         if config == HOLD_READY {
             match ProcessId::of(std::process::id() as i32) {
                 Ok(id) => ready(id),
-                Err(e) => return fail(format!("own identity: {e}")),
+                Err(e) => return fail(StepError::new("own identity", e)),
             }
         }
         sleep_until_stopped(&signals)
     }
     let cfg: PauseConfig = match serde_json::from_str(config) {
         Ok(c) => c,
-        Err(e) => return fail(format!("pause config: {e}")),
+        Err(e) => return fail(StepError::new("pause config", e)),
     };
     if let Err(e) = sys::close_from(3) {
-        return fail(format!("close descriptors: {e}"));
+        return fail(StepError::new("close descriptors", e));
     }
     let _ = nix::unistd::setsid();
     let signals = match signal_fd() {
@@ -49,16 +50,16 @@ pub fn main(config: &str) -> i32 {
     }
     if cfg.new_pid {
         if let Err(e) = unshare(CloneFlags::CLONE_NEWPID) {
-            return fail(format!("new pid namespace: {e}"));
+            return fail(StepError::new("new pid namespace", e));
         }
         // The child says on this pipe why it could not become the image's process; end of file
         // (its end closed by exec) means it did.
         let (failed_r, failed_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
             Ok(p) => p,
-            Err(e) => return fail(format!("pipe: {e}")),
+            Err(e) => return fail(StepError::new("pipe", e)),
         };
         match sys::fork() {
-            Err(e) => fail(format!("fork: {e}")),
+            Err(e) => fail(StepError::new("fork", e)),
             Ok(ForkResult::Child) => {
                 drop(failed_r);
                 let label = cfg.selinux_label.as_deref();
@@ -70,7 +71,7 @@ pub fn main(config: &str) -> i32 {
                     }
                     None => {
                         let e = hold_labelled(label, HOLD);
-                        let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
+                        let _ = std::fs::File::from(failed_w).write_all(e.to_string().as_bytes());
                         sys::exit_now(127)
                     }
                     Some(image) => {
@@ -79,7 +80,7 @@ pub fn main(config: &str) -> i32 {
                             Ok(command) => command.exec(),
                             Err(e) => e,
                         };
-                        let _ = std::fs::File::from(failed_w).write_all(e.as_bytes());
+                        let _ = std::fs::File::from(failed_w).write_all(e.to_string().as_bytes());
                         sys::exit_now(127)
                     }
                 }
@@ -93,7 +94,7 @@ pub fn main(config: &str) -> i32 {
                     return fail(why);
                 }
                 let Ok(id) = ProcessId::of(child.as_raw()) else {
-                    return fail("pid 1 of the pod vanished".into());
+                    return fail("pid 1 of the pod vanished");
                 };
                 ready(id);
                 // Stay the parent of the pod's PID 1: forward stop signals, leave when it does.
@@ -105,7 +106,7 @@ pub fn main(config: &str) -> i32 {
         // Our identity is read first: the image's root has no /proc.
         let id = match ProcessId::of(std::process::id() as i32) {
             Ok(id) => id,
-            Err(e) => return fail(format!("own identity: {e}")),
+            Err(e) => return fail(StepError::new("own identity", e)),
         };
         let label = cfg.selinux_label.as_deref();
         if cfg.image.is_none() && label.is_some() {
@@ -145,15 +146,15 @@ struct ImageCommand {
 
 impl ImageCommand {
     /// Replaces this process with the image's; returns why it could not.
-    fn exec(self) -> String {
+    fn exec(self) -> StepError {
         if let Err(e) = sys::reset_signals() {
-            return format!("pause image: resetting signals: {e}");
+            return StepError::new("pause image: resetting signals", e);
         }
         if let Err(e) = sys::dup_to(&self.null, 1, false) {
-            return format!("pause image: stdout: {e}");
+            return StepError::new("pause image: stdout", e);
         }
         match nix::unistd::execve(&self.path, &self.args, &self.env) {
-            Err(e) => format!("pause image: exec {:?}: {e}", self.path),
+            Err(e) => StepError::new(format!("pause image: exec {:?}", self.path), e),
             Ok(never) => match never {},
         }
     }
@@ -161,16 +162,18 @@ impl ImageCommand {
 
 /// Moves into the pause image's root filesystem in a mount namespace of our own, takes on the
 /// image's user with no capabilities left, and finds its command.
-fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
+fn enter_image(image: &PauseImage) -> Result<ImageCommand, StepError> {
     use nix::mount::{MntFlags, MsFlags, mount, umount2};
     use std::ffi::CString;
-    let cstring = |s: &str| CString::new(s).map_err(|_| format!("pause image: NUL byte in {s:?}"));
+    let cstring = |s: &str| {
+        CString::new(s).map_err(|_| StepError::new("pause image", format!("NUL byte in {s:?}")))
+    };
     let first = image
         .args
         .first()
-        .ok_or("pause image: the image has no entrypoint or command")?;
-    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("new mount namespace: {e}"))?;
+        .ok_or_else(|| StepError::new("pause image", "the image has no entrypoint or command"))?;
+    let null = std::fs::File::open("/dev/null").map_err(step("/dev/null"))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(step("new mount namespace"))?;
     mount(
         None::<&str>,
         "/",
@@ -178,7 +181,7 @@ fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making mounts private: {e}"))?;
+    .map_err(step("making mounts private"))?;
     // A bind of the root onto itself is a mount of this namespace's own: in a pod's user
     // namespace the copied ones are locked to their parents, and pivot_root refuses those.
     mount(
@@ -188,17 +191,17 @@ fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&str>,
     )
-    .map_err(|e| format!("binding the pause image root: {e}"))?;
+    .map_err(step("binding the pause image root"))?;
     nix::unistd::chdir(&image.rootfs)
-        .map_err(|e| format!("pause image root {}: {e}", image.rootfs.display()))?;
-    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the old root: {e}"))?;
+        .map_err(step(format!("pause image root {}", image.rootfs.display())))?;
+    nix::unistd::pivot_root(".", ".").map_err(step("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(step("detaching the old root"))?;
     let cwd = if image.cwd.is_empty() {
         "/"
     } else {
         &image.cwd
     };
-    nix::unistd::chdir(cwd).map_err(|e| format!("pause image working directory {cwd}: {e}"))?;
+    nix::unistd::chdir(cwd).map_err(step(format!("pause image working directory {cwd}")))?;
     // The command as the image names it: a path, or a name looked up on the image's PATH.
     let path = if first.contains('/') {
         first.clone()
@@ -212,30 +215,38 @@ fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
             .split(':')
             .map(|d| format!("{d}/{first}"))
             .find(|p| std::path::Path::new(p).is_file())
-            .ok_or_else(|| format!("pause image: {first}: not found on PATH {search}"))?
+            .ok_or_else(|| {
+                StepError::new(
+                    format!("pause image: {first}"),
+                    format!("not found on PATH {search}"),
+                )
+            })?
     };
     if !std::path::Path::new(&path).is_file() {
-        return Err(format!("pause image: {path}: no such file"));
+        return Err(StepError::new(
+            format!("pause image: {path}"),
+            "no such file",
+        ));
     }
     // No capabilities: holding namespaces and reaping needs none.
     let gid = nix::unistd::Gid::from_raw(image.gid);
     let uid = nix::unistd::Uid::from_raw(image.uid);
-    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
-    nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setgid {}: {e}", image.gid))?;
+    nix::unistd::setgroups(&[]).map_err(step("setgroups"))?;
+    nix::unistd::setresgid(gid, gid, gid).map_err(step(format!("setgid {}", image.gid)))?;
     for cap in caps::all() {
         caps::drop(None, caps::CapSet::Bounding, cap)
-            .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+            .map_err(step(format!("dropping {cap} from the bounding set")))?;
     }
-    nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setuid {}: {e}", image.uid))?;
+    nix::unistd::setresuid(uid, uid, uid).map_err(step(format!("setuid {}", image.uid)))?;
     for set in [
         caps::CapSet::Ambient,
         caps::CapSet::Inheritable,
         caps::CapSet::Effective,
         caps::CapSet::Permitted,
     ] {
-        caps::clear(None, set).map_err(|e| format!("clearing capabilities: {e}"))?;
+        caps::clear(None, set).map_err(step("clearing capabilities"))?;
     }
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(step("no_new_privs"))?;
     Ok(ImageCommand {
         path: cstring(&path)?,
         args: image
@@ -252,7 +263,7 @@ fn enter_image(image: &PauseImage) -> Result<ImageCommand, String> {
     })
 }
 
-fn signal_fd() -> Result<SignalFd, String> {
+fn signal_fd() -> Result<SignalFd, StepError> {
     let mut mask = SigSet::empty();
     for s in [
         Signal::SIGTERM,
@@ -262,25 +273,24 @@ fn signal_fd() -> Result<SignalFd, String> {
     ] {
         mask.add(s);
     }
-    mask.thread_block()
-        .map_err(|e| format!("block signals: {e}"))?;
+    mask.thread_block().map_err(step("block signals"))?;
     sys::catch_signals(&[
         Signal::SIGTERM,
         Signal::SIGINT,
         Signal::SIGCHLD,
         Signal::SIGHUP,
     ])
-    .map_err(|e| format!("signal handlers: {e}"))?;
-    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).map_err(|e| format!("signalfd: {e}"))
+    .map_err(step("signal handlers"))?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).map_err(step("signalfd"))
 }
 
-fn setup(cfg: &PauseConfig) -> Result<(), String> {
+fn setup(cfg: &PauseConfig) -> Result<(), StepError> {
     if cfg.placed {
-        super::await_placement()?;
+        super::await_placement().map_err(|e| StepError::new("placement", e))?;
     }
     if let Some(cg) = &cfg.cgroup {
         std::fs::write(cg.join("cgroup.procs"), "0")
-            .map_err(|e| format!("joining cgroup {}: {e}", cg.display()))?;
+            .map_err(step(format!("joining cgroup {}", cg.display())))?;
     }
     if !cfg.uid_map.is_empty() {
         enter_user_namespace(cfg)?;
@@ -296,18 +306,18 @@ fn setup(cfg: &PauseConfig) -> Result<(), String> {
         flags |= CloneFlags::CLONE_NEWUTS;
     }
     if !flags.is_empty() {
-        unshare(flags).map_err(|e| format!("new namespaces: {e}"))?;
+        unshare(flags).map_err(step("new namespaces"))?;
     }
     if cfg.new_uts
         && let Some(h) = &cfg.hostname
     {
-        nix::unistd::sethostname(h).map_err(|e| format!("hostname {h:?}: {e}"))?;
+        nix::unistd::sethostname(h).map_err(step(format!("hostname {h:?}")))?;
     }
     if cfg.new_net {
-        sys::loopback_up().map_err(|e| format!("loopback up: {e}"))?;
+        sys::loopback_up().map_err(step("loopback up"))?;
     }
     for (k, v) in &cfg.sysctls {
-        super::init::write_sysctl(k, v).map_err(|e| e.to_string())?;
+        super::init::write_sysctl(k, v)?;
     }
     Ok(())
 }
@@ -315,14 +325,13 @@ fn setup(cfg: &PauseConfig) -> Result<(), String> {
 /// Moves into a new user namespace whose maps a forked helper writes from outside (a process
 /// may not map anything but itself into its own namespace), then becomes the namespace's root:
 /// from here on the pause process is no longer root on the host.
-fn enter_user_namespace(cfg: &PauseConfig) -> Result<(), String> {
+fn enter_user_namespace(cfg: &PauseConfig) -> Result<(), StepError> {
     use std::io::Read;
-    let pipe =
-        || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"));
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(step("pipe"));
     let (go_r, go_w) = pipe()?;
     let (done_r, done_w) = pipe()?;
     let me = std::process::id();
-    match sys::fork().map_err(|e| format!("fork: {e}"))? {
+    match sys::fork().map_err(step("fork"))? {
         ForkResult::Child => {
             drop(go_w);
             drop(done_r);
@@ -336,7 +345,7 @@ fn enter_user_namespace(cfg: &PauseConfig) -> Result<(), String> {
             for (file, map) in [("uid_map", &cfg.uid_map), ("gid_map", &cfg.gid_map)] {
                 let path = format!("/proc/{me}/{file}");
                 if let Err(e) = std::fs::write(&path, lines(map)) {
-                    result = format!("writing {path}: {e}");
+                    result = format!("{path}: {e}");
                     break;
                 }
             }
@@ -355,19 +364,19 @@ fn enter_user_namespace(cfg: &PauseConfig) -> Result<(), String> {
             let mut msg = String::new();
             let _ = std::fs::File::from(done_r).read_to_string(&mut msg);
             let _ = waitpid(child, None);
-            entered.map_err(|e| format!("new user namespace: {e}"))?;
+            entered.map_err(step("new user namespace"))?;
             if !msg.is_empty() {
-                return Err(msg);
+                return Err(StepError::new("user namespace maps", msg));
             }
         }
     }
     let root_gid = nix::unistd::Gid::from_raw(0);
     let root_uid = nix::unistd::Uid::from_raw(0);
-    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups in the user namespace: {e}"))?;
+    nix::unistd::setgroups(&[]).map_err(step("setgroups in the user namespace"))?;
     nix::unistd::setresgid(root_gid, root_gid, root_gid)
-        .map_err(|e| format!("setgid 0 in the user namespace: {e}"))?;
+        .map_err(step("setgid 0 in the user namespace"))?;
     nix::unistd::setresuid(root_uid, root_uid, root_uid)
-        .map_err(|e| format!("setuid 0 in the user namespace: {e}"))
+        .map_err(step("setuid 0 in the user namespace"))
 }
 
 fn report(r: &PauseReport) {
@@ -389,8 +398,10 @@ fn ready(id: ProcessId) {
     }
 }
 
-fn fail(message: String) -> i32 {
-    report(&PauseReport::Failed { message });
+fn fail(e: impl std::fmt::Display) -> i32 {
+    report(&PauseReport::Failed {
+        message: e.to_string(),
+    });
     1
 }
 
@@ -400,10 +411,10 @@ const HOLD: &str = "hold";
 const HOLD_READY: &str = "hold-ready";
 
 /// Labels this process's next exec for SELinux.
-fn label_next_exec(label: Option<&str>) -> Result<(), String> {
+fn label_next_exec(label: Option<&str>) -> Result<(), StepError> {
     match label {
         Some(l) => {
-            super::selinux::set_exec_label(Some(l)).map_err(|e| format!("SELinux label {l}: {e}"))
+            super::selinux::set_exec_label(Some(l)).map_err(step(format!("SELinux label {l}")))
         }
         None => Ok(()),
     }
@@ -411,18 +422,18 @@ fn label_next_exec(label: Option<&str>) -> Result<(), String> {
 
 /// Re-executes this program as `crius pause <how>` under the pod's SELinux label (the setup
 /// before needed the runtime's own); returns why it could not.
-fn hold_labelled(label: Option<&str>, how: &str) -> String {
+fn hold_labelled(label: Option<&str>, how: &str) -> StepError {
     if let Err(e) = label_next_exec(label) {
         return e;
     }
     let how = match std::ffi::CString::new(how) {
         Ok(h) => h,
-        Err(e) => return e.to_string(),
+        Err(e) => return StepError::new("pause mode", e),
     };
     let args = [c"crius", c"pause", how.as_c_str()];
     let env: [&std::ffi::CStr; 0] = [];
     match nix::unistd::execve(c"/proc/self/exe", &args, &env) {
-        Err(e) => format!("re-executing the pause process: {e}"),
+        Err(e) => StepError::new("re-executing the pause process", e),
         Ok(never) => match never {},
     }
 }

@@ -75,10 +75,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
     }
 }
 
-fn invalid(field: &str, reason: impl Into<String>) -> Error {
+fn invalid(field: &str, reason: impl std::fmt::Display) -> Error {
     Error::Invalid {
         field: field.to_string(),
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 
