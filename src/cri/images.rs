@@ -148,7 +148,7 @@ impl CriImageService for Images {
                         &a.identity_token,
                         &a.registry_token,
                     )
-                    .map_err(|e| Status::invalid_argument(format!("auth: {e}")))?,
+                    .map_err(|e| crate::image::Error::Credentials(format!("auth: {e}")))?,
                 ),
                 None => None,
             };

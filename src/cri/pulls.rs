@@ -31,8 +31,7 @@ impl pulls_server::Pulls for Pulls {
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let req = req.into_inner();
-        crate::image::Reference::parse(&req.image)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        crate::image::Reference::parse(&req.image).map_err(crate::image::Error::from)?;
         let images = self.images.clone();
         let wait = Duration::from_secs(req.wait_seconds.min(600).into());
         let (tx, rx) = tokio::sync::mpsc::channel(4);
