@@ -1,6 +1,7 @@
 //! config: the daemon's TOML configuration (`/etc/crius/config.toml`). Every key is optional and
 //! has a default that runs crius on a stock node; unknown keys are errors naming the file and
-//! line, so a typo never silently falls back to a default. Uses only `serde` and `toml`.
+//! line, so a typo never silently falls back to a default. Uses `serde`, `toml`, and
+//! `image::reference` to check the pause image's reference.
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,7 @@
 //! daemon: `crius daemon`. Prepares the root and state directories, takes the root's lock (one
 //! daemon per root), opens the services, binds the CRI socket (mode 0660, owned by root) and
-//! serves until SIGTERM or SIGINT. Uses `config`, `image` and `cri`.
+//! serves until SIGTERM or SIGINT. Uses `config` and opens the services of `image`, `sandbox`
+//! and `container` (with the cgroup policy of `runtime::cgroup` and `systemd`) for `cri`.
 
 use std::fs::{self, File};
 use std::io;

@@ -1,10 +1,14 @@
 //! crius: a Kubernetes node runtime. The modules, top to bottom (dependencies point down):
 //!
-//! - `cli`: the client commands (talks CRI over the socket, like crictl)
+//! - `cli`: the client commands (talks CRI over the socket, like crictl); `frontend`: the pod
+//!   agent, a kubelet-like CRI client
 //! - `daemon`: the daemon's lifecycle; `cri`: tonic glue for CRI runtime.v1 and `crius.v1`
 //! - `pod`: pod sandboxes orchestrated over `sandbox`, `container` and `image`
-//! - `image`: references, registries, pulls, the image catalog
-//! - `content` (blobs by digest), `snapshot` (unpacked layers)
+//! - `image`: references, registries, pulls, the image catalog; `sandbox`: pause processes and
+//!   the namespaces, files and cgroups of pods; `container`: containers and their monitors
+//! - `content` (blobs by digest), `snapshot` (unpacked layers), `runtime` (the synchronous
+//!   helpers: monitor, pause, init, cgroup, seccomp), `systemd` (the systemd cgroup driver's
+//!   D-Bus side, used by `sandbox` and `container`)
 //! - `config`, `atomic` (state files), `records` (in-memory record index), `sys` (the only `unsafe`)
 
 pub mod atomic;

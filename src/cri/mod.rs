@@ -1,8 +1,8 @@
 //! cri: the tonic glue. It serves CRI `runtime.v1` (RuntimeService, ImageService) and crius's own
-//! `crius.v1.Pulls` on a unix socket, turns requests into calls on the `image` (and later
-//! `sandbox`/`container`) services, maps their errors to statuses in one place (`status`), and
-//! logs one line per RPC with its duration. It also holds the client side used by the CLI, the
-//! front end and the tests. No runtime logic lives here.
+//! `crius.v1.Pulls` on a unix socket, turns requests into calls on the `image`, `pod`,
+//! `sandbox` and `container` services, maps their errors to statuses in one place (`status`),
+//! and logs one line per RPC with its duration. It also holds the client side used by the CLI,
+//! the front end and the tests. No runtime logic lives here.
 
 mod authority;
 pub mod client;

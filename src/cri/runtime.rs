@@ -1,4 +1,4 @@
-//! CRI RuntimeService: requests in, `sandbox` and `container` calls, CRI messages out.
+//! CRI RuntimeService: requests in, `pod`, `sandbox` and `container` calls, CRI messages out.
 
 use std::collections::HashMap;
 use std::pin::Pin;

@@ -1,10 +1,10 @@
 //! runtime: the synchronous process side of crius: no tokio, no threads. It holds the helpers the
 //! daemon re-executes (`crius pause`, `crius monitor`, which also runs ExecSync commands), the
-//! container init that
-//! runs between fork and exec (namespaces, mounts, pivot_root, credentials, capabilities), the CRI
-//! log writer, and process identities that survive pid reuse. It reads OCI runtime specs
-//! (`oci-spec`) and small JSON records; it uses `sys` for the few raw system calls and `atomic`
-//! for the exit record.
+//! container init that runs between fork and exec (namespaces, mounts, pivot_root, credentials,
+//! capabilities, seccomp, LSM labels), cgroup v2 and its device controller, the CRI log writer,
+//! and process identities that survive pid reuse. It reads OCI runtime specs (`oci-spec`) and
+//! small JSON records; it uses `sys` for the few raw system calls, `atomic` for the exit record
+//! and `records` for timestamps.
 
 pub mod cgroup;
 pub mod devices;
