@@ -1,6 +1,9 @@
 //! sys: the thin layer over Linux system calls that `nix` does not cover. This is the only module
 //! with `unsafe`; every block says why it is sound. Everything above it uses safe wrappers.
-//! It may use `libc` and `nix`, nothing else in crius.
+//! It may use `libc` and `nix`, nothing else in crius. Its users are the layer above it
+//! (`runtime`, `content`, `snapshot`); the daemon's async modules use only the two calls that
+//! belong to no owner below them: `async_fd` (registering a pidfd with tokio's reactor, which
+//! tokio makes unsafe) and `trim_heap` (the whole process's allocator).
 
 #![allow(unsafe_code)]
 
