@@ -1,8 +1,10 @@
 //! Safe extraction of one layer tar into an empty directory, as an overlayfs lower layer.
 //!
 //! A layer is hostile until proven otherwise. Every path is resolved below the layer directory with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so no entry can write outside it: `..` and
-//! absolute names are refused outright, a path through a symlink fails, hardlinks must point at a
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so no entry can write outside it: `..` is
+//! refused outright, a leading `/` (in names and hardlink targets, as some builders write them)
+//! means the layer's root, as it does for GNU tar and containerd, a path through a symlink
+//! fails, hardlinks must point at a
 //! file this layer already holds, files are created `O_EXCL | O_NOFOLLOW` after removing whatever
 //! held the name. OCI whiteouts become overlay whiteouts: `.wh.NAME` a 0/0 character device,
 //! `.wh..wh..opq` the `trusted.overlay.opaque=y` attribute; `trusted.overlay.*` attributes in the
@@ -63,16 +65,15 @@ fn beneath() -> ResolveFlag {
         | ResolveFlag::RESOLVE_NO_XDEV
 }
 
-/// Splits an archive path into its normal components, refusing absolute paths and `..`.
+/// Splits an archive path into its normal components, refusing `..`; a leading `/` is the
+/// layer's root.
 fn components(raw: &Path, shown: &str) -> Result<Vec<OsString>, UnpackError> {
     let mut out = Vec::new();
     for c in raw.components() {
         match c {
             Component::Normal(s) => out.push(s.to_os_string()),
-            Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(rejected(shown, "absolute path"));
-            }
+            Component::CurDir | Component::RootDir => {}
+            Component::Prefix(_) => return Err(rejected(shown, "path has a prefix")),
             Component::ParentDir => return Err(rejected(shown, "path contains \"..\"")),
         }
     }
@@ -665,14 +666,22 @@ mod tests {
     }
 
     #[test]
-    fn rejects_absolute_paths() {
+    fn absolute_paths_stay_in_the_layer() {
         let c = case();
         let name = format!("{}/target", c.outside.display());
-        assert_rejected(
-            run(&c, &Layer::new().file(&name, b"evil").bytes()),
-            "absolute",
-        );
+        let tar = Layer::new()
+            .file(&name, b"inside")
+            .file("/etc/passwd", b"root")
+            .hardlink("/etc/passwd-", "/etc/passwd")
+            .bytes();
+        run(&c, &tar).unwrap();
         outside_untouched(&c);
+        let inside = c.layer.join(name.trim_start_matches('/'));
+        assert_eq!(std::fs::read(inside).unwrap(), b"inside");
+        let passwd = std::fs::metadata(c.layer.join("etc/passwd")).unwrap();
+        let linked = std::fs::metadata(c.layer.join("etc/passwd-")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((passwd.ino(), passwd.nlink()), (linked.ino(), 2));
     }
 
     #[test]
@@ -717,10 +726,11 @@ mod tests {
             run(&c, &Layer::new().hardlink("h", "../outside/target").bytes()),
             "..",
         );
+        // An absolute target names the layer's own file, never the host's.
         let abs = format!("{}/target", c.outside.display());
         assert_rejected(
             run(&c, &Layer::new().hardlink("h", &abs).bytes()),
-            "absolute",
+            "not in this layer",
         );
         let outside = c.outside.display().to_string();
         let tar = Layer::new()
