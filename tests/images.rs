@@ -201,6 +201,78 @@ async fn zstd_plain_layers_and_whiteouts() {
     assert_eq!(seen, (true, false, false, true, true));
 }
 
+/// Layers as some builders write them: names with a leading `/`, and hardlinks to files an
+/// earlier layer holds (copied up, since overlay layers cannot share an inode); containerd 1.6
+/// refuses the second kind. A link to a file a layer in between deleted is still refused.
+#[tokio::test]
+async fn absolute_names_and_links_to_lower_layers() {
+    let reg = Registry::start(None);
+    let base = busybox_layer(Compress::Gzip);
+    let tools = layer(
+        &[
+            Entry::Dir("opt".into()),
+            Entry::File("opt/tool".into(), b"tool v1".to_vec(), 0o755),
+            Entry::File("opt/gone".into(), b"x".to_vec(), 0o644),
+        ],
+        Compress::Gzip,
+    );
+    let links = layer(
+        &[
+            Entry::Hardlink("/opt/tool-alias".into(), "/opt/tool".into()),
+            Entry::Hardlink("usr/local/bin/tool".into(), "opt/tool".into()),
+            Entry::Hardlink("/bin/sh-again".into(), "bin/busybox".into()),
+        ],
+        Compress::Gzip,
+    );
+    let img = image(
+        vec![base.clone(), tools.clone(), links],
+        &ImageOpts::default(),
+    );
+    reg.push_image("links", "v1", &img).await.unwrap();
+    let d = Daemon::start("");
+    d.pull(&format!("{}/links:v1", reg.host())).await.unwrap();
+    let top = std::path::PathBuf::from(&crius_lowers(&d, &img)[0]);
+    for alias in ["opt/tool-alias", "usr/local/bin/tool"] {
+        assert_eq!(
+            std::fs::read(top.join(alias)).unwrap(),
+            b"tool v1",
+            "{alias}"
+        );
+        let mode = std::fs::metadata(top.join(alias)).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o7777,
+            0o755
+        );
+    }
+    assert_eq!(
+        std::fs::read(top.join("bin/sh-again")).unwrap(),
+        std::fs::read("/bin/busybox").unwrap()
+    );
+
+    // Deleted in between: the pull fails naming the entry, and commits nothing of that layer.
+    let gone = layer(&[Entry::Whiteout("opt/gone".into())], Compress::Gzip);
+    let dangling = layer(
+        &[Entry::Hardlink("opt/again".into(), "opt/gone".into())],
+        Compress::Gzip,
+    );
+    let bad = image(vec![base, tools, gone, dangling], &ImageOpts::default());
+    reg.push_image("links", "bad", &bad).await.unwrap();
+    let before = d.snapshots().len();
+    let err = d
+        .pull(&format!("{}/links:bad", reg.host()))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("opt/again") && err.message().contains("deleted"),
+        "{err:?}"
+    );
+    assert_eq!(
+        d.snapshots().len(),
+        before + 1,
+        "only the whiteout layer lands"
+    );
+}
+
 /// Lower directories of an image's rootfs, topmost first, from the snapshot records.
 fn crius_lowers(d: &Daemon, img: &TestImage) -> Vec<String> {
     let diff_ids: Vec<String> = img.layers.iter().map(|l| l.diff_id.clone()).collect();

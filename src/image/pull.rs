@@ -18,7 +18,7 @@ use super::registry::Session;
 use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
 use crate::content::{Digest, Ingest};
 use crate::records::now_nanos;
-use crate::snapshot::{self, Meta, unpack};
+use crate::snapshot::{self, Meta, Snapshotter, copyup, unpack};
 
 pub(super) async fn pull(
     inner: &Arc<Inner>,
@@ -158,9 +158,10 @@ pub(super) async fn pull(
     );
 
     // Layers, all at once; the download semaphore bounds how many transfer.
+    let landed = Arc::new(Landed::default());
     let jobs = layers.iter().enumerate().map(|(i, l)| {
         let parent = i.checked_sub(1).map(|p| layers[p].chain_id.clone());
-        fetch_layer(inner, &session, l, parent, progress)
+        fetch_layer(inner, &session, l, parent, progress, &landed)
     });
     futures_util::future::try_join_all(jobs).await?;
 
@@ -214,10 +215,17 @@ async fn fetch_layer(
     layer: &Layer,
     parent: Option<Digest>,
     progress: &Arc<Progress>,
+    landed: &Arc<Landed>,
 ) -> Result<(), Error> {
+    let mut landing = Landing {
+        landed: landed.clone(),
+        chain: layer.chain_id.clone(),
+        ok: false,
+    };
     let lock = inner.layer_lock(&layer.digest);
     let _one_at_a_time = lock.lock().await;
     if inner.snapshots.exists(&layer.chain_id) {
+        landing.ok = true;
         progress.add_bytes(layer.size);
         progress.layer_done();
         return Ok(());
@@ -232,7 +240,16 @@ async fn fetch_layer(
         })?;
     let mut resume = true;
     loop {
-        let res = attempt(inner, session, layer, parent.clone(), progress, resume).await;
+        let res = attempt(
+            inner,
+            session,
+            layer,
+            parent.clone(),
+            progress,
+            resume,
+            landed.clone(),
+        )
+        .await;
         match res {
             // Bytes left by an earlier attempt may not have reached the disk before a crash:
             // a mismatch after resuming is retried once from the start.
@@ -245,6 +262,7 @@ async fn fetch_layer(
             }
             other => {
                 if other.is_ok() {
+                    landing.ok = true;
                     progress.layer_done();
                 }
                 return other;
@@ -345,6 +363,7 @@ async fn attempt(
     parent: Option<Digest>,
     progress: &Arc<Progress>,
     resume: bool,
+    landed: Arc<Landed>,
 ) -> Result<(), Error> {
     let (source, download) = if inner.content.contains(&layer.digest) {
         let path = inner.content.blob_path(&layer.digest);
@@ -390,6 +409,7 @@ async fn attempt(
             parent,
             source,
             unpack_progress,
+            &landed,
         )
     });
 
@@ -422,6 +442,7 @@ fn unpack_layer_blob(
     parent: Option<Digest>,
     source: Source,
     progress: Arc<Progress>,
+    landed: &Landed,
 ) -> Result<(), Error> {
     let prepared = inner.snapshots.prepare()?;
     let mut blob = BlobReader {
@@ -514,6 +535,34 @@ fn unpack_layer_blob(
                 });
             }
             verdict(ingest)?;
+            let mut stats = stats;
+            if !stats.lower_links.is_empty() {
+                // Hardlinks to files of the layers below: copied up once those are in place.
+                let lowers = match parent.as_ref().map(|p| landed.wait(p, &inner.snapshots)) {
+                    Some(Some(lowers)) => lowers,
+                    Some(None) => {
+                        return Err(Error::Download {
+                            digest: layer.digest.clone(),
+                            message: "a layer below it failed, and it links to that layer's files"
+                                .into(),
+                        });
+                    }
+                    None => Vec::new(),
+                };
+                match copyup::copy_up(&prepared.fs(), &stats.lower_links, &lowers) {
+                    Ok(up) => {
+                        stats.size += up.size;
+                        stats.inodes += up.inodes;
+                    }
+                    Err(e) => {
+                        let _ = inner.content.remove(&layer.digest);
+                        return Err(Error::Unpack {
+                            digest: layer.digest.clone(),
+                            source: e,
+                        });
+                    }
+                }
+            }
             let meta = Meta {
                 chain_id: layer.chain_id.clone(),
                 parent,
@@ -524,6 +573,57 @@ fn unpack_layer_blob(
             inner.snapshots.commit(prepared, &meta)?;
             Ok(())
         }
+    }
+}
+
+/// Which layers of one pull have landed, for a layer that copies files up from the ones below
+/// it (see `snapshot::copyup`): such a layer waits for its parent snapshot before it commits.
+#[derive(Default)]
+struct Landed {
+    failed: std::sync::Mutex<std::collections::HashSet<Digest>>,
+    changed: std::sync::Condvar,
+}
+
+impl Landed {
+    /// Blocks until `chain` and every snapshot below it are committed (layers commit in any
+    /// order) and returns their directories, topmost first; none once a layer of the pull
+    /// failed (or was dropped with it).
+    fn wait(&self, chain: &Digest, snapshots: &Snapshotter) -> Option<Vec<std::path::PathBuf>> {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Ok(lowers) = snapshots.lowerdirs(chain) {
+                return Some(lowers);
+            }
+            if !failed.is_empty() {
+                return None;
+            }
+            // Committing happens on another thread without this lock: look again now and then.
+            failed = self
+                .changed
+                .wait_timeout(failed, std::time::Duration::from_millis(100))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+/// Says how a layer's fetch ended, however it ends: an error or a dropped future is a failure.
+struct Landing {
+    landed: Arc<Landed>,
+    chain: Digest,
+    ok: bool,
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if !self.ok {
+            self.landed
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(self.chain.clone());
+        }
+        self.landed.changed.notify_all();
     }
 }
 

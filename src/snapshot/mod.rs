@@ -4,6 +4,7 @@
 //! snapshot under its chain ID is always whole. Layers never need their parents mounted: OCI
 //! whiteouts become overlay whiteouts (see `unpack`). Uses `content::Digest`, `atomic`, `sys`.
 
+pub mod copyup;
 pub mod unpack;
 
 use std::fs;

@@ -27,6 +27,7 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, unlinkat};
 use tar::EntryType;
 
+use super::copyup::LowerLink;
 use crate::sys;
 
 /// What a layer may contain beyond files, directories and links.
@@ -37,11 +38,13 @@ pub struct UnpackOptions {
     pub allow_device_nodes: bool,
 }
 
-/// What a layer added to the disk.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a layer added to the disk, and the hardlinks it left for `copyup` (their targets are
+/// in no earlier entry of the layer).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnpackStats {
     pub size: u64,
     pub inodes: u64,
+    pub lower_links: Vec<LowerLink>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +59,9 @@ pub enum UnpackError {
 
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
 const WHITEOUT_PREFIX: &str = ".wh.";
-const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+pub(super) const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
 
-fn beneath() -> ResolveFlag {
+pub(super) fn beneath() -> ResolveFlag {
     ResolveFlag::RESOLVE_BENEATH
         | ResolveFlag::RESOLVE_NO_SYMLINKS
         | ResolveFlag::RESOLVE_NO_MAGICLINKS
@@ -80,26 +83,40 @@ fn components(raw: &Path, shown: &str) -> Result<Vec<OsString>, UnpackError> {
     Ok(out)
 }
 
-fn rejected(path: &str, reason: &'static str) -> UnpackError {
+pub(super) fn rejected(path: &str, reason: &'static str) -> UnpackError {
     UnpackError::Rejected {
         path: path.to_string(),
         reason,
     }
 }
 
-fn join(comps: &[OsString]) -> PathBuf {
+pub(super) fn join(comps: &[OsString]) -> PathBuf {
     comps.iter().collect()
 }
 
 /// Directory handles below the layer root, with the last parent cached: tar entries come
 /// directory by directory, so most entries reuse it.
-struct Dirs {
-    root: OwnedFd,
+pub(super) struct Dirs {
+    pub(super) root: OwnedFd,
     cached: Option<(Vec<OsString>, OwnedFd)>,
 }
 
 impl Dirs {
-    fn map_err(err: Errno, shown: &str) -> UnpackError {
+    /// The layer directory `dest`, itself not a symlink.
+    pub(super) fn open(dest: &Path) -> Result<Dirs, UnpackError> {
+        let root = nix::fcntl::open(
+            dest,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| UnpackError::Io {
+            path: dest.display().to_string(),
+            source: e.into(),
+        })?;
+        Ok(Dirs { root, cached: None })
+    }
+
+    pub(super) fn map_err(err: Errno, shown: &str) -> UnpackError {
         match err {
             Errno::ELOOP | Errno::EXDEV => rejected(shown, "path goes through a symlink"),
             Errno::ENOTDIR => rejected(shown, "a parent of the path is not a directory"),
@@ -111,7 +128,11 @@ impl Dirs {
     }
 
     /// Opens (creating as needed, mode 0755) the directory `comps` below the root.
-    fn parent(&mut self, comps: &[OsString], shown: &str) -> Result<BorrowedFd<'_>, UnpackError> {
+    pub(super) fn parent(
+        &mut self,
+        comps: &[OsString],
+        shown: &str,
+    ) -> Result<BorrowedFd<'_>, UnpackError> {
         if comps.is_empty() {
             return Ok(self.root.as_fd());
         }
@@ -169,7 +190,7 @@ impl Dirs {
         openat2(self.root.as_fd(), &path, how).map_err(|e| Self::map_err(e, shown))
     }
 
-    fn invalidate(&mut self) {
+    pub(super) fn invalidate(&mut self) {
         self.cached = None;
     }
 }
@@ -228,17 +249,7 @@ pub fn unpack<R: Read>(
     dest: &Path,
     opts: &UnpackOptions,
 ) -> Result<UnpackStats, UnpackError> {
-    let dest_shown = dest.display().to_string();
-    let root = nix::fcntl::open(
-        dest,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| UnpackError::Io {
-        path: dest_shown,
-        source: e.into(),
-    })?;
-    let mut dirs = Dirs { root, cached: None };
+    let mut dirs = Dirs::open(dest)?;
     let mut stats = UnpackStats::default();
     let mut dir_times: Vec<(Vec<OsString>, i64)> = Vec::new();
 
@@ -378,26 +389,40 @@ pub fn unpack<R: Read>(
                 let Some((tname, tparents)) = target.split_last() else {
                     return Err(rejected(&shown, "hardlink to the layer root"));
                 };
+                // A target no earlier entry of this layer wrote is a lower layer's file: it is
+                // copied up once the layers below are in place (see `copyup`).
+                let lower = || LowerLink {
+                    name: comps.clone(),
+                    target: target.clone(),
+                    shown: shown.clone(),
+                };
                 let tdir = if tparents.is_empty() {
                     dirs.open_dir(&[], &shown)?
                 } else {
                     let how = OpenHow::new()
                         .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
                         .resolve(beneath());
-                    openat2(dirs.root.as_fd(), &join(tparents), how).map_err(|e| match e {
-                        Errno::ENOENT => rejected(&shown, "hardlink target is not in this layer"),
-                        e => Dirs::map_err(e, &shown),
-                    })?
+                    match openat2(dirs.root.as_fd(), &join(tparents), how) {
+                        Ok(fd) => fd,
+                        Err(Errno::ENOENT) => {
+                            stats.lower_links.push(lower());
+                            continue;
+                        }
+                        Err(e) => return Err(Dirs::map_err(e, &shown)),
+                    }
                 };
-                let tstat = fstatat(
+                let tstat = match fstatat(
                     tdir.as_fd(),
                     tname.as_os_str(),
                     AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| match e {
-                    Errno::ENOENT => rejected(&shown, "hardlink target is not in this layer"),
-                    e => io(e.into()),
-                })?;
+                ) {
+                    Ok(st) => st,
+                    Err(Errno::ENOENT) => {
+                        stats.lower_links.push(lower());
+                        continue;
+                    }
+                    Err(e) => return Err(io(e.into())),
+                };
                 if SFlag::from_bits_truncate(tstat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
                     return Err(rejected(&shown, "hardlink to a directory"));
                 }
@@ -486,7 +511,7 @@ pub fn unpack<R: Read>(
 /// Makes `name` free for a new entry: removes a non-directory, or a directory unless the new
 /// entry is a directory too (then it is kept and its attributes updated). Returns whether a
 /// directory was removed (cached handles below it are stale).
-fn clear(
+pub(super) fn clear(
     dir: BorrowedFd<'_>,
     name: &OsStr,
     new_is_dir: bool,
@@ -549,7 +574,7 @@ fn set_attrs(fd: BorrowedFd<'_>, a: &Attrs, shown: &str) -> Result<(), UnpackErr
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
@@ -558,10 +583,10 @@ mod tests {
     }
 
     /// A tar builder that writes names verbatim, so hostile names can be expressed.
-    struct Layer(tar::Builder<Vec<u8>>);
+    pub(crate) struct Layer(tar::Builder<Vec<u8>>);
 
     impl Layer {
-        fn new() -> Layer {
+        pub(crate) fn new() -> Layer {
             Layer(tar::Builder::new(Vec::new()))
         }
         fn entry(
@@ -588,19 +613,19 @@ mod tests {
             self.0.append(&h, data).unwrap();
             self
         }
-        fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
+        pub(crate) fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
             self.entry(name, EntryType::Regular, data, None, 0o644)
         }
-        fn dir(&mut self, name: &str) -> &mut Self {
+        pub(crate) fn dir(&mut self, name: &str) -> &mut Self {
             self.entry(name, EntryType::Directory, b"", None, 0o755)
         }
-        fn symlink(&mut self, name: &str, target: &str) -> &mut Self {
+        pub(crate) fn symlink(&mut self, name: &str, target: &str) -> &mut Self {
             self.entry(name, EntryType::Symlink, b"", Some(target), 0o777)
         }
-        fn hardlink(&mut self, name: &str, target: &str) -> &mut Self {
+        pub(crate) fn hardlink(&mut self, name: &str, target: &str) -> &mut Self {
             self.entry(name, EntryType::Link, b"", Some(target), 0o644)
         }
-        fn bytes(&mut self) -> Vec<u8> {
+        pub(crate) fn bytes(&mut self) -> Vec<u8> {
             std::mem::replace(&mut self.0, tar::Builder::new(Vec::new()))
                 .into_inner()
                 .unwrap()
@@ -728,9 +753,10 @@ mod tests {
         );
         // An absolute target names the layer's own file, never the host's.
         let abs = format!("{}/target", c.outside.display());
+        let stats = run(&c, &Layer::new().hardlink("h", &abs).bytes()).unwrap();
         assert_rejected(
-            run(&c, &Layer::new().hardlink("h", &abs).bytes()),
-            "not in this layer",
+            super::super::copyup::copy_up(&c.layer, &stats.lower_links, &[]),
+            "in no layer",
         );
         let outside = c.outside.display().to_string();
         let tar = Layer::new()
@@ -738,9 +764,13 @@ mod tests {
             .hardlink("h", "link/target")
             .bytes();
         assert_rejected(run(&c, &tar), "symlink");
+        // A target this layer does not hold is left for the copy-up from lower layers, which
+        // refuses it when no layer has it.
+        let stats = run(&c, &Layer::new().hardlink("h2", "missing").bytes()).unwrap();
+        assert_eq!(stats.lower_links.len(), 1);
         assert_rejected(
-            run(&c, &Layer::new().hardlink("h2", "missing").bytes()),
-            "not in this layer",
+            super::super::copyup::copy_up(&c.layer, &stats.lower_links, &[]),
+            "in no layer",
         );
         outside_untouched(&c);
     }

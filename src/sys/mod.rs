@@ -80,25 +80,58 @@ pub fn lsetxattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
 /// Reads an extended attribute of an open file (`fgetxattr(2)`); `None` when it is not set.
 pub fn fgetxattr<F: AsFd>(fd: F, name: &[u8]) -> io::Result<Option<Vec<u8>>> {
     let name = cstring(name)?;
+    let fd = fd.as_fd().as_raw_fd();
     let mut buf = vec![0u8; 256];
-    // SAFETY: `name` is NUL-terminated and `buf` is a writable buffer of the length passed.
-    let ret = unsafe {
-        libc::fgetxattr(
-            fd.as_fd().as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if ret < 0 {
+    loop {
+        // SAFETY: `name` is NUL-terminated and `buf` is a writable buffer of the length passed.
+        let ret = unsafe { libc::fgetxattr(fd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if ret >= 0 {
+            buf.truncate(ret as usize);
+            return Ok(Some(buf));
+        }
         let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ENODATA) => Ok(None),
-            _ => Err(err),
-        };
+        match err.raw_os_error() {
+            Some(libc::ENODATA) => return Ok(None),
+            // Larger than the buffer: ask for the size, then read again (it may grow between).
+            Some(libc::ERANGE) if buf.len() < XATTR_SIZE_MAX => {
+                // SAFETY: a zero-length buffer only asks for the value's size.
+                let size = unsafe { libc::fgetxattr(fd, name.as_ptr(), std::ptr::null_mut(), 0) };
+                if size < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                buf.resize((size as usize).clamp(buf.len() + 1, XATTR_SIZE_MAX), 0);
+            }
+            _ => return Err(err),
+        }
     }
-    buf.truncate(ret as usize);
-    Ok(Some(buf))
+}
+
+/// The kernel's limit on one extended attribute's value.
+const XATTR_SIZE_MAX: usize = 65536;
+
+/// The names of an open file's extended attributes (`flistxattr(2)`).
+pub fn flistxattr<F: AsFd>(fd: F) -> io::Result<Vec<Vec<u8>>> {
+    let fd = fd.as_fd().as_raw_fd();
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `buf` is a writable buffer of the length passed.
+        let ret = unsafe { libc::flistxattr(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if ret >= 0 {
+            buf.truncate(ret as usize);
+            return Ok(buf
+                .split(|b| *b == 0)
+                .filter(|n| !n.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) if buf.len() < XATTR_SIZE_MAX => {
+                buf.resize(buf.len() * 4, 0);
+            }
+            _ => return Err(err),
+        }
+    }
 }
 
 /// Flushes every dirty page of the filesystem holding `fd` (`syncfs(2)`).

@@ -365,6 +365,8 @@ pub enum Entry {
     Symlink(String, String),
     Whiteout(String),
     Opaque(String),
+    /// A hardlink, name and target written into the header as given (a leading `/` too).
+    Hardlink(String, String),
 }
 
 pub fn layer(entries: &[Entry], compress: Compress) -> TestLayer {
@@ -406,6 +408,14 @@ pub fn layer(entries: &[Entry], compress: Compress) -> TestLayer {
                 let mut h = header(tar::EntryType::Regular, 0o600, 0);
                 b.append_data(&mut h, full, &[][..])
                     .expect("whiteout entry");
+            }
+            Entry::Hardlink(p, target) => {
+                let mut h = header(tar::EntryType::Link, 0o644, 0);
+                let gnu = h.as_gnu_mut().expect("gnu header");
+                gnu.name[..p.len()].copy_from_slice(p.as_bytes());
+                gnu.linkname[..target.len()].copy_from_slice(target.as_bytes());
+                h.set_cksum();
+                b.append(&h, &[][..]).expect("hardlink entry");
             }
             Entry::Opaque(dir) => {
                 let mut h = header(tar::EntryType::Regular, 0o600, 0);
