@@ -5,6 +5,8 @@
 //! whiteouts become overlay whiteouts (see `unpack`). Uses `content::Digest`, `atomic`, `sys`.
 
 pub mod copyup;
+#[cfg(test)]
+mod props;
 pub mod unpack;
 
 use std::fs;

@@ -589,7 +589,7 @@ pub(super) mod tests {
         pub(crate) fn new() -> Layer {
             Layer(tar::Builder::new(Vec::new()))
         }
-        fn entry(
+        pub(crate) fn entry(
             &mut self,
             name: &str,
             kind: EntryType,
