@@ -1618,3 +1618,117 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
     assert!(mounts_under(&[&bad_env.d.state, &bad_env.d.root]).is_empty());
     assert!(list_names(&bad_env.d.state.join("sandboxes")).is_empty());
 }
+
+/// Reads the next event (or fails after 20 s).
+async fn next_event(
+    events: &mut tonic::Streaming<cri::ContainerEventResponse>,
+) -> cri::ContainerEventResponse {
+    tokio::time::timeout(Duration::from_secs(20), events.message())
+        .await
+        .expect("an event within 20 s")
+        .expect("the event stream")
+        .expect("the stream still open")
+}
+
+/// GetContainerEvents, as kubelet's evented PLEG uses it: created, started, stopped and deleted,
+/// each with the pod's status and its containers' statuses; exits that happened while no daemon
+/// ran are told to the subscriber that comes after the restart.
+#[tokio::test]
+async fn container_events_for_the_evented_pleg() {
+    let mut env = PodEnv::start().await;
+    let mut events = env
+        .d
+        .runtime()
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let sb = env.sandbox_config("evented");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config("once", &["sh", "-c", "exit 3"]),
+        )
+        .await;
+    use cri::ContainerEventType as T;
+    let mut seen = Vec::new();
+    for want in [
+        T::ContainerCreatedEvent,
+        T::ContainerStartedEvent,
+        T::ContainerStoppedEvent,
+    ] {
+        let e = next_event(&mut events).await;
+        assert_eq!(
+            (e.container_id.as_str(), e.container_event_type),
+            (c.as_str(), want as i32)
+        );
+        let status = e.pod_sandbox_status.expect("the pod's status");
+        assert_eq!(status.id, pod);
+        let mine = e
+            .containers_statuses
+            .iter()
+            .find(|s| s.id == c)
+            .expect("the container's status");
+        assert!(e.created_at > 0);
+        seen.push((mine.state, mine.exit_code));
+    }
+    use cri::ContainerState as S;
+    assert_eq!(seen[0].0, S::ContainerCreated as i32);
+    assert_eq!(seen[2], (S::ContainerExited as i32, 3), "{seen:?}");
+    env.d
+        .runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: c.clone(),
+        })
+        .await
+        .unwrap();
+    let e = next_event(&mut events).await;
+    assert_eq!(
+        (e.container_id.as_str(), e.container_event_type),
+        (c.as_str(), T::ContainerDeletedEvent as i32)
+    );
+    assert!(e.containers_statuses.iter().all(|s| s.id != c));
+
+    // An exit while the daemon is down reaches the next subscriber.
+    let later = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config("later", &["sh", "-c", "sleep 1; exit 4"]),
+        )
+        .await;
+    env.d.kill9();
+    let exit = env
+        .d
+        .state
+        .join("containers")
+        .join(&later)
+        .join("exit.json");
+    let start = std::time::Instant::now();
+    while !exit.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no exit record");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.d.spawn();
+    let mut events = env
+        .d
+        .runtime()
+        .get_container_events(cri::GetEventsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let e = next_event(&mut events).await;
+    assert_eq!(
+        (e.container_id.as_str(), e.container_event_type),
+        (later.as_str(), T::ContainerStoppedEvent as i32)
+    );
+    let st = e
+        .containers_statuses
+        .iter()
+        .find(|s| s.id == later)
+        .unwrap();
+    assert_eq!(st.exit_code, 4);
+    env.remove_pod(&pod).await;
+}

@@ -100,7 +100,9 @@ impl ContainerService {
             .await;
         match result {
             Ok(record) => {
+                let created = notice(&record, events::CREATED, record.created_at);
                 self.inner.records.insert(id.clone(), record);
+                self.inner.events.emit(created);
                 Ok(id)
             }
             Err(e) => {

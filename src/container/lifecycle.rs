@@ -85,6 +85,9 @@ impl ContainerService {
                 r.mnt_ns = init.namespace("mnt").ok();
                 atomic::write_json(&b.record(), &*r).map_err(io_err(&b.record()))?;
                 self.watch(r.id.clone(), monitor.unwrap_or(init));
+                self.inner
+                    .events
+                    .emit(notice(&r, events::STARTED, started_at));
                 Ok(())
             }
             Ok(StartReport::Forked { .. }) => Err(Error::Start {
@@ -100,6 +103,9 @@ impl ContainerService {
                 r.finished_at = r.started_at;
                 let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
                 let _ = atomic::write_json(&b.record(), &*r);
+                self.inner
+                    .events
+                    .emit(notice(&r, events::STOPPED, r.finished_at));
                 Err(Error::Start {
                     id: r.id.clone(),
                     message,
@@ -175,6 +181,9 @@ impl ContainerService {
             .forget(r.cgroup.as_ref(), &b.layer.join("upper"));
         self.inner.records.remove(&r.id);
         self.inner.records.release(&r.name_key());
+        self.inner
+            .events
+            .emit(notice(&r, events::DELETED, now_nanos()));
         Ok(())
     }
 

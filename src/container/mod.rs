@@ -10,6 +10,7 @@
 
 mod cgroups;
 mod create;
+pub mod events;
 mod exec;
 mod lifecycle;
 mod listing;
@@ -142,6 +143,16 @@ pub struct Record {
     pub cgroup: Option<Cgroup>,
 }
 
+/// An event about `r`.
+fn notice(r: &Record, kind: i32, at: i64) -> events::Notice {
+    events::Notice {
+        container_id: r.id.clone(),
+        sandbox_id: r.sandbox_id.clone(),
+        kind,
+        at,
+    }
+}
+
 impl Record {
     fn name_key(&self) -> String {
         let m = self.config.metadata.clone().unwrap_or_default();
@@ -155,6 +166,7 @@ struct Inner {
     images: ImageService,
     sandboxes: SandboxService,
     records: Registry<Record>,
+    events: events::Events,
     samples: stats::Samples,
     /// Where the root (persistent) state lives, for the default AppArmor profile.
     root: PathBuf,
@@ -218,6 +230,7 @@ impl ContainerService {
                 images,
                 sandboxes,
                 records: Registry::default(),
+                events: events::Events::new(events::SUBSCRIBER_BUFFER),
                 samples: stats::Samples::default(),
                 root: root.to_path_buf(),
                 filters: sandbox::security::Filters::default(),
@@ -276,6 +289,12 @@ impl ContainerService {
                         }
                     }
                 }
+                // Ended while no daemon ran: told to whoever subscribes first.
+                if r.state == EXITED {
+                    self.inner
+                        .events
+                        .recovered(notice(&r, events::STOPPED, r.finished_at));
+                }
             }
             if let Some(c) = &r.top_chain {
                 self.inner.images.hold(c);
@@ -314,6 +333,7 @@ impl ContainerService {
         if r.state != RUNNING {
             return;
         }
+        let told = &self.inner.events;
         let b = self.bundle(&r.id);
         let Ok(Some(exit)) = atomic::read_json::<ExitRecord>(&b.exit()) else {
             return;
@@ -337,6 +357,12 @@ impl ContainerService {
         if let Err(e) = atomic::write_json(&b.record(), &*r) {
             tracing::warn!(id = r.id, error = %e, "saving container record");
         }
+        told.emit(notice(r, events::STOPPED, r.finished_at));
+    }
+
+    /// Subscribes to container events (GetContainerEvents).
+    pub fn subscribe(&self) -> events::Subscription {
+        self.inner.events.subscribe()
     }
 
     /// Records the exit as soon as the monitor (or, without one, the init) ends.
@@ -357,6 +383,9 @@ impl ContainerService {
                     let b = me.bundle(&r.id);
                     let _ = umount2(&b.rootfs(), MntFlags::MNT_DETACH);
                     let _ = atomic::write_json(&b.record(), &*r);
+                    me.inner
+                        .events
+                        .emit(notice(&r, events::STOPPED, r.finished_at));
                 }
             }
         });

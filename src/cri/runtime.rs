@@ -5,11 +5,11 @@ use std::pin::Pin;
 
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::rpc;
-use super::status::unimplemented;
+use super::status::{ToStatus, unimplemented};
 use crate::container::ContainerService;
 use crate::pod::PodService;
 use crate::sandbox::SandboxService;
@@ -123,22 +123,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
         rpc("PodSandboxStatus", async {
             let req = req.into_inner();
-            let (status, info) = self
-                .sandboxes
-                .status(&req.pod_sandbox_id, req.verbose)
-                .await?;
-            let mut containers_statuses = Vec::new();
-            for id in self.containers.in_sandbox(&status.id).await {
-                if let Ok((s, _)) = self.containers.status(&id, false).await {
-                    containers_statuses.push(s);
-                }
-            }
-            Ok(cri::PodSandboxStatusResponse {
-                status: Some(status),
-                info,
-                containers_statuses,
-                timestamp: crate::records::now_nanos(),
-            })
+            Ok(self.pods.status(&req.pod_sandbox_id, req.verbose).await?)
         })
         .await
     }
@@ -498,10 +483,11 @@ impl RuntimeService for Runtime {
         _req: Request<cri::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
         rpc("GetContainerEvents", async {
-            Err(unimplemented(
-                "GetContainerEvents",
-                "container events are not built yet",
-            ))
+            let stream = self
+                .pods
+                .events()
+                .map(|e| e.map_err(|ended| ended.to_status()));
+            Ok(Box::pin(stream) as Self::GetContainerEventsStream)
         })
         .await
     }

@@ -127,6 +127,16 @@ impl ToStatus for pod::Error {
     }
 }
 
+impl ToStatus for container::events::Ended {
+    fn code(&self) -> Code {
+        match self {
+            // kubelet relists and subscribes again.
+            container::events::Ended::TooSlow(_) => Code::ResourceExhausted,
+            container::events::Ended::Closed => Code::Unavailable,
+        }
+    }
+}
+
 macro_rules! into_status {
     ($($t:ty),*) => {
         $(impl From<$t> for Status {

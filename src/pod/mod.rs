@@ -6,8 +6,9 @@
 
 use k8s_cri::v1 as cri;
 
-use crate::container::{self, ContainerService};
+use crate::container::{self, ContainerService, events};
 use crate::image::{self, ImageService};
+use crate::records::now_nanos;
 use crate::sandbox::{self, SandboxService};
 
 #[derive(Debug, thiserror::Error)]
@@ -131,5 +132,60 @@ impl PodService {
             self.images.release(c);
         }
         result
+    }
+
+    /// PodSandboxStatus: the sandbox's status with its containers' (as kubelet's evented PLEG
+    /// wants them too).
+    pub async fn status(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<cri::PodSandboxStatusResponse, Error> {
+        let (status, info) = self.sandboxes.status(id, verbose).await?;
+        let mut containers_statuses = Vec::new();
+        for c in self.containers.in_sandbox(&status.id).await {
+            if let Ok((s, _)) = self.containers.status(&c, false).await {
+                containers_statuses.push(s);
+            }
+        }
+        Ok(cri::PodSandboxStatusResponse {
+            status: Some(status),
+            info,
+            containers_statuses,
+            timestamp: now_nanos(),
+        })
+    }
+
+    /// GetContainerEvents: every container event with its pod's status as PodSandboxStatus
+    /// gives it, until the subscriber falls behind (then it is dropped and should relist).
+    pub fn events(
+        &self,
+    ) -> impl futures_util::Stream<Item = Result<cri::ContainerEventResponse, events::Ended>> + use<>
+    {
+        let me = self.clone();
+        let sub = self.containers.subscribe();
+        futures_util::stream::unfold(Some(sub), move |sub| {
+            let me = me.clone();
+            async move {
+                let mut sub = sub?;
+                match sub.next().await {
+                    Err(e) => Some((Err(e), None)),
+                    Ok(n) => {
+                        // A pod removed since has no status to give: the event still says so.
+                        let pod = me.status(&n.sandbox_id, false).await.ok();
+                        let event = cri::ContainerEventResponse {
+                            container_id: n.container_id,
+                            container_event_type: n.kind,
+                            created_at: n.at,
+                            pod_sandbox_status: pod.as_ref().and_then(|p| p.status.clone()),
+                            containers_statuses: pod
+                                .map(|p| p.containers_statuses)
+                                .unwrap_or_default(),
+                        };
+                        Some((Ok(event), Some(sub)))
+                    }
+                }
+            }
+        })
     }
 }
