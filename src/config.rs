@@ -37,6 +37,15 @@ pub struct Config {
     pub runtime: Runtime,
     pub cgroup: Cgroup,
     pub agent: Agent,
+    pub metrics: Metrics,
+}
+
+/// Prometheus metrics (`GET /metrics`), off unless an address is given.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Metrics {
+    /// `host:port` to serve on, e.g. `127.0.0.1:9090`.
+    pub address: Option<String>,
 }
 
 /// The pod agent (`crius agent`, `crius run`, `crius get pods`).
@@ -142,6 +151,7 @@ impl Default for Config {
             runtime: Runtime::default(),
             cgroup: Cgroup::default(),
             agent: Agent::default(),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -197,6 +207,13 @@ impl Config {
             return Err(format!(
                 "cgroup.parent {:?} must be a relative path without \"..\"",
                 cfg.cgroup.parent
+            ));
+        }
+        if let Some(a) = &cfg.metrics.address
+            && a.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(format!(
+                "metrics.address {a:?} must be an IP address and port, like \"127.0.0.1:9090\""
             ));
         }
         if cfg.registry.max_concurrent_downloads == 0 {

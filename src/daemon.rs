@@ -145,6 +145,17 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
     containers.remove_orphan_cgroups().await;
 
+    if let Some(addr) = &cfg.metrics.address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(io_err(Path::new(addr)))?;
+        tracing::info!(address = addr, "serving metrics on /metrics");
+        tokio::spawn(serve_metrics(
+            listener,
+            sandboxes.clone(),
+            containers.clone(),
+        ));
+    }
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
@@ -179,6 +190,72 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     let _ = fs::remove_file(&cfg.socket);
     served?;
     Ok(())
+}
+
+/// Serves `GET /metrics` (the Prometheus text format), with the gauges measured per scrape.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    sandboxes: SandboxService,
+    containers: ContainerService,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+            let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+            async move {
+                if req.uri().path() != "/metrics" || req.method() != hyper::Method::GET {
+                    return hyper::Response::builder()
+                        .status(404)
+                        .body(Full::new(Bytes::from_static(b"not found\n")));
+                }
+                refresh_gauges(&sandboxes, &containers).await;
+                hyper::Response::builder()
+                    .header(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )
+                    .body(Full::new(Bytes::from(crate::metrics::global().encode())))
+            }
+        });
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+/// Pods and containers by state, and the helpers' memory, as of now.
+async fn refresh_gauges(sandboxes: &SandboxService, containers: &ContainerService) {
+    use k8s_cri::v1 as cri;
+    let m = crate::metrics::global();
+    let pods = sandboxes.list(None).await;
+    let ready = pods
+        .iter()
+        .filter(|p| p.state == cri::PodSandboxState::SandboxReady as i32)
+        .count() as i64;
+    crate::metrics::Metrics::set_states(
+        &m.pods,
+        &[("ready", ready), ("notready", pods.len() as i64 - ready)],
+    );
+    let all = containers.list(None).await;
+    let count = |s: cri::ContainerState| all.iter().filter(|c| c.state == s as i32).count() as i64;
+    crate::metrics::Metrics::set_states(
+        &m.containers,
+        &[
+            ("created", count(cri::ContainerState::ContainerCreated)),
+            ("running", count(cri::ContainerState::ContainerRunning)),
+            ("exited", count(cri::ContainerState::ContainerExited)),
+            ("unknown", count(cri::ContainerState::ContainerUnknown)),
+        ],
+    );
+    let _ = tokio::task::spawn_blocking(crate::metrics::sample_processes).await;
 }
 
 /// Binds the socket, replacing a stale one but never one a live runtime answers on.

@@ -20,6 +20,7 @@ pub mod cri;
 pub mod daemon;
 pub mod frontend;
 pub mod image;
+pub mod metrics;
 pub mod pod;
 pub mod records;
 pub mod runtime;

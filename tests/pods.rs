@@ -1732,3 +1732,79 @@ async fn container_events_for_the_evented_pleg() {
     assert_eq!(st.exit_code, 4);
     env.remove_pod(&pod).await;
 }
+
+/// GET on loopback with a plain HTTP/1.0 request; the body.
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
+
+/// `[metrics] address`: the Prometheus text format on /metrics, parsed by a Prometheus parser,
+/// with CRI calls, pulls, pods and containers by state and the helpers' memory.
+#[tokio::test]
+async fn prometheus_metrics() {
+    let port = free_port();
+    let env = PodEnv::start_with(&format!("[metrics]\naddress = \"127.0.0.1:{port}\"\n")).await;
+    let sb = env.sandbox_config("metered");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    env.exec(&c, &["true"], 10).await.unwrap();
+    let (status, text) = http_get(port, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str, label: (&str, &str)| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    assert!(
+        value("crius_grpc_requests_total", ("method", "RunPodSandbox")) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("crius_grpc_requests_total", ("code", "Ok")) >= 4.0,
+        "{text}"
+    );
+    assert!(
+        value("crius_image_pulls_total", ("result", "success")) >= 1.0,
+        "{text}"
+    );
+    assert_eq!(value("crius_pods", ("state", "ready")), 1.0, "{text}");
+    assert_eq!(
+        value("crius_containers", ("state", "running")),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        value("crius_resident_memory_bytes", ("process", "daemon")) > 0.0,
+        "{text}"
+    );
+    assert!(
+        value("crius_helper_processes", ("process", "monitor")) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "crius_grpc_request_duration_seconds_bucket"
+                || s.metric == "crius_grpc_request_duration_seconds"),
+        "{text}"
+    );
+    assert_eq!(http_get(port, "/other").0, 404);
+    env.remove_pod(&pod).await;
+}

@@ -88,6 +88,11 @@ pub(crate) async fn rpc<T>(
     let start = Instant::now();
     let result = fut.await;
     let elapsed = start.elapsed();
+    let code = match &result {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    };
+    crate::metrics::global().rpc(name, &format!("{code:?}"), elapsed.as_secs_f64());
     match &result {
         Ok(_) => tracing::debug!(rpc = name, ?elapsed, "rpc ok"),
         Err(s)

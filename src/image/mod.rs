@@ -27,6 +27,26 @@ pub use auth::Credentials;
 pub use manifest::ImageConfig;
 pub use reference::Reference;
 
+impl Error {
+    /// The kind of failure, for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Reference(_) => "reference",
+            Error::Credentials(_) | Error::AuthFile { .. } => "credentials",
+            Error::NotFound { .. } | Error::RegistryNotFound { .. } => "not_found",
+            Error::Unauthorized { .. } => "unauthorized",
+            Error::Registry { .. } | Error::Http { .. } | Error::Download { .. } => "registry",
+            Error::HostsConfig { .. } => "hosts_config",
+            Error::Manifest { .. } | Error::NoPlatform { .. } => "manifest",
+            Error::DigestMismatch { .. }
+            | Error::SizeMismatch { .. }
+            | Error::DiffIdMismatch { .. } => "verification",
+            Error::Unpack { .. } => "unpack",
+            Error::Content(_) | Error::Snapshot(_) | Error::Io { .. } => "storage",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -322,6 +342,7 @@ impl ImageService {
 
     /// Pulls `image` and records it. Concurrent pulls of the same layers share the work.
     pub async fn pull(&self, image: &str, creds: Option<Credentials>) -> Result<Arc<Image>, Error> {
+        let started = std::time::Instant::now();
         let reference = Reference::parse(image)?;
         let key = reference.to_string();
         let progress = self.inner.progress.start(&key);
@@ -341,6 +362,13 @@ impl ImageService {
         // A pull's buffers (layers in flight, decompressors) are freed by now; without this the
         // daemon would keep them resident.
         crate::sys::trim_heap();
+        crate::metrics::global().pull(
+            progress
+                .bytes_done
+                .load(std::sync::atomic::Ordering::Relaxed),
+            started.elapsed().as_secs_f64(),
+            result.as_ref().err().map(Error::reason),
+        );
         result
     }
 
