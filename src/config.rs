@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub const DEFAULT_CONFIG: &str = "/etc/crius/config.toml";
+/// Every key with its default and what it does (`crius config default`, the package's file).
+pub const DEFAULT_TEXT: &str = include_str!("../dist/config.toml");
 pub const DEFAULT_SOCKET: &str = "/run/crius/crius.sock";
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,8 @@ pub struct Config {
     pub state: PathBuf,
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
     pub log_level: String,
+    /// `text`, or `json` (one object per line, for log collectors).
+    pub log_format: String,
     pub registry: Registry,
     pub image: Image,
     pub runtime: Runtime,
@@ -146,6 +150,7 @@ impl Default for Config {
             root: PathBuf::from("/var/lib/crius"),
             state: PathBuf::from("/run/crius"),
             log_level: "info".to_string(),
+            log_format: "text".to_string(),
             registry: Registry::default(),
             image: Image::default(),
             runtime: Runtime::default(),
@@ -209,6 +214,12 @@ impl Config {
                 cfg.cgroup.parent
             ));
         }
+        if !matches!(cfg.log_format.as_str(), "text" | "json") {
+            return Err(format!(
+                "log_format {:?} must be \"text\" or \"json\"",
+                cfg.log_format
+            ));
+        }
         if let Some(a) = &cfg.metrics.address
             && a.parse::<std::net::SocketAddr>().is_err()
         {
@@ -237,6 +248,42 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn log_format_and_metrics_address_are_checked() {
+        assert_eq!(
+            Config::parse("log_format = \"json\"\n").unwrap().log_format,
+            "json"
+        );
+        let e = Config::parse("log_format = \"yaml\"\n").unwrap_err();
+        assert!(e.contains("log_format"), "{e}");
+        let e = Config::parse("[metrics]\naddress = \"localhost\"\n").unwrap_err();
+        assert!(e.contains("metrics.address"), "{e}");
+        assert!(Config::parse("[metrics]\naddress = \"[::1]:9090\"\n").is_ok());
+    }
+
+    /// The documented defaults are the defaults: uncommenting every `# key = value` line of
+    /// `dist/config.toml` changes nothing, and every key is there.
+    #[test]
+    fn documented_defaults_match() {
+        let uncommented: String = super::DEFAULT_TEXT
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(kv) if kv.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => kv,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let parsed = Config::parse(&uncommented).unwrap();
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", Config::default()));
+        assert!(Config::parse(super::DEFAULT_TEXT).is_ok());
+        let keys = uncommented
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains(" = "))
+            .count();
+        // Every plain key of Config (options and handler tables are examples in comments).
+        assert_eq!(keys, 18, "{uncommented}");
+    }
+
     use super::*;
 
     #[test]

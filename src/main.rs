@@ -26,6 +26,12 @@ struct Args {
 }
 
 #[derive(Subcommand)]
+enum ConfigAction {
+    /// Print every key with its default value and what it does.
+    Default,
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the CRI daemon.
     Daemon {
@@ -145,6 +151,11 @@ enum Command {
     Inspectp { pod: String },
     /// Show the runtime's name and versions.
     Version,
+    /// The daemon's configuration.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
     /// Run the pod agent: the pods of a manifest directory, kept running through CRI.
     Agent {
         #[arg(long, default_value = config::DEFAULT_CONFIG)]
@@ -275,7 +286,7 @@ fn run(args: Args) -> Result<()> {
             if let Some(l) = log_level {
                 cfg.log_level = l;
             }
-            init_logging(&cfg.log_level)?;
+            init_logging(&cfg.log_level, &cfg.log_format)?;
             rt.block_on(crius::daemon::run(cfg))?;
             Ok(())
         }
@@ -326,6 +337,12 @@ fn run(args: Args) -> Result<()> {
         Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
         Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
         Command::Version => rt.block_on(version(&socket)),
+        Command::Config {
+            action: ConfigAction::Default,
+        } => {
+            print!("{}", config::DEFAULT_TEXT);
+            Ok(())
+        }
         Command::Agent {
             config: path,
             manifests,
@@ -335,7 +352,10 @@ fn run(args: Args) -> Result<()> {
         } => {
             let cfg = client_config(&path)?;
             let a = cfg.agent.clone();
-            init_logging(log_level.as_deref().unwrap_or(&cfg.log_level))?;
+            init_logging(
+                log_level.as_deref().unwrap_or(&cfg.log_level),
+                &cfg.log_format,
+            )?;
             let swap_behavior = match a.swap_behavior.as_str() {
                 "NoSwap" | "" => crius::frontend::convert::SwapBehavior::NoSwap,
                 "LimitedSwap" => crius::frontend::convert::SwapBehavior::LimitedSwap,
@@ -435,15 +455,18 @@ async fn version(socket: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn init_logging(level: &str) -> Result<()> {
+fn init_logging(level: &str, format: &str) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .with_context(|| format!("log level {level:?} is not a level or tracing filter"))?;
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
         // Colours for a terminal only: journald and log files get plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     Ok(())
 }
