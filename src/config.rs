@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_CONFIG: &str = "/etc/crius/config.toml";
 /// Every key with its default and what it does (`crius config default`, the package's file).
@@ -23,7 +23,7 @@ pub enum Error {
     Parse { path: PathBuf, message: String },
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The CRI socket.
@@ -45,7 +45,7 @@ pub struct Config {
 }
 
 /// Prometheus metrics (`GET /metrics`), off unless an address is given.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Metrics {
     /// `host:port` to serve on, e.g. `127.0.0.1:9090`.
@@ -53,7 +53,7 @@ pub struct Metrics {
 }
 
 /// The pod agent (`crius agent`, `crius run`, `crius get pods`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Agent {
     /// The watched directory of Pod, Secret and ConfigMap manifests.
@@ -80,7 +80,7 @@ impl Default for Agent {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Cgroup {
     /// `cgroupfs` (crius writes the unified hierarchy itself) or `systemd` (as runc's systemd
@@ -105,7 +105,7 @@ impl Default for Cgroup {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Runtime {
     /// Named runtime handlers (RuntimeClass handlers) besides the default, empty one:
@@ -121,11 +121,11 @@ pub struct Runtime {
 }
 
 /// A runtime handler. It has no settings yet: every handler runs on crius's own runtime.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Handler {}
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Registry {
     /// containerd-style per-registry directories holding `hosts.toml`.
@@ -136,7 +136,7 @@ pub struct Registry {
     pub max_concurrent_downloads: usize,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Image {
     /// Create character and block devices found in image layers (refused by default).

@@ -167,6 +167,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             sandboxes,
             containers,
             pause_image: cfg.runtime.sandbox_image.clone(),
+            config: serde_json::to_value(&cfg).unwrap_or_default(),
         },
         async {
             let _ = stop_rx.await;

@@ -22,6 +22,7 @@ pub mod frontend;
 pub mod image;
 pub mod metrics;
 pub mod pod;
+pub mod preflight;
 pub mod records;
 pub mod runtime;
 pub mod sandbox;

@@ -151,6 +151,15 @@ enum Command {
     Inspectp { pod: String },
     /// Show the runtime's name and versions.
     Version,
+    /// Check this node for what crius needs (ok/warn/fail per item; exit code by the worst).
+    Check {
+        #[arg(long, default_value = config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: cli::Output,
+    },
+    /// The running runtime's conditions, features, versions and configuration.
+    Info,
     /// The daemon's configuration.
     Config {
         #[command(subcommand)]
@@ -337,6 +346,14 @@ fn run(args: Args) -> Result<()> {
         Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
         Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
         Command::Version => rt.block_on(version(&socket)),
+        Command::Check {
+            config: path,
+            output,
+        } => {
+            let cfg = client_config(&path)?;
+            std::process::exit(cli::check(&cfg, output));
+        }
+        Command::Info => rt.block_on(cli::info(&socket)),
         Command::Config {
             action: ConfigAction::Default,
         } => {

@@ -35,3 +35,61 @@ async fn grpc_c_core_client_is_served() {
     assert_eq!(stdout.lines().count(), 13, "{stdout}");
     assert!(stdout.contains(" ok"), "{stdout}");
 }
+
+/// `crius check` reads the node and prints every item with its level, exiting with the worst;
+/// `crius info` shows the running daemon's conditions, features and configuration.
+#[tokio::test]
+async fn check_and_info() {
+    let d = Daemon::start("[metrics]\naddress = \"127.0.0.1:0\"\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_crius"))
+        .args(["check", "--config"])
+        .arg(&d.config)
+        .args(["-o", "json"])
+        .output()
+        .unwrap();
+    let items: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = items.iter().map(|i| i["item"].as_str().unwrap()).collect();
+    for want in [
+        "kernel",
+        "cgroup v2",
+        "overlayfs",
+        "idmapped mounts",
+        "seccomp",
+        "LSM",
+        "CNI",
+        "capabilities",
+        "free space",
+    ] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    let worst = items
+        .iter()
+        .map(|i| match i["level"].as_str().unwrap() {
+            "ok" => 0,
+            "warn" => 1,
+            _ => 2,
+        })
+        .max()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(worst));
+    assert!(
+        items
+            .iter()
+            .all(|i| i["level"] == "ok" || !i["fix"].as_str().unwrap().is_empty())
+    );
+
+    let out = d.cli(&["info"]);
+    assert!(out.status.success(), "{out:?}");
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["info"]["runtime"], "crius");
+    assert_eq!(info["config"]["metrics"]["address"], "127.0.0.1:0");
+    assert!(info["features"]["cgroupDriver"].is_string(), "{info}");
+    assert!(
+        info["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "RuntimeReady" && c["status"] == true),
+        "{info}"
+    );
+}

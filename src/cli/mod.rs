@@ -6,6 +6,7 @@
 
 pub mod agent;
 mod images;
+mod node;
 mod pods;
 
 use std::path::Path;
@@ -14,6 +15,7 @@ use anyhow::{Context, Result};
 use tonic::transport::Channel;
 
 pub use images::{images, inspect_image, pull, remove_images};
+pub use node::{check, info};
 pub use pods::{exec, inspect, inspect_pod, logs, pods, ps, rm, rm_pods, stop, stop_pods};
 
 /// Output format of listing commands.

@@ -41,6 +41,8 @@ pub struct Services {
     pub containers: ContainerService,
     /// The operator's pause image; none runs pods on the built-in pause.
     pub pause_image: Option<String>,
+    /// The daemon's configuration, shown by verbose Status (`crius info`, `crictl info`).
+    pub config: serde_json::Value,
 }
 
 /// Serves every service on `listener` until `shutdown` resolves.
@@ -59,6 +61,7 @@ pub async fn serve(
         services.sandboxes,
         services.containers,
         services.pause_image.clone(),
+        services.config,
     ))
     .max_decoding_message_size(MAX_MESSAGE_SIZE)
     .max_encoding_message_size(MAX_MESSAGE_SIZE);

@@ -25,6 +25,7 @@ pub struct Runtime {
     pod_cidr: std::sync::Mutex<String>,
     /// The operator's pause image, if pods run on one rather than the built-in pause.
     pause_image: Option<String>,
+    config: serde_json::Value,
 }
 
 impl Runtime {
@@ -33,12 +34,14 @@ impl Runtime {
         sandboxes: SandboxService,
         containers: ContainerService,
         pause_image: Option<String>,
+        config: serde_json::Value,
     ) -> Runtime {
         Runtime {
             pods,
             sandboxes,
             containers,
             pause_image,
+            config,
             pod_cidr: std::sync::Mutex::new(String::new()),
         }
     }
@@ -325,6 +328,18 @@ impl RuntimeService for Runtime {
                         "runtime": RUNTIME_NAME,
                         "version": env!("CARGO_PKG_VERSION"),
                         "podCIDR": *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()),
+                    })
+                    .to_string(),
+                );
+                info.insert("config".to_string(), self.config.to_string());
+                info.insert(
+                    "features".to_string(),
+                    serde_json::json!({
+                        "cgroupV2": cgroups.hierarchy.is_some(),
+                        "cgroupDriver": if cgroups.systemd { "systemd" } else { "cgroupfs" },
+                        "apparmor": crate::sandbox::security::apparmor_enabled(),
+                        "selinux": crate::sandbox::security::selinux_enabled(),
+                        "idmappedMounts": crate::container::user_namespaces(),
                     })
                     .to_string(),
                 );
