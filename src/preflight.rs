@@ -316,7 +316,7 @@ fn free_space(root: &Path) -> Finding {
             "check that the root's filesystem is mounted",
         );
     };
-    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    let free = st.blocks_available() * st.fragment_size();
     let gib = free as f64 / (1u64 << 30) as f64;
     let detail = format!("{gib:.1} GiB free under {}", root.display());
     if gib < 1.0 {
