@@ -42,6 +42,26 @@ pub struct Config {
     pub cgroup: Cgroup,
     pub agent: Agent,
     pub metrics: Metrics,
+    pub network: Network,
+}
+
+/// Pod networks through CNI.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Network {
+    /// Where network lists are read: the first `.conflist`, `.conf` or `.json` in lexical order.
+    pub conf_dir: PathBuf,
+    /// Where plugins are looked up, in order.
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            bin_dirs: vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")],
+        }
+    }
 }
 
 /// Prometheus metrics (`GET /metrics`), off unless an address is given.
@@ -157,6 +177,7 @@ impl Default for Config {
             cgroup: Cgroup::default(),
             agent: Agent::default(),
             metrics: Metrics::default(),
+            network: Network::default(),
         }
     }
 }
@@ -281,7 +302,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 18, "{uncommented}");
+        assert_eq!(keys, 20, "{uncommented}");
     }
 
     use super::*;

@@ -156,6 +156,29 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             containers.clone(),
         ));
     }
+    let network = std::sync::Arc::new(crate::network::NetworkService::new(
+        cfg.network.conf_dir.clone(),
+        cfg.network.bin_dirs.clone(),
+    ));
+    let readiness = network.readiness();
+    if readiness.ready {
+        tracing::info!(
+            network = readiness.message,
+            "pods get their network from CNI"
+        );
+    } else {
+        tracing::warn!(
+            "{}: pods without host networking keep only loopback until a network list appears",
+            readiness.message
+        );
+    }
+    let pods = crate::pod::PodService::new(
+        images.clone(),
+        sandboxes.clone(),
+        containers.clone(),
+        network,
+    );
+    pods.recover().await;
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
@@ -166,6 +189,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             images,
             sandboxes,
             containers,
+            pods,
             pause_image: cfg.runtime.sandbox_image.clone(),
             config: serde_json::to_value(&cfg).unwrap_or_default(),
         },

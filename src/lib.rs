@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod frontend;
 pub mod image;
 pub mod metrics;
+pub mod network;
 pub mod pod;
 pub mod preflight;
 pub mod records;

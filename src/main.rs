@@ -160,6 +160,12 @@ enum Command {
     },
     /// The running runtime's conditions, features, versions and configuration.
     Info,
+    /// Print shell completions (bash, zsh, fish, ...) for the package.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Write man pages (crius.1 and one per command) into a directory, for the package.
+    #[command(hide = true)]
+    Man { dir: PathBuf },
     /// The daemon's configuration.
     Config {
         #[command(subcommand)]
@@ -264,6 +270,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// `crius.1` and a `crius-<command>.1` per visible command.
+fn man_pages(dir: &std::path::Path) -> Result<()> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let top = Args::command().name("crius");
+    let mut pages = vec![top.clone()];
+    for sub in top.get_subcommands().filter(|s| !s.is_hide_set()) {
+        pages.push(sub.clone().name(format!("crius-{}", sub.get_name())));
+    }
+    for page in pages {
+        let path = dir.join(format!("{}.1", page.get_name()));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page)
+            .render(&mut out)
+            .with_context(|| format!("rendering {}", path.display()))?;
+        std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn socket_of(arg: &Option<String>) -> PathBuf {
     crius::cri::client::socket_path(arg.as_deref().unwrap_or(config::DEFAULT_SOCKET))
 }
@@ -354,6 +380,12 @@ fn run(args: Args) -> Result<()> {
             std::process::exit(cli::check(&cfg, output));
         }
         Command::Info => rt.block_on(cli::info(&socket)),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Args::command(), "crius", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => man_pages(&dir),
         Command::Config {
             action: ConfigAction::Default,
         } => {

@@ -39,6 +39,7 @@ pub struct Services {
     pub images: ImageService,
     pub sandboxes: SandboxService,
     pub containers: ContainerService,
+    pub pods: crate::pod::PodService,
     /// The operator's pause image; none runs pods on the built-in pause.
     pub pause_image: Option<String>,
     /// The daemon's configuration, shown by verbose Status (`crius info`, `crictl info`).
@@ -51,13 +52,8 @@ pub async fn serve(
     services: Services,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let pods = crate::pod::PodService::new(
-        services.images.clone(),
-        services.sandboxes.clone(),
-        services.containers.clone(),
-    );
     let runtime = RuntimeServiceServer::new(runtime::Runtime::new(
-        pods,
+        services.pods,
         services.sandboxes,
         services.containers,
         services.pause_image.clone(),

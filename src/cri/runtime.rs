@@ -21,8 +21,6 @@ pub struct Runtime {
     pods: PodService,
     sandboxes: SandboxService,
     containers: ContainerService,
-    /// The pod CIDR kubelet last gave (there is no pod network yet to use it).
-    pod_cidr: std::sync::Mutex<String>,
     /// The operator's pause image, if pods run on one rather than the built-in pause.
     pause_image: Option<String>,
     config: serde_json::Value,
@@ -42,7 +40,6 @@ impl Runtime {
             containers,
             pause_image,
             config,
-            pod_cidr: std::sync::Mutex::new(String::new()),
         }
     }
 }
@@ -275,13 +272,14 @@ impl RuntimeService for Runtime {
                     reason: String::new(),
                     message: String::new(),
                 },
-                cri::RuntimeCondition {
-                    r#type: "NetworkReady".into(),
-                    status: true,
-                    reason: "LoopbackOnly".into(),
-                    message:
-                        "pods get a loopback-only network namespace; no CNI network is configured"
-                            .into(),
+                {
+                    let net = self.pods.network_readiness();
+                    cri::RuntimeCondition {
+                        r#type: "NetworkReady".into(),
+                        status: net.ready,
+                        reason: net.reason,
+                        message: net.message,
+                    }
                 },
             ];
             // Not a condition kubelet acts on: it tells operators what the node enforces.
@@ -327,7 +325,7 @@ impl RuntimeService for Runtime {
                     serde_json::json!({
                         "runtime": RUNTIME_NAME,
                         "version": env!("CARGO_PKG_VERSION"),
-                        "podCIDR": *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()),
+                        "podCIDR": self.pods.pod_cidr(),
                     })
                     .to_string(),
                 );
@@ -368,11 +366,8 @@ impl RuntimeService for Runtime {
                 .map(|n| n.pod_cidr)
                 .unwrap_or_default();
             if !cidr.is_empty() {
-                tracing::info!(
-                    pod_cidr = cidr,
-                    "pod CIDR updated (no pod network uses it yet)"
-                );
-                *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()) = cidr;
+                tracing::info!(pod_cidr = cidr, "pod CIDR updated");
+                self.pods.set_pod_cidr(&cidr);
             }
             Ok(cri::UpdateRuntimeConfigResponse {})
         })

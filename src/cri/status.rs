@@ -4,7 +4,7 @@
 
 use tonic::{Code, Status};
 
-use crate::{container, content, image, pod, sandbox, snapshot};
+use crate::{container, content, image, network, pod, sandbox, snapshot};
 
 /// Errors that can answer an RPC.
 pub trait ToStatus: std::error::Error {
@@ -123,6 +123,17 @@ impl ToStatus for pod::Error {
             pod::Error::Sandbox(e) => e.code(),
             pod::Error::Container(e) => e.code(),
             pod::Error::Image(e) => e.code(),
+            pod::Error::Network { source, .. } => source.code(),
+        }
+    }
+}
+
+impl ToStatus for network::Error {
+    fn code(&self) -> Code {
+        match self {
+            network::Error::Conf(_) => Code::FailedPrecondition,
+            network::Error::Annotation { .. } => Code::InvalidArgument,
+            network::Error::Plugin(_) | network::Error::Io { .. } => Code::Internal,
         }
     }
 }

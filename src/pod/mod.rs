@@ -1,13 +1,22 @@
-//! pod: pod sandboxes as CRI sees them, orchestrated above `sandbox` and `container`. Running a
-//! pod resolves its pause image (pulled on first use and held while the pod lives) and has
-//! `sandbox` start the pause process; stopping one stops its containers before the pause
-//! process; removing one removes its containers, then the sandbox, then releases the image.
-//! Uses `image`, `sandbox` and `container`; holds no state of its own.
+//! pod: pod sandboxes as CRI sees them, orchestrated above `sandbox`, `container` and
+//! `network`. Running a pod resolves its pause image (pulled on first use and held while the
+//! pod lives), has `sandbox` start the pause process and, unless the pod shares the host's
+//! network, attaches its network namespace to the node's CNI network (`net`); stopping one
+//! stops its containers, detaches the network, then stops the pause process; removing one
+//! removes its containers, detaches again (harmless), removes the sandbox and releases the
+//! image. PodSandboxStatus and the container event stream are assembled here. Uses `image`,
+//! `sandbox`, `container` and `network`; its one record per pod is the network attachment,
+//! kept in the sandbox's directory.
+
+mod net;
+
+use std::sync::{Arc, Mutex};
 
 use k8s_cri::v1 as cri;
 
 use crate::container::{self, ContainerService, events};
 use crate::image::{self, ImageService};
+use crate::network::{self, NetworkService};
 use crate::records::now_nanos;
 use crate::sandbox::{self, SandboxService};
 
@@ -19,6 +28,12 @@ pub enum Error {
     Container(#[from] container::Error),
     #[error(transparent)]
     Image(#[from] image::Error),
+    #[error("pod sandbox {id}: {source}")]
+    Network {
+        id: String,
+        #[source]
+        source: network::Error,
+    },
 }
 
 /// Pod-level operations over the services below.
@@ -27,6 +42,9 @@ pub struct PodService {
     images: ImageService,
     sandboxes: SandboxService,
     containers: ContainerService,
+    network: Arc<NetworkService>,
+    /// kubelet's pod CIDR (UpdateRuntimeConfig), for the `ipRanges` capability.
+    pod_cidr: Arc<Mutex<String>>,
 }
 
 impl PodService {
@@ -34,11 +52,14 @@ impl PodService {
         images: ImageService,
         sandboxes: SandboxService,
         containers: ContainerService,
+        network: Arc<NetworkService>,
     ) -> PodService {
         PodService {
             images,
             sandboxes,
             containers,
+            network,
+            pod_cidr: Arc::new(Mutex::new(String::new())),
         }
     }
 
@@ -56,6 +77,7 @@ impl PodService {
         for r in futures_util::future::join_all(stops).await {
             r?;
         }
+        self.detach(&id).await?;
         Ok(self.sandboxes.stop(&id).await?)
     }
 
@@ -69,6 +91,7 @@ impl PodService {
         for c in self.containers.in_sandbox(&id).await {
             self.containers.remove(&c).await?;
         }
+        self.detach(&id).await?;
         let chain = self
             .sandboxes
             .get(&id)
@@ -82,10 +105,38 @@ impl PodService {
         Ok(())
     }
 
-    /// Runs a pod sandbox: on crius's built-in pause, or on the operator's pause image when one
+    /// RunPodSandbox: the sandbox, then its network. A pod whose network cannot be attached is
+    /// taken down again: nothing of it is left but the error.
+    pub async fn run(
+        &self,
+        config: cri::PodSandboxConfig,
+        handler: &str,
+        pause_image: Option<&str>,
+    ) -> Result<String, Error> {
+        let host_network = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .is_some_and(|n| n.network == cri::NamespaceMode::Node as i32);
+        // A broken network list fails the pod before anything is made.
+        let attach = !host_network && self.network_wanted()?;
+        let id = self
+            .start_sandbox(config.clone(), handler, pause_image)
+            .await?;
+        if attach && let Err(e) = self.attach(&id, &config).await {
+            if let Err(undo) = self.remove(&id).await {
+                tracing::warn!(sandbox = id, error = %undo, "removing a pod whose network failed");
+            }
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Starts the sandbox: on crius's built-in pause, or on the operator's pause image when one
     /// is configured (pulled when absent, with the node's credentials, and held while the pod
     /// lives so it is not collected from under it).
-    pub async fn run(
+    async fn start_sandbox(
         &self,
         config: cri::PodSandboxConfig,
         handler: &str,
@@ -141,7 +192,8 @@ impl PodService {
         id: &str,
         verbose: bool,
     ) -> Result<cri::PodSandboxStatusResponse, Error> {
-        let (status, info) = self.sandboxes.status(id, verbose).await?;
+        let (mut status, mut info) = self.sandboxes.status(id, verbose).await?;
+        self.network_status(&mut status, &mut info, verbose);
         let mut containers_statuses = Vec::new();
         for c in self.containers.in_sandbox(&status.id).await {
             if let Ok((s, _)) = self.containers.status(&c, false).await {

@@ -628,6 +628,15 @@ impl Daemon {
                 .unwrap_or("x")
                 .trim_start_matches("crius-test")
         );
+        // A network directory of the test's own (empty unless the test writes a list), never
+        // the host's.
+        let net_d = dir.path().join("net.d");
+        std::fs::create_dir_all(&net_d).expect("net.d");
+        let tables = if tables.contains("[network]") {
+            tables.replace("{NET_D}", &net_d.display().to_string())
+        } else {
+            format!("{tables}\n[network]\nconf_dir = \"{}\"\n", net_d.display())
+        };
         let tables = if tables.contains("[cgroup]") {
             tables.replace(
                 "[cgroup]\n",
@@ -654,6 +663,11 @@ impl Daemon {
         };
         d.spawn();
         d
+    }
+
+    /// The daemon's CNI configuration directory (empty until a test writes a list).
+    pub fn net_dir(&self) -> PathBuf {
+        self.dir.path().join("net.d")
     }
 
     pub fn certs_dir(&self) -> PathBuf {

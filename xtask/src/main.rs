@@ -1,6 +1,7 @@
-//! Project tasks: `cargo xtask lint | unit | integration | test | ci | bench`.
+//! Project tasks: `cargo xtask lint | unit | integration | test | ci | bench | dist | deb`.
 
 mod bench;
+mod deb;
 
 use std::process::Command;
 
@@ -61,14 +62,16 @@ fn integration() -> Result<()> {
 /// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
 /// the whole suite. The last field is how the VM boots (`hack/vm-run`'s flag): the systemd
 /// cgroup driver's test with systemd as PID 1 (`-S`), the SELinux test with SELinux instead of
-/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 6] = [
+/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. The package's test installs
+/// what `cargo xtask deb` built and runs its unit under systemd.
+const VM_SUITES: [(&str, &[&str], Option<&str>); 7] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
     ("security", &["--skip", "selinux"], None),
     ("security", &["selinux"], Some("-Z")),
     ("agent", &["cgroup_v2", "volumes_env"], None),
+    ("package", &["package_unit_keeps_pods"], Some("-S")),
 ];
 
 /// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
@@ -78,10 +81,11 @@ fn test_vm() -> Result<()> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    for (s, _, boot) in VM_SUITES {
-        if boot.is_none() {
-            cmd.args(["--test", s]);
-        }
+    let mut suites: Vec<&str> = VM_SUITES.iter().map(|(s, ..)| *s).collect();
+    suites.sort();
+    suites.dedup();
+    for s in suites {
+        cmd.args(["--test", s]);
     }
     eprintln!("xtask: running {cmd:?}");
     let out = cmd
@@ -119,9 +123,13 @@ fn test_vm() -> Result<()> {
         );
         let mut cmd = Command::new("hack/vm-run");
         cmd.args(boot);
-        cmd.args(["-t", "1500", "-r"])
-            .arg(&workspace)
-            .args(["--", &exe, "--test-threads=2"]);
+        cmd.args(["-t", "1500", "-r"]).arg(&workspace);
+        // The upstream clients beside the checkout (crictl, critest, kubelet), when present.
+        let shared = workspace.join("../shared");
+        if shared.is_dir() {
+            cmd.arg("-r").arg(&shared);
+        }
+        cmd.args(["--", &exe, "--test-threads=2"]);
         cmd.args(filter);
         run(&mut cmd)?;
     }
@@ -194,12 +202,14 @@ fn main() -> Result<()> {
             lint()?;
             unit()?;
             integration()?;
+            deb::build(&dist()?)?;
             test_vm()?;
             bench(&["--smoke".to_string()])
         }
         "test-vm" => test_vm(),
         "bench" => bench(&args[1..]),
         "dist" => dist().map(drop),
+        "deb" => deb::build(&dist()?).map(drop),
         _ => {
             eprintln!("usage: cargo xtask <task>");
             eprintln!("  lint         rustfmt --check and clippy -D warnings");
@@ -213,6 +223,9 @@ fn main() -> Result<()> {
             );
             eprintln!(
                 "  dist         the production binary (static, release) in target/dist/crius"
+            );
+            eprintln!(
+                "  deb          the Debian package (binary, unit, config, completions, man pages)"
             );
             eprintln!(
                 "  bench        crius against containerd, side by side [--rounds N] [--smoke]"

@@ -1,0 +1,532 @@
+//! network: pod networks through the standard CNI plugins, as containerd and CRI-O run them. A
+//! pod without host networking is attached (ADD, the plugins of the node's network list in
+//! order, each given the previous one's result) in the network namespace its pause process
+//! holds, and detached (DEL, in reverse) when it stops and again, harmlessly, when it is
+//! removed. What ADD used and gave is the attachment record, written atomically before the
+//! first plugin runs (an intent) and again with the result: a DEL after a daemon restart or a
+//! changed network list uses the very list and result the ADD did, and an intent without a
+//! result (a crash mid-ADD) is undone at start-up. Readiness (`NetworkReady`) follows the
+//! configuration directory, read again when it changes. Loopback stays crius's own (the pause
+//! process brings it up); no plugin runs for it. Uses `atomic` and CRI messages.
+
+pub mod conflist;
+pub mod plugin;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::atomic;
+pub use conflist::{ConfError, NetworkList};
+use plugin::{Call, Op, PluginError};
+
+/// The pod's interface, as kubelet expects it.
+pub const IFNAME: &str = "eth0";
+/// How long one plugin may take.
+const PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Conf(#[from] ConfError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("annotation {key}: {reason}")]
+    Annotation { key: String, reason: String },
+}
+
+/// What ADD used, and what it gave; the pod's network state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The network list, as ADD used it.
+    pub list: Value,
+    pub container_id: String,
+    pub netns: PathBuf,
+    pub ifname: String,
+    pub args: String,
+    pub runtime_config: Map<String, Value>,
+    /// The chain's result; none while ADD runs (an intent, undone at start-up if left).
+    pub result: Option<Value>,
+}
+
+impl Attachment {
+    /// The pod's IPs, IPv4 first (kubelet takes the first as the pod IP).
+    pub fn ips(&self) -> Vec<String> {
+        let mut ips: Vec<String> = self
+            .result
+            .as_ref()
+            .and_then(|r| r.get("ips"))
+            .and_then(Value::as_array)
+            .map(|list| {
+                list.iter()
+                    .filter_map(|ip| ip.get("address").and_then(Value::as_str))
+                    .map(|a| a.split('/').next().unwrap_or(a).to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ips.sort_by_key(|ip| ip.contains(':'));
+        ips.dedup();
+        ips
+    }
+}
+
+/// The pod being attached.
+pub struct Pod<'a> {
+    pub sandbox_id: &'a str,
+    pub config: &'a cri::PodSandboxConfig,
+    /// The handle of the pod's network namespace.
+    pub netns: &'a Path,
+    /// kubelet's pod CIDR (UpdateRuntimeConfig), for the `ipRanges` capability.
+    pub pod_cidr: &'a str,
+}
+
+/// Whether pods can get a network now, as `Status` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+pub struct NetworkService {
+    conf_dir: PathBuf,
+    bin_dirs: Vec<PathBuf>,
+    /// The last list read, with the file and time it came from.
+    loaded: Mutex<Option<(Instant, Result<NetworkList, ConfError>)>>,
+}
+
+/// Reading the directory again more often than this is pointless (kubelet asks every 5 s).
+const RELOAD_AFTER: Duration = Duration::from_millis(500);
+
+impl NetworkService {
+    pub fn new(conf_dir: PathBuf, bin_dirs: Vec<PathBuf>) -> NetworkService {
+        NetworkService {
+            conf_dir,
+            bin_dirs,
+            loaded: Mutex::new(None),
+        }
+    }
+
+    /// The node's network list: read again when the directory's first file or its time changed.
+    pub fn current(&self) -> Result<NetworkList, ConfError> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        // A list read just now is used as it is; a missing or broken one is looked for again.
+        if let Some((at, Ok(cached))) = loaded.as_ref()
+            && at.elapsed() < RELOAD_AFTER
+        {
+            return Ok(cached.clone());
+        }
+        let first = conflist::candidates(&self.conf_dir).into_iter().next();
+        let stale = match (loaded.as_ref(), &first) {
+            (Some((_, Ok(l))), Some(f)) => {
+                &l.file != f || std::fs::metadata(f).and_then(|m| m.modified()).ok() != l.modified
+            }
+            _ => true,
+        };
+        if stale {
+            let fresh = conflist::load(&self.conf_dir);
+            if let (Ok(l), Some((_, Ok(old)))) = (&fresh, loaded.as_ref())
+                && l.file != old.file
+            {
+                tracing::info!(file = %l.file.display(), network = l.name, "network configuration changed");
+            }
+            *loaded = Some((Instant::now(), fresh));
+        } else if let Some((at, _)) = loaded.as_mut() {
+            *at = Instant::now();
+        }
+        match loaded.as_ref() {
+            Some((_, r)) => r.clone(),
+            None => Err(ConfError::None {
+                dir: self.conf_dir.clone(),
+            }),
+        }
+    }
+
+    /// `NetworkReady` as kubelet reads it.
+    pub fn readiness(&self) -> Readiness {
+        match self.current() {
+            Ok(l) => Readiness {
+                ready: true,
+                reason: String::new(),
+                message: format!("network {:?} from {}", l.name, l.file.display()),
+            },
+            Err(e) => Readiness {
+                ready: false,
+                reason: "NetworkPluginNotReady".into(),
+                message: format!("Network plugin returns error: cni config uninitialized: {e}"),
+            },
+        }
+    }
+
+    /// ADD: attaches `pod` to the node's network and records it in `record`. A failing plugin
+    /// undoes what the ones before it did; nothing is left but the error.
+    pub async fn attach(&self, pod: &Pod<'_>, record: &Path) -> Result<Attachment, Error> {
+        let list = self.current()?;
+        let mut att = Attachment {
+            list: list.to_json(),
+            container_id: pod.sandbox_id.to_string(),
+            netns: pod.netns.to_path_buf(),
+            ifname: IFNAME.to_string(),
+            args: cni_args(pod),
+            runtime_config: runtime_config(pod)?,
+            result: None,
+        };
+        atomic::write_json(record, &att).map_err(|source| Error::Io {
+            path: record.to_path_buf(),
+            source,
+        })?;
+        let started = Instant::now();
+        let mut prev: Option<Value> = None;
+        for (i, p) in list.plugins.iter().enumerate() {
+            let conf = plugin::stdin_config(
+                p,
+                &list.name,
+                &list.cni_version,
+                prev.as_ref(),
+                &att.runtime_config,
+            );
+            match plugin::run(&self.call(&att, Op::Add), &conf).await {
+                Ok(r) => prev = r.or(prev),
+                Err(e) => {
+                    // Whatever the plugins so far did (the failing one too, unless it never
+                    // ran): undo it, then say why.
+                    let ran = match e {
+                        PluginError::NotFound { .. } | PluginError::Spawn { .. } => i,
+                        _ => i + 1,
+                    };
+                    att.result = prev;
+                    if let Err(undo) = self.delete(&att, ran).await {
+                        tracing::warn!(sandbox = pod.sandbox_id, error = %undo, "undoing a failed network ADD");
+                        return Err(e.into());
+                    }
+                    let _ = atomic::remove(record);
+                    return Err(e.into());
+                }
+            }
+        }
+        att.result = prev;
+        atomic::write_json(record, &att).map_err(|source| Error::Io {
+            path: record.to_path_buf(),
+            source,
+        })?;
+        crate::metrics::global()
+            .network_seconds
+            .get_or_create(&crate::metrics::Operation {
+                operation: "add".into(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        Ok(att)
+    }
+
+    /// DEL: detaches the pod recorded in `record` (if any) with the list and result its ADD
+    /// used. On failure the record stays, so the next stop or remove tries again.
+    pub async fn detach(&self, record: &Path) -> Result<(), Error> {
+        let Some(att) = read(record)? else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let all = att
+            .list
+            .get("plugins")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        self.delete(&att, all).await?;
+        atomic::remove(record).map_err(|source| Error::Io {
+            path: record.to_path_buf(),
+            source,
+        })?;
+        crate::metrics::global()
+            .network_seconds
+            .get_or_create(&crate::metrics::Operation {
+                operation: "del".into(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// CHECK: asks the plugins whether the pod's network is still as ADD left it.
+    pub async fn check(&self, record: &Path) -> Result<(), Error> {
+        let Some(att) = read(record)? else {
+            return Ok(());
+        };
+        let Some(list) = NetworkList::from_json(&att.list) else {
+            return Ok(());
+        };
+        for p in &list.plugins {
+            let conf = plugin::stdin_config(
+                p,
+                &list.name,
+                &list.cni_version,
+                att.result.as_ref(),
+                &att.runtime_config,
+            );
+            plugin::run(&self.call(&att, Op::Check), &conf).await?;
+        }
+        Ok(())
+    }
+
+    /// DEL of the first `count` plugins, last first; all are tried, the first error is
+    /// returned.
+    async fn delete(&self, att: &Attachment, count: usize) -> Result<(), Error> {
+        let Some(list) = NetworkList::from_json(&att.list) else {
+            return Ok(());
+        };
+        let mut first = None;
+        for p in list.plugins.iter().take(count).rev() {
+            let conf = plugin::stdin_config(
+                p,
+                &list.name,
+                &list.cni_version,
+                att.result.as_ref(),
+                &att.runtime_config,
+            );
+            if let Err(e) = plugin::run(&self.call(att, Op::Del), &conf).await {
+                tracing::warn!(sandbox = att.container_id, error = %e, "network DEL");
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn call<'a>(&'a self, att: &'a Attachment, op: Op) -> Call<'a> {
+        Call {
+            op,
+            container_id: &att.container_id,
+            netns: &att.netns,
+            ifname: &att.ifname,
+            args: &att.args,
+            bin_dirs: &self.bin_dirs,
+            timeout: PLUGIN_TIMEOUT,
+        }
+    }
+}
+
+/// The attachment recorded in `record`, if any.
+pub fn read(record: &Path) -> Result<Option<Attachment>, Error> {
+    atomic::read_json::<Attachment>(record).map_err(|source| Error::Io {
+        path: record.to_path_buf(),
+        source,
+    })
+}
+
+/// `CNI_ARGS` as kubelet's runtimes pass them.
+fn cni_args(pod: &Pod<'_>) -> String {
+    let meta = pod.config.metadata.clone().unwrap_or_default();
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+        meta.namespace, meta.name, pod.sandbox_id, meta.uid
+    )
+}
+
+/// The values of the capabilities a plugin may declare: `portMappings` (hostPort), `bandwidth`
+/// (the kubernetes.io bandwidth annotations), `dns`, `ipRanges` (kubelet's pod CIDR) and
+/// `cgroupPath`.
+fn runtime_config(pod: &Pod<'_>) -> Result<Map<String, Value>, Error> {
+    let c = pod.config;
+    let mut rc = Map::new();
+    let ports: Vec<Value> = c
+        .port_mappings
+        .iter()
+        .filter(|p| p.host_port > 0)
+        .map(|p| {
+            let proto = match cri::Protocol::try_from(p.protocol) {
+                Ok(cri::Protocol::Udp) => "udp",
+                Ok(cri::Protocol::Sctp) => "sctp",
+                _ => "tcp",
+            };
+            serde_json::json!({
+                "hostPort": p.host_port,
+                "containerPort": p.container_port,
+                "protocol": proto,
+                "hostIP": p.host_ip,
+            })
+        })
+        .collect();
+    if !ports.is_empty() {
+        rc.insert("portMappings".into(), Value::Array(ports));
+    }
+    let bandwidth = bandwidth(&c.annotations)?;
+    if !bandwidth.is_empty() {
+        rc.insert("bandwidth".into(), Value::Object(bandwidth));
+    }
+    if let Some(dns) = &c.dns_config {
+        rc.insert(
+            "dns".into(),
+            serde_json::json!({
+                "servers": dns.servers, "searches": dns.searches, "options": dns.options,
+            }),
+        );
+    }
+    if !pod.pod_cidr.is_empty() {
+        let ranges: Vec<Value> = pod
+            .pod_cidr
+            .split(',')
+            .map(|cidr| serde_json::json!([{ "subnet": cidr.trim() }]))
+            .collect();
+        rc.insert("ipRanges".into(), Value::Array(ranges));
+    }
+    if let Some(parent) = c.linux.as_ref().map(|l| &l.cgroup_parent)
+        && !parent.is_empty()
+    {
+        rc.insert("cgroupPath".into(), Value::String(parent.clone()));
+    }
+    Ok(rc)
+}
+
+/// `kubernetes.io/ingress-bandwidth` and `egress-bandwidth` (bits per second, as Kubernetes
+/// quantities) for the bandwidth plugin; bursts as containerd sets them.
+fn bandwidth(annotations: &HashMap<String, String>) -> Result<Map<String, Value>, Error> {
+    let mut out = Map::new();
+    for (key, rate, burst) in [
+        (
+            "kubernetes.io/ingress-bandwidth",
+            "ingressRate",
+            "ingressBurst",
+        ),
+        (
+            "kubernetes.io/egress-bandwidth",
+            "egressRate",
+            "egressBurst",
+        ),
+    ] {
+        let Some(v) = annotations.get(key) else {
+            continue;
+        };
+        let bits = quantity(v).ok_or_else(|| Error::Annotation {
+            key: key.to_string(),
+            reason: format!("{v:?} is not a quantity like 10M"),
+        })?;
+        // kubelet's limits: 1 kbit/s to 32 Gbit/s.
+        if !(1_000..=32_000_000_000).contains(&bits) {
+            return Err(Error::Annotation {
+                key: key.to_string(),
+                reason: format!("{v:?} is outside 1k..32G"),
+            });
+        }
+        out.insert(rate.into(), Value::from(bits));
+        // No burst of its own in Kubernetes: as large as the plugin takes (containerd).
+        out.insert(burst.into(), Value::from(i32::MAX));
+    }
+    Ok(out)
+}
+
+/// A Kubernetes quantity as an integer: `10M`, `1Gi`, `500k`, `100`.
+fn quantity(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: f64 = match unit {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0f64.powi(4),
+        _ => return None,
+    };
+    let v = n * mult;
+    (v.is_finite() && v >= 0.0).then_some(v as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_config_from_the_sandbox() {
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "web".into(),
+                namespace: "ns".into(),
+                uid: "u1".into(),
+                attempt: 0,
+            }),
+            port_mappings: vec![
+                cri::PortMapping {
+                    protocol: cri::Protocol::Tcp as i32,
+                    container_port: 80,
+                    host_port: 8080,
+                    host_ip: "127.0.0.1".into(),
+                },
+                cri::PortMapping {
+                    protocol: cri::Protocol::Udp as i32,
+                    container_port: 53,
+                    host_port: 0,
+                    host_ip: String::new(),
+                },
+            ],
+            annotations: [(
+                "kubernetes.io/ingress-bandwidth".to_string(),
+                "10M".to_string(),
+            )]
+            .into(),
+            dns_config: Some(cri::DnsConfig {
+                servers: vec!["10.0.0.10".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = Pod {
+            sandbox_id: "abc",
+            config: &config,
+            netns: Path::new("/run/netns/x"),
+            pod_cidr: "10.244.1.0/24",
+        };
+        let rc = runtime_config(&pod).unwrap();
+        assert_eq!(rc["portMappings"].as_array().unwrap().len(), 1);
+        assert_eq!(rc["portMappings"][0]["hostIP"], "127.0.0.1");
+        assert_eq!(rc["bandwidth"]["ingressRate"], 10_000_000);
+        assert!(rc["bandwidth"].get("egressRate").is_none());
+        assert_eq!(rc["dns"]["servers"][0], "10.0.0.10");
+        assert_eq!(rc["ipRanges"][0][0]["subnet"], "10.244.1.0/24");
+        assert_eq!(
+            cni_args(&pod),
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u1"
+        );
+        let mut bad = config.clone();
+        bad.annotations
+            .insert("kubernetes.io/egress-bandwidth".into(), "fast".into());
+        let e = runtime_config(&Pod {
+            config: &bad,
+            ..pod
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("egress-bandwidth"), "{e}");
+    }
+
+    #[test]
+    fn ips_ipv4_first() {
+        let att = Attachment {
+            list: Value::Null,
+            container_id: String::new(),
+            netns: PathBuf::new(),
+            ifname: IFNAME.into(),
+            args: String::new(),
+            runtime_config: Map::new(),
+            result: Some(serde_json::json!({"ips": [
+                {"address": "fd00::5/64"}, {"address": "10.88.0.5/16", "gateway": "10.88.0.1"}
+            ]})),
+        };
+        assert_eq!(att.ips(), vec!["10.88.0.5", "fd00::5"]);
+        assert_eq!(quantity("1Gi"), Some(1 << 30));
+        assert_eq!(quantity("1.5M"), Some(1_500_000));
+        assert_eq!(quantity("x"), None);
+    }
+}

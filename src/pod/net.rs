@@ -1,0 +1,135 @@
+//! The pod's network: attaching and detaching it through `network`, its attachment record in
+//! the sandbox's directory (`network.json`), its IPs in PodSandboxStatus, and, at start-up,
+//! undoing what a daemon killed mid-ADD left.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use k8s_cri::v1 as cri;
+
+use super::{Error, PodService};
+use crate::network::{self, ConfError, Readiness};
+
+impl PodService {
+    fn record(&self, id: &str) -> PathBuf {
+        self.sandboxes.paths(id).dir.join("network.json")
+    }
+
+    fn network_err(id: &str) -> impl FnOnce(network::Error) -> Error + '_ {
+        move |source| Error::Network {
+            id: id.to_string(),
+            source,
+        }
+    }
+
+    /// Whether pods get a CNI network: yes with a network list, no without one (they keep
+    /// crius's loopback, and NetworkReady says why); a broken list is an error.
+    pub(super) fn network_wanted(&self) -> Result<bool, Error> {
+        match self.network.current() {
+            Ok(_) => Ok(true),
+            Err(ConfError::None { .. }) => Ok(false),
+            Err(e) => Err(Error::Network {
+                id: String::new(),
+                source: e.into(),
+            }),
+        }
+    }
+
+    pub(super) async fn attach(
+        &self,
+        id: &str,
+        config: &cri::PodSandboxConfig,
+    ) -> Result<(), Error> {
+        let netns = self.sandboxes.paths(id).ns("net");
+        let cidr = self
+            .pod_cidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let pod = network::Pod {
+            sandbox_id: id,
+            config,
+            netns: &netns,
+            pod_cidr: &cidr,
+        };
+        let att = self
+            .network
+            .attach(&pod, &self.record(id))
+            .await
+            .map_err(Self::network_err(id))?;
+        tracing::info!(sandbox = id, ips = ?att.ips(), "pod network attached");
+        Ok(())
+    }
+
+    /// DEL with what ADD used; an error leaves the record for the next try.
+    pub(super) async fn detach(&self, id: &str) -> Result<(), Error> {
+        self.network
+            .detach(&self.record(id))
+            .await
+            .map_err(Self::network_err(id))
+    }
+
+    /// The pod's IPs into its status, and, verbose, the attachment itself.
+    pub(super) fn network_status(
+        &self,
+        status: &mut cri::PodSandboxStatus,
+        info: &mut HashMap<String, String>,
+        verbose: bool,
+    ) {
+        let Ok(Some(att)) = network::read(&self.record(&status.id)) else {
+            return;
+        };
+        let mut ips = att.ips().into_iter();
+        if let Some(ip) = ips.next() {
+            status.network = Some(cri::PodSandboxNetworkStatus {
+                ip,
+                additional_ips: ips.map(|ip| cri::PodIp { ip }).collect(),
+            });
+        }
+        if verbose && let Ok(text) = serde_json::to_string(&att) {
+            info.insert("network".to_string(), text);
+        }
+    }
+
+    /// NetworkReady, as Status reports it.
+    pub fn network_readiness(&self) -> Readiness {
+        self.network.readiness()
+    }
+
+    /// kubelet's pod CIDR, for the `ipRanges` capability of pods made from now on.
+    pub fn set_pod_cidr(&self, cidr: &str) {
+        *self.pod_cidr.lock().unwrap_or_else(|p| p.into_inner()) = cidr.to_string();
+    }
+
+    pub fn pod_cidr(&self) -> String {
+        self.pod_cidr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// At start-up: an attachment without a result (the daemon died during ADD) is undone, and
+    /// a pod left without its network is stopped, so kubelet makes a new one; no IP is leaked
+    /// and none is handed to two pods.
+    pub async fn recover(&self) {
+        for r in self.sandboxes.records().await {
+            let record = self.record(&r.id);
+            let att = network::read(&record).ok().flatten();
+            let complete = att.as_ref().is_some_and(|a| a.result.is_some());
+            if att.is_some() && !complete {
+                tracing::info!(sandbox = r.id, "undoing a network ADD a killed daemon left");
+                if let Err(e) = self.detach(&r.id).await {
+                    tracing::warn!(sandbox = r.id, error = %e, "undoing a half-made network");
+                }
+            }
+            // Pods made while no network was configured keep their loopback: only one whose
+            // ADD was cut short lost its network.
+            if r.ready && !r.host_network() && att.is_some() && !complete {
+                tracing::info!(sandbox = r.id, "stopping a pod left without its network");
+                if let Err(e) = self.sandboxes.stop(&r.id).await {
+                    tracing::warn!(sandbox = r.id, error = %e, "stopping a pod without network");
+                }
+            }
+        }
+    }
+}
