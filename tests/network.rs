@@ -12,7 +12,6 @@ mod common;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -22,7 +21,7 @@ const PLUGINS: &str = "/usr/lib/cni";
 const LONG: &[&str] = &["sleep", "100000"];
 
 /// Tests here count host-wide things (links, iptables rules): one at a time.
-static HOST: Mutex<()> = Mutex::new(());
+static HOST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn plugins_present() -> bool {
     if Path::new(PLUGINS).join("bridge").exists() {
@@ -313,7 +312,7 @@ async fn pods_get_ips_and_reach_each_other() {
     if !plugins_present() {
         return;
     }
-    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let _host = HOST.lock().await;
     let net = TestNet::new();
     let rules_before = iptables_rules();
     let mut env = PodEnv::start_with(&net.tables()).await;
@@ -422,7 +421,7 @@ async fn nothing_leaks_over_cycles_and_a_kill_mid_add() {
     if !plugins_present() {
         return;
     }
-    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let _host = HOST.lock().await;
     let net = TestNet::new();
     let rules_before = iptables_rules();
     // A plugin that takes its time before the real portmap: the daemon is killed meanwhile.
@@ -513,7 +512,7 @@ async fn broken_lists_and_missing_plugins_are_named() {
     if !plugins_present() {
         return;
     }
-    let _host = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let _host = HOST.lock().await;
     let net = TestNet::new();
     let env = PodEnv::start_with(&net.tables()).await;
     let list = env.d.net_dir().join("10-test.conflist");
