@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what crius's tests use on Debian 12: a real registry (docker-registry), htpasswd for its
 # basic auth, busybox-static for test images, a Python with a current grpcio (a CRI client on
-# gRPC's C core), and the build dependencies.
+# gRPC's C core), the CNI plugins and iptables (pod networks), and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
-pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv)
+pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv
+    containernetworking-plugins iptables)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

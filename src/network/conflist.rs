@@ -152,6 +152,15 @@ impl NetworkList {
 mod tests {
     use super::*;
 
+    /// The default network hack/run.sh and the package install.
+    #[test]
+    fn default_network_list() {
+        let text = include_str!("../../dist/cni/10-crius-bridge.conflist");
+        let l = parse(Path::new("10-crius-bridge.conflist"), text.as_bytes()).unwrap();
+        assert_eq!(l.types(), vec!["bridge", "portmap", "firewall"]);
+        assert_eq!(l.cni_version, "1.0.0");
+    }
+
     #[test]
     fn lists_confs_and_errors() {
         let tmp = tempfile::tempdir().unwrap();
