@@ -974,7 +974,7 @@ async fn users_from_image_and_security_context() {
     let user = st.user.unwrap().linux.unwrap();
     assert_eq!(
         (user.uid, user.gid, user.supplemental_groups),
-        (1000, 1000, vec![2000])
+        (1000, 1000, vec![1000, 2000])
     );
     let mut cfg = env.container_config("numeric", LONG);
     cfg.linux = Some(cri::LinuxContainerConfig {
@@ -989,7 +989,7 @@ async fn users_from_image_and_security_context() {
     });
     let c = env.run(&pod, &sb, cfg).await;
     let id = env.exec(&c, &["id"], 10).await.unwrap().0;
-    assert!(id.starts_with("uid=4321 gid=8765 groups=55"), "{id}");
+    assert!(id.starts_with("uid=4321 gid=8765 groups=55,8765"), "{id}");
     env.remove_pod(&pod).await;
 }
 

@@ -1054,17 +1054,27 @@ async fn groups_by_supplemental_groups_policy() {
             }
         })
     };
-    // Merge (the default): the image's /etc/group gives app group 2000, the pod adds 3000.
+    // Merge (the default): the primary group 1000 first (as containerd), the image's
+    // /etc/group gives app group 2000, the pod adds 3000; ContainerStatus.user reports exactly
+    // the process's groups (critest compares them).
     let c = env.run(&pod, &sb, with("merge", false)).await;
     let s = init_status(&env, &c).await;
-    assert_eq!(status_field(&s, "Groups"), "2000 3000", "{s}");
+    assert_eq!(status_field(&s, "Groups"), "1000 2000 3000", "{s}");
     let st = env.status(&c).await;
     let user = st.user.unwrap().linux.unwrap();
-    assert_eq!(user.supplemental_groups, vec![2000, 3000]);
-    // Strict: only what the pod asked for.
+    assert_eq!(
+        (user.uid, user.gid, user.supplemental_groups),
+        (1000, 1000, vec![1000, 2000, 3000])
+    );
+    // Strict: the primary group and what the pod asked for.
     let c = env.run(&pod, &sb, with("strict", true)).await;
     let s = init_status(&env, &c).await;
-    assert_eq!(status_field(&s, "Groups"), "3000", "{s}");
+    assert_eq!(status_field(&s, "Groups"), "1000 3000", "{s}");
+    let st = env.status(&c).await;
+    let user = st.user.unwrap().linux.unwrap();
+    assert_eq!(user.supplemental_groups, vec![1000, 3000]);
+    let (out, ..) = env.exec(&c, &["id", "-G"], 10).await.unwrap();
+    assert_eq!(out, "1000 3000\n", "exec'd processes get the same groups");
     // A group without a user is refused, as kubelet expects.
     let cfg = secured(&env, "grouponly", LONG, |sc| {
         sc.run_as_group = Some(cri::Int64Value { value: 5 });
