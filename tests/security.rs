@@ -761,7 +761,7 @@ async fn host_pid(env: &PodEnv, id: &str) -> u32 {
 
 #[tokio::test]
 async fn user_namespaces_map_pods_onto_unprivileged_ids() {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let env = PodEnv::start().await;
     let features = env
         .d
@@ -777,6 +777,22 @@ async fn user_namespaces_map_pods_onto_unprivileged_ids() {
         features.user_namespaces,
         "kernel 6.3+ idmaps overlayfs and tmpfs"
     );
+
+    // Below a directory only the host's root may search, the pod's processes could not reach
+    // their files from inside the user namespace (StartContainer failed on "open net
+    // namespace"): the pod is refused up front, naming the directory.
+    let top = env.d.dir.path();
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sb = with_userns(&env, "unreachable", Some(pod_userns(vec![], vec![])));
+    let e = env.run_pod(&sb).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains(&format!("{} (mode 700)", top.display())),
+        "{}",
+        e.message()
+    );
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     // Kubelet's maps: container root is host 983040.
     const BASE: u32 = 15 * 65536;
