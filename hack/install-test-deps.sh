@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what crius's tests use on Debian 12: a real registry (docker-registry), htpasswd for its
-# basic auth, busybox-static for test images, a Python with a current grpcio (a CRI client on
+# basic auth, busybox-static for test images, Debian's dynamically linked busybox unpacked aside
+# (the conformance images' shell: it execs commands from PATH, as the real busybox image's does,
+# where busybox-static runs its applets directly), a Python with a current grpcio (a CRI client on
 # gRPC's C core), the CNI plugins and iptables (pod networks), and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,4 +26,14 @@ grpcio=/opt/crius-test/grpcio
 if ! "$grpcio/bin/python3" -c 'import grpc' 2>/dev/null; then
     /usr/bin/python3 -m venv "$grpcio"
     "$grpcio/bin/pip" install -q 'grpcio==1.85.3'
+fi
+# Debian's busybox conflicts with busybox-static as a package: its binary is unpacked aside.
+busybox=/opt/crius-test/busybox
+if ! "$busybox/bin/busybox" true 2>/dev/null; then
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download -q busybox >/dev/null 2>&1 || { apt-get update -qq && apt-get download -q busybox; })
+    rm -rf "$busybox.new"
+    dpkg-deb -x "$tmp"/busybox_*.deb "$busybox.new"
+    rm -rf "$tmp" "$busybox"
+    mv "$busybox.new" "$busybox"
 fi

@@ -974,7 +974,7 @@ async fn users_from_image_and_security_context() {
     let user = st.user.unwrap().linux.unwrap();
     assert_eq!(
         (user.uid, user.gid, user.supplemental_groups),
-        (1000, 1000, vec![2000])
+        (1000, 1000, vec![1000, 2000])
     );
     let mut cfg = env.container_config("numeric", LONG);
     cfg.linux = Some(cri::LinuxContainerConfig {
@@ -989,7 +989,7 @@ async fn users_from_image_and_security_context() {
     });
     let c = env.run(&pod, &sb, cfg).await;
     let id = env.exec(&c, &["id"], 10).await.unwrap().0;
-    assert!(id.starts_with("uid=4321 gid=8765 groups=55"), "{id}");
+    assert!(id.starts_with("uid=4321 gid=8765 groups=55,8765"), "{id}");
     env.remove_pod(&pod).await;
 }
 
@@ -1810,5 +1810,66 @@ async fn prometheus_metrics() {
         "{text}"
     );
     assert_eq!(http_get(port, "/other").0, 404);
+    env.remove_pod(&pod).await;
+}
+
+/// Every running container has CPU and memory in its stats, cgroup or not: on a host without
+/// cgroup v2 they come from the container's processes (critest's "listing container stats"
+/// reads both timestamps and panicked on the missing fields).
+#[tokio::test]
+async fn stats_of_running_containers_have_cpu_and_memory() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("stats");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let cmd = [
+        "sh",
+        "-c",
+        "head -c 8000000 /dev/zero | tail -c 1; while :; do :; done",
+    ];
+    let busy = env.run(&pod, &sb, env.container_config("busy", &cmd)).await;
+    let created = env
+        .create(&pod, &sb, env.container_config("created", LONG))
+        .await
+        .unwrap();
+    let stats = |id: &str| {
+        let id = id.to_string();
+        let rt = env.d.runtime();
+        async move {
+            let mut rt = rt;
+            rt.container_stats(cri::ContainerStatsRequest { container_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+                .stats
+                .unwrap()
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stats(&busy).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let s = stats(&busy).await;
+    let cpu = s.cpu.expect("cpu of a running container");
+    assert!(cpu.timestamp > 0);
+    assert!(cpu.usage_core_nano_seconds.unwrap().value > 0, "{cpu:?}");
+    assert!(
+        cpu.usage_nano_cores.unwrap().value > 0,
+        "a busy loop: {cpu:?}"
+    );
+    let mem = s.memory.expect("memory of a running container");
+    assert!(mem.timestamp > 0);
+    assert!(mem.working_set_bytes.unwrap().value > 0, "{mem:?}");
+    // A created container has nothing running to measure, with or without a cgroup.
+    let c = stats(&created).await;
+    assert_eq!(c.attributes.unwrap().id, created);
+    let list = env
+        .d
+        .runtime()
+        .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats;
+    assert_eq!(list.len(), 1, "running containers only");
+    assert!(list[0].cpu.is_some() && list[0].memory.is_some());
     env.remove_pod(&pod).await;
 }

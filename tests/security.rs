@@ -761,7 +761,7 @@ async fn host_pid(env: &PodEnv, id: &str) -> u32 {
 
 #[tokio::test]
 async fn user_namespaces_map_pods_onto_unprivileged_ids() {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let env = PodEnv::start().await;
     let features = env
         .d
@@ -777,6 +777,22 @@ async fn user_namespaces_map_pods_onto_unprivileged_ids() {
         features.user_namespaces,
         "kernel 6.3+ idmaps overlayfs and tmpfs"
     );
+
+    // Below a directory only the host's root may search, the pod's processes could not reach
+    // their files from inside the user namespace (StartContainer failed on "open net
+    // namespace"): the pod is refused up front, naming the directory.
+    let top = env.d.dir.path();
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sb = with_userns(&env, "unreachable", Some(pod_userns(vec![], vec![])));
+    let e = env.run_pod(&sb).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains(&format!("{} (mode 700)", top.display())),
+        "{}",
+        e.message()
+    );
+    std::fs::set_permissions(top, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     // Kubelet's maps: container root is host 983040.
     const BASE: u32 = 15 * 65536;
@@ -1054,17 +1070,27 @@ async fn groups_by_supplemental_groups_policy() {
             }
         })
     };
-    // Merge (the default): the image's /etc/group gives app group 2000, the pod adds 3000.
+    // Merge (the default): the primary group 1000 first (as containerd), the image's
+    // /etc/group gives app group 2000, the pod adds 3000; ContainerStatus.user reports exactly
+    // the process's groups (critest compares them).
     let c = env.run(&pod, &sb, with("merge", false)).await;
     let s = init_status(&env, &c).await;
-    assert_eq!(status_field(&s, "Groups"), "2000 3000", "{s}");
+    assert_eq!(status_field(&s, "Groups"), "1000 2000 3000", "{s}");
     let st = env.status(&c).await;
     let user = st.user.unwrap().linux.unwrap();
-    assert_eq!(user.supplemental_groups, vec![2000, 3000]);
-    // Strict: only what the pod asked for.
+    assert_eq!(
+        (user.uid, user.gid, user.supplemental_groups),
+        (1000, 1000, vec![1000, 2000, 3000])
+    );
+    // Strict: the primary group and what the pod asked for.
     let c = env.run(&pod, &sb, with("strict", true)).await;
     let s = init_status(&env, &c).await;
-    assert_eq!(status_field(&s, "Groups"), "3000", "{s}");
+    assert_eq!(status_field(&s, "Groups"), "1000 3000", "{s}");
+    let st = env.status(&c).await;
+    let user = st.user.unwrap().linux.unwrap();
+    assert_eq!(user.supplemental_groups, vec![1000, 3000]);
+    let (out, ..) = env.exec(&c, &["id", "-G"], 10).await.unwrap();
+    assert_eq!(out, "1000 3000\n", "exec'd processes get the same groups");
     // A group without a user is refused, as kubelet expects.
     let cfg = secured(&env, "grouponly", LONG, |sc| {
         sc.run_as_group = Some(cri::Int64Value { value: 5 });

@@ -176,9 +176,9 @@ impl ContainerService {
         if let Some(c) = &r.top_chain {
             self.inner.images.release(c);
         }
-        self.inner
-            .samples
-            .forget(r.cgroup.as_ref(), &b.layer.join("upper"));
+        let mut cpu_keys = vec![b.dir.as_path()];
+        cpu_keys.extend(r.cgroup.as_ref().map(|c| c.path.as_path()));
+        self.inner.samples.forget(&cpu_keys, &b.layer.join("upper"));
         self.inner.records.remove(&r.id);
         self.inner.records.release(&r.name_key());
         self.inner

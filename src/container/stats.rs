@@ -32,10 +32,16 @@ fn v(value: u64) -> Option<cri::UInt64Value> {
 impl Samples {
     /// CPU usage of a cgroup, with the rate since the previous sample.
     pub fn cpu(&self, cg: &Cgroup) -> cri::CpuUsage {
-        let now = now_nanos();
         let usage_ns = cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) * 1000;
+        self.cpu_usage(&cg.path, usage_ns)
+    }
+
+    /// CPU usage of whatever `key` names (a cgroup, a container without one), with the rate
+    /// since the previous sample of the same key.
+    fn cpu_usage(&self, key: &Path, usage_ns: u64) -> cri::CpuUsage {
+        let now = now_nanos();
         let mut last = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
-        let rate = match last.insert(cg.path.clone(), (now, usage_ns)) {
+        let rate = match last.insert(key.to_path_buf(), (now, usage_ns)) {
             Some((t, u)) if now > t && usage_ns >= u => {
                 ((usage_ns - u) as u128 * 1_000_000_000 / (now - t) as u128) as u64
             }
@@ -61,13 +67,14 @@ impl Samples {
         (b, i)
     }
 
-    pub fn forget(&self, cg: Option<&Cgroup>, dir: &Path) {
-        if let Some(cg) = cg {
-            self.cpu
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&cg.path);
+    /// Drops the samples of a removed container: its CPU keys (cgroup or bundle directory)
+    /// and its writable layer.
+    pub fn forget(&self, cpu_keys: &[&Path], dir: &Path) {
+        let mut cpu = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        for k in cpu_keys {
+            cpu.remove(*k);
         }
+        drop(cpu);
         self.layers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -112,6 +119,71 @@ pub fn memory(cg: &Cgroup) -> cri::MemoryUsage {
         rss_bytes: v(stat.get("anon").copied().unwrap_or(0)),
         page_faults: v(stat.get("pgfault").copied().unwrap_or(0)),
         major_page_faults: v(stat.get("pgmajfault").copied().unwrap_or(0)),
+    }
+}
+
+/// Clock ticks per second of /proc's times (the kernel's USER_HZ: 100 on every architecture
+/// crius builds for).
+const USER_HZ: u64 = 100;
+
+/// What a container without a cgroup (a host without cgroup v2) uses, summed over the processes
+/// sharing its mount namespace (its init, their children, exec'd commands): CPU time in
+/// nanoseconds (with the reaped children each counted by its parent), resident and anonymous
+/// resident bytes. Shared pages count once per process, so memory is an upper bound.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProcessTotals {
+    pub cpu_ns: u64,
+    pub rss: u64,
+    pub anon: u64,
+}
+
+pub fn process_totals(mnt_ns: u64) -> ProcessTotals {
+    let mut t = ProcessTotals::default();
+    for pid in crate::runtime::process::pids_in_namespace("mnt", mnt_ns) {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            t.cpu_ns += stat_cpu_ticks(&stat) * (1_000_000_000 / USER_HZ);
+        }
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            t.rss += status_kib(&status, "VmRSS") * 1024;
+            t.anon += status_kib(&status, "RssAnon") * 1024;
+        }
+    }
+    t
+}
+
+/// utime + stime + cutime + cstime of a `/proc/PID/stat` line (fields 14-17; the command name
+/// in field 2 may hold spaces and parentheses, so fields are counted after its last `)`).
+fn stat_cpu_ticks(stat: &str) -> u64 {
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    // rest starts at field 3 (state): fields 14..=17 are its 12th to 15th.
+    rest.split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum()
+}
+
+/// A `Name:   123 kB` line of `/proc/PID/status`, in KiB.
+fn status_kib(status: &str, name: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Memory usage of a container without a cgroup, from its processes.
+fn process_memory(t: &ProcessTotals) -> cri::MemoryUsage {
+    cri::MemoryUsage {
+        timestamp: now_nanos(),
+        working_set_bytes: v(t.rss),
+        available_bytes: None,
+        usage_bytes: v(t.rss),
+        rss_bytes: v(t.anon),
+        page_faults: None,
+        major_page_faults: None,
     }
 }
 
@@ -311,6 +383,17 @@ impl ContainerService {
         let s = &self.inner.samples;
         let upper = self.bundle(&r.id).layer.join("upper");
         let (bytes, inodes) = s.layer(&upper);
+        // Without a cgroup (no cgroup v2 here) a running container's processes are counted;
+        // kubelet and critest expect CPU and memory for every running container.
+        let (cpu, memory) = match (&r.cgroup, r.mnt_ns) {
+            (Some(cg), _) => (Some(s.cpu(cg)), Some(memory(cg))),
+            (None, Some(ns)) if r.state == RUNNING => {
+                let t = process_totals(ns);
+                let dir = self.bundle(&r.id).dir;
+                (Some(s.cpu_usage(&dir, t.cpu_ns)), Some(process_memory(&t)))
+            }
+            (None, _) => (None, None),
+        };
         cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
                 id: r.id.clone(),
@@ -318,8 +401,8 @@ impl ContainerService {
                 labels: r.config.labels.clone(),
                 annotations: r.config.annotations.clone(),
             }),
-            cpu: r.cgroup.as_ref().map(|cg| s.cpu(cg)),
-            memory: r.cgroup.as_ref().map(memory),
+            cpu,
+            memory,
             writable_layer: Some(cri::FilesystemUsage {
                 timestamp: now_nanos(),
                 fs_id: Some(cri::FilesystemIdentifier {
@@ -460,6 +543,22 @@ impl ContainerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_times_and_memory() {
+        // A command name with spaces and parentheses does not shift the fields.
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 2 1 20 0 1 0 5 0 0";
+        assert_eq!(stat_cpu_ticks(stat), 7 + 3 + 2 + 1);
+        assert_eq!(stat_cpu_ticks("garbage"), 0);
+        let status = "Name:\tx\nVmRSS:\t  1234 kB\nRssAnon:\t  1000 kB\n";
+        assert_eq!(status_kib(status, "VmRSS"), 1234);
+        assert_eq!(status_kib(status, "RssAnon"), 1000);
+        assert_eq!(status_kib(status, "VmSwap"), 0);
+        // This test's own mount namespace holds at least this process.
+        let me = crate::runtime::ProcessId::of(std::process::id() as i32).unwrap();
+        let t = process_totals(me.namespace("mnt").unwrap());
+        assert!(t.rss > 0 && t.anon > 0 && t.anon <= t.rss, "{t:?}");
+    }
 
     #[test]
     fn network_of_this_process() {

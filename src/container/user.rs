@@ -142,14 +142,14 @@ pub fn resolve(
     let strict = sc.is_some_and(|s| {
         s.supplemental_groups_policy == cri::SupplementalGroupsPolicy::Strict as i32
     });
-    let mut additional: Vec<u32> = Vec::new();
+    // The primary group leads the supplementary ones (as containerd since CVE-2023-25173), so
+    // dropping the primary group with setgid cannot shed its access; ContainerStatus.user
+    // reports the same list, as kubelet and critest expect.
+    let mut additional: Vec<u32> = vec![gid];
     // Merge (the default): the groups the image's /etc/group gives the user, then the pod's.
     if !strict && let Some(p) = &entry {
         for g in &groups {
-            if g.members.iter().any(|m| m == &p.name)
-                && g.gid != gid
-                && !additional.contains(&g.gid)
-            {
+            if g.members.iter().any(|m| m == &p.name) && !additional.contains(&g.gid) {
                 additional.push(g.gid);
             }
         }
@@ -225,7 +225,7 @@ mod tests {
         let u = resolve(r.path(), None, "app").unwrap();
         assert_eq!(
             (u.uid, u.gid, u.additional_gids.clone(), u.home.as_str()),
-            (1000, 1000, vec![2000], "/home/app")
+            (1000, 1000, vec![1000, 2000], "/home/app")
         );
         let u = resolve(r.path(), None, "1000:www").unwrap();
         assert_eq!((u.uid, u.gid), (1000, 33));
@@ -237,17 +237,17 @@ mod tests {
         .unwrap();
         assert_eq!(
             (u.uid, u.gid, u.additional_gids.clone(), u.home.as_str()),
-            (1234, 0, vec![5], "/")
+            (1234, 0, vec![0, 5], "/")
         );
         let u = resolve(r.path(), Some(&sc(None, "app", Some(7), &[9], false)), "").unwrap();
         assert_eq!(
             (u.uid, u.gid, u.additional_gids.clone()),
-            (1000, 7, vec![2000, 9])
+            (1000, 7, vec![7, 2000, 9])
         );
         let u = resolve(r.path(), Some(&sc(None, "app", None, &[9], true)), "").unwrap();
         assert_eq!(
             u.additional_gids,
-            vec![9],
+            vec![1000, 9],
             "Strict leaves out the image's groups"
         );
     }

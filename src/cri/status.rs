@@ -95,7 +95,9 @@ impl ToStatus for sandbox::Error {
             }
             E::NotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
-            E::NotReady { .. } | E::Unenforceable { .. } => Code::FailedPrecondition,
+            E::NotReady { .. } | E::Unenforceable { .. } | E::StateUnreachable { .. } => {
+                Code::FailedPrecondition
+            }
             E::Pause { .. } | E::Io { .. } | E::Cgroup { .. } | E::Systemd(_) => Code::Internal,
         }
     }

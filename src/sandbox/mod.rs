@@ -60,6 +60,10 @@ pub enum Error {
         "{what}: cgroup v2 is not available on this node, so the limit cannot be enforced (set cgroup.allow_unenforced to run without limits)"
     )]
     Unenforceable { what: String },
+    #[error(
+        "user namespaces: {dir} (mode {mode:o}) cannot be searched by the pod's users; the runtime's state directory and every directory above it need search permission for others (o+x)"
+    )]
+    StateUnreachable { dir: PathBuf, mode: u32 },
     #[error("cgroup {path}: {source}")]
     Cgroup { path: PathBuf, source: io::Error },
     #[error(transparent)]

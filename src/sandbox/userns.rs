@@ -22,6 +22,9 @@ impl SandboxService {
     /// pod's), else the first free 65536-ID block of crius's range.
     pub(super) fn reserve_userns(&self, id: &str, asked: Option<UserNs>) -> Result<UserNs, Error> {
         const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
+        if let Some((dir, mode)) = unsearchable_ancestor(&self.inner.dir) {
+            return Err(Error::StateUnreachable { dir, mode });
+        }
         let mut taken = self.inner.userns.lock().unwrap_or_else(|p| p.into_inner());
         let overlaps = |u: &UserNs| {
             taken.iter().find_map(|(other, t)| {
@@ -75,6 +78,18 @@ impl SandboxService {
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
     }
+}
+
+/// The first of `dir` and the directories above it that other users cannot search, with its
+/// mode. A pod's processes reach their root filesystem and files by path once they are in the
+/// pod's user namespace, where the host's root is nobody: every directory on the way must be
+/// searchable by others (the daemon makes its own 0711; a parent made 0700 breaks them).
+fn unsearchable_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    dir.ancestors().find_map(|d| {
+        let mode = std::fs::metadata(d).ok()?.permissions().mode() & 0o7777;
+        (mode & 0o001 == 0).then(|| (d.to_path_buf(), mode))
+    })
 }
 
 /// The user namespace a pod asks for: none (NODE, or nothing), or its maps; in POD mode

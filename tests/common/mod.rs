@@ -361,6 +361,8 @@ pub struct TestLayer {
 /// Entries of a layer tar.
 pub enum Entry {
     Dir(String),
+    /// A directory with its own mode (`tmp` with 0o1777, say).
+    DirMode(String, u32),
     File(String, Vec<u8>, u32),
     Symlink(String, String),
     Whiteout(String),
@@ -385,6 +387,10 @@ pub fn layer(entries: &[Entry], compress: Compress) -> TestLayer {
         match e {
             Entry::Dir(p) => {
                 let mut h = header(tar::EntryType::Directory, 0o755, 0);
+                b.append_data(&mut h, p, &[][..]).expect("dir entry");
+            }
+            Entry::DirMode(p, mode) => {
+                let mut h = header(tar::EntryType::Directory, *mode, 0);
                 b.append_data(&mut h, p, &[][..]).expect("dir entry");
             }
             Entry::File(p, data, mode) => {

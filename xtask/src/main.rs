@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask lint | unit | integration | test | ci | bench | dist | deb`.
+//! Project tasks: `cargo xtask lint | unit | integration | conformance | test | ci | bench |
+//! dist | deb`.
 
 mod bench;
 mod deb;
@@ -52,7 +53,33 @@ fn integration() -> Result<()> {
     if !is_root() {
         bail!("integration tests need root (they mount overlayfs and create namespaces)");
     }
-    run(cargo().args(["test", "--test", "*"]))
+    // The conformance suite runs on its own, after these (`conformance`).
+    run(cargo().args(["test", "--test", "*", "--", "--skip", CONFORMANCE_TEST]))
+}
+
+/// The test in tests/conformance.rs that runs critest.
+const CONFORMANCE_TEST: &str = "critest_passes";
+
+/// critest (the CRI validation suite) against a crius daemon, with its per-spec table; it says
+/// "skipped: no critest" and passes where critest is not installed.
+fn conformance() -> Result<()> {
+    if !is_root() {
+        bail!("the conformance suite needs root (it runs a crius daemon)");
+    }
+    let started = std::time::Instant::now();
+    run(cargo().args([
+        "test",
+        "--test",
+        "conformance",
+        "--",
+        "--nocapture",
+        CONFORMANCE_TEST,
+    ]))?;
+    eprintln!(
+        "xtask: conformance took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
@@ -62,15 +89,17 @@ fn integration() -> Result<()> {
 /// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
 /// the whole suite. The last field is how the VM boots (`hack/vm-run`'s flag): the systemd
 /// cgroup driver's test with systemd as PID 1 (`-S`), the SELinux test with SELinux instead of
-/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. The package's test installs
-/// what `cargo xtask deb` built and runs its unit under systemd.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 7] = [
+/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. critest runs there too, where
+/// its OOM and AppArmor specs must pass (its table is printed, so `--nocapture`). The package's
+/// test installs what `cargo xtask deb` built and runs its unit under systemd.
+const VM_SUITES: [(&str, &[&str], Option<&str>); 8] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
     ("security", &["--skip", "selinux"], None),
     ("security", &["selinux"], Some("-Z")),
     ("agent", &["cgroup_v2", "volumes_env"], None),
+    ("conformance", &["--nocapture", CONFORMANCE_TEST], None),
     ("package", &["package_unit_keeps_pods"], Some("-S")),
 ];
 
@@ -202,10 +231,12 @@ fn main() -> Result<()> {
             lint()?;
             unit()?;
             integration()?;
+            conformance()?;
             deb::build(&dist()?)?;
             test_vm()?;
             bench(&["--smoke".to_string()])
         }
+        "conformance" => conformance(),
         "test-vm" => test_vm(),
         "bench" => bench(&args[1..]),
         "dist" => dist().map(drop),
@@ -216,6 +247,9 @@ fn main() -> Result<()> {
             eprintln!("  unit         unit tests (no root)");
             eprintln!(
                 "  integration  root tests against a real registry, overlayfs and namespaces"
+            );
+            eprintln!(
+                "  conformance  critest (the CRI validation suite) against crius, per-spec table"
             );
             eprintln!("  test         unit + integration");
             eprintln!(
