@@ -29,6 +29,10 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 use oci_spec::runtime::{Process, Spec};
 
+mod exec;
+
+use exec::{Exec, send_report};
+
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
 use super::seccomp::{self, Compiled};
@@ -68,14 +72,6 @@ fn report(r: &StartReport) {
     let mut out = io::stdout().lock();
     let _ = out.write_all(&line);
     let _ = out.flush();
-}
-
-/// An ExecSync command in flight.
-struct Exec {
-    pid: Pid,
-    conn: UnixStream,
-    deadline: Option<Instant>,
-    timed_out: bool,
 }
 
 struct Monitor {
@@ -372,12 +368,6 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     }
 }
 
-fn send_report(conn: &mut UnixStream, r: &ExecReport) {
-    let mut line = serde_json::to_vec(r).unwrap_or_default();
-    line.push(b'\n');
-    let _ = conn.write_all(&line);
-}
-
 impl Monitor {
     fn run(mut self) -> i32 {
         let mut status: Option<(i32, Option<i32>)> = None;
@@ -621,143 +611,9 @@ impl Monitor {
             }
         }
     }
-
-    fn accept_execs(&mut self, container_gone: bool) {
-        while let Ok((mut conn, _)) = self.listener.accept() {
-            if container_gone {
-                send_report(
-                    &mut conn,
-                    &exec_error("the container is not running".into()),
-                );
-                continue;
-            }
-            match self.start_exec(&conn) {
-                Ok((pid, deadline)) => self.execs.push(Exec {
-                    pid,
-                    conn,
-                    deadline,
-                    timed_out: false,
-                }),
-                Err(e) => send_report(&mut conn, &exec_error(e)),
-            }
-        }
-    }
-
-    /// Reads one request with its two descriptors and forks the command.
-    fn start_exec(&self, conn: &UnixStream) -> Result<(Pid, Option<Instant>), String> {
-        conn.set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.to_string())?;
-        let mut data = vec![0u8; 256 << 10];
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-        let (n, fds) = {
-            let mut iov = [IoSliceMut::new(&mut data)];
-            let msg = recvmsg::<()>(
-                conn.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(|e| format!("reading the request: {e}"))?;
-            let mut fds: Vec<OwnedFd> = Vec::new();
-            for c in msg.cmsgs().map_err(|e| e.to_string())? {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    fds.extend(raw.into_iter().map(sys::own_received_fd));
-                }
-            }
-            (msg.bytes, fds)
-        };
-        let req: ExecRequest =
-            serde_json::from_slice(&data[..n]).map_err(|e| format!("bad request: {e}"))?;
-        let [stdout, stderr]: [OwnedFd; 2] = fds
-            .try_into()
-            .map_err(|_| "the request needs stdout and stderr".to_string())?;
-        let (err_r, err_w) = cloexec_pipe()?;
-        match sys::fork().map_err(|e| format!("fork: {e}"))? {
-            ForkResult::Child => {
-                drop(err_r);
-                let e = match self.exec_child(&req, stdout, stderr) {
-                    Ok(never) => match never {},
-                    Err(e) => e,
-                };
-                let _ = std::fs::File::from(err_w).write_all(e.to_string().as_bytes());
-                sys::exit_now(127)
-            }
-            ForkResult::Parent { child } => {
-                drop(err_w);
-                let mut msg = Vec::new();
-                let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
-                if !msg.is_empty() {
-                    let _ = waitpid(child, None);
-                    return Err(String::from_utf8_lossy(&msg).into_owned());
-                }
-                let deadline = (req.timeout_ms > 0)
-                    .then(|| Instant::now() + Duration::from_millis(req.timeout_ms));
-                Ok((child, deadline))
-            }
-        }
-    }
 }
 
-fn exec_error(message: String) -> ExecReport {
-    ExecReport {
-        exit_code: -1,
-        timed_out: false,
-        error: Some(message),
-    }
-}
-
-impl Monitor {
-    /// The exec'd command's side of the fork: the container's namespaces (its PID namespace is
-    /// already ours), its process settings, then exec.
-    fn exec_child(
-        &self,
-        req: &ExecRequest,
-        stdout: OwnedFd,
-        stderr: OwnedFd,
-    ) -> Result<std::convert::Infallible, InitError> {
-        let (init, cgroup, process, seccomp, userns) = (
-            &self.init_fd,
-            self.cgroup.as_deref(),
-            &self.process,
-            self.seccomp.as_ref(),
-            self.userns,
-        );
-        let fail = |step: &str| {
-            let step = step.to_string();
-            move |e: io::Error| InitError {
-                step,
-                detail: e.to_string(),
-            }
-        };
-        sys::reset_signals().map_err(fail("reset signals"))?;
-        // The command counts against the container's limits, like the container's own processes.
-        if let Some(cg) = cgroup {
-            std::fs::write(cg.join("cgroup.procs"), "0")
-                .map_err(fail("joining the container's cgroup"))?;
-        }
-        let mut flags = CloneFlags::CLONE_NEWNS
-            | CloneFlags::CLONE_NEWNET
-            | CloneFlags::CLONE_NEWIPC
-            | CloneFlags::CLONE_NEWUTS
-            | CloneFlags::CLONE_NEWCGROUP;
-        if userns {
-            flags |= CloneFlags::CLONE_NEWUSER;
-        }
-        setns(init.as_fd(), flags)
-            .map_err(|e| fail("joining the container's namespaces")(e.into()))?;
-        let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
-        sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
-        sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
-        sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
-        let cwd = process.cwd();
-        std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
-        let mut p = process.clone();
-        p.set_args(Some(req.args.clone()));
-        p.set_terminal(Some(false));
-        init::apply_process(&p, seccomp)?;
-        init::exec(&p)
-    }
-}
+impl Monitor {}
 
 /// The `oom_kill` count of a cgroup's memory.events.
 fn oom_kills(cgroup: &Path) -> u64 {
