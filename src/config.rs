@@ -43,6 +43,32 @@ pub struct Config {
     pub agent: Agent,
     pub metrics: Metrics,
     pub network: Network,
+    pub stream: Stream,
+}
+
+/// The streaming server of Exec and PortForward.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Stream {
+    /// The address it listens on; kubelet proxies to it from the same node.
+    pub address: String,
+    /// The port; 0 picks a free one.
+    pub port: u16,
+    /// A stream with no traffic either way for this long is closed (`4h`, `30m`, ...).
+    pub stream_idle_timeout: String,
+    /// Streams at once; more are refused (HTTP 429).
+    pub max_streams: usize,
+}
+
+impl Default for Stream {
+    fn default() -> Stream {
+        Stream {
+            address: "127.0.0.1".to_string(),
+            port: 0,
+            stream_idle_timeout: "4h".to_string(),
+            max_streams: 256,
+        }
+    }
 }
 
 /// Pod networks through CNI.
@@ -178,6 +204,7 @@ impl Default for Config {
             agent: Agent::default(),
             metrics: Metrics::default(),
             network: Network::default(),
+            stream: Stream::default(),
         }
     }
 }
@@ -233,6 +260,18 @@ impl Config {
             return Err(format!(
                 "cgroup.parent {:?} must be a relative path without \"..\"",
                 cfg.cgroup.parent
+            ));
+        }
+        if humantime::parse_duration(&cfg.stream.stream_idle_timeout).is_err() {
+            return Err(format!(
+                "stream.stream_idle_timeout {:?} is not a duration like \"4h\" or \"30m\"",
+                cfg.stream.stream_idle_timeout
+            ));
+        }
+        if cfg.stream.address.parse::<std::net::IpAddr>().is_err() {
+            return Err(format!(
+                "stream.address {:?} is not an IP address",
+                cfg.stream.address
             ));
         }
         if !matches!(cfg.log_format.as_str(), "text" | "json") {
@@ -302,7 +341,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 20, "{uncommented}");
+        assert_eq!(keys, 24, "{uncommented}");
     }
 
     use super::*;

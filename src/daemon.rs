@@ -32,6 +32,8 @@ pub enum Error {
     Sandboxes(#[from] sandbox::Error),
     #[error("reading containers: {0}")]
     Containers(#[from] container::Error),
+    #[error(transparent)]
+    Stream(#[from] crate::stream::Error),
     #[error("serving CRI: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(
@@ -179,6 +181,20 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         network,
     );
     pods.recover().await;
+    let streams = crate::stream::StreamServer::start(
+        &crate::stream::Settings {
+            address: cfg.stream.address.clone(),
+            port: cfg.stream.port,
+            idle_timeout: humantime::parse_duration(&cfg.stream.stream_idle_timeout)
+                .unwrap_or(std::time::Duration::from_secs(4 * 3600)),
+            max_streams: cfg.stream.max_streams,
+        },
+        std::sync::Arc::new(cri::streaming::StreamBackend {
+            containers: containers.clone(),
+            sandboxes: sandboxes.clone(),
+        }),
+    )
+    .await?;
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
@@ -190,6 +206,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             sandboxes,
             containers,
             pods,
+            streams,
             pause_image: cfg.runtime.sandbox_image.clone(),
             config: serde_json::to_value(&cfg).unwrap_or_default(),
         },

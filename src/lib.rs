@@ -28,5 +28,6 @@ pub mod records;
 pub mod runtime;
 pub mod sandbox;
 pub mod snapshot;
+pub mod stream;
 pub mod sys;
 pub mod systemd;

@@ -46,6 +46,8 @@ impl ContainerService {
             } else {
                 0
             },
+            stdin: false,
+            tty: false,
         };
         let body = serde_json::to_vec(&req).map_err(|e| exec_err(e.to_string()))?;
         // The command writes straight into these pipes; the monitor only starts and reaps it.

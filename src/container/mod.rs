@@ -16,6 +16,7 @@ mod lifecycle;
 mod listing;
 pub mod spec;
 pub mod stats;
+pub mod stream;
 pub mod user;
 
 use cgroups::attach_devices;

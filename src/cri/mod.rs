@@ -10,6 +10,7 @@ mod images;
 mod pulls;
 mod runtime;
 pub mod status;
+pub mod streaming;
 
 use std::future::Future;
 use std::time::Instant;
@@ -44,6 +45,8 @@ pub struct Services {
     pub pause_image: Option<String>,
     /// The daemon's configuration, shown by verbose Status (`crius info`, `crictl info`).
     pub config: serde_json::Value,
+    /// The streaming server Exec and PortForward hand out URLs of.
+    pub streams: crate::stream::StreamServer,
 }
 
 /// Serves every service on `listener` until `shutdown` resolves.
@@ -58,6 +61,7 @@ pub async fn serve(
         services.containers,
         services.pause_image.clone(),
         services.config,
+        services.streams,
     ))
     .max_decoding_message_size(MAX_MESSAGE_SIZE)
     .max_encoding_message_size(MAX_MESSAGE_SIZE);

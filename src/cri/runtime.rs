@@ -24,6 +24,7 @@ pub struct Runtime {
     /// The operator's pause image, if pods run on one rather than the built-in pause.
     pause_image: Option<String>,
     config: serde_json::Value,
+    streams: crate::stream::StreamServer,
 }
 
 impl Runtime {
@@ -33,6 +34,7 @@ impl Runtime {
         containers: ContainerService,
         pause_image: Option<String>,
         config: serde_json::Value,
+        streams: crate::stream::StreamServer,
     ) -> Runtime {
         Runtime {
             pods,
@@ -40,6 +42,7 @@ impl Runtime {
             containers,
             pause_image,
             config,
+            streams,
         }
     }
 }
@@ -241,6 +244,53 @@ impl RuntimeService for Runtime {
                 stderr,
                 exit_code,
             })
+        })
+        .await
+    }
+
+    async fn exec(
+        &self,
+        req: Request<cri::ExecRequest>,
+    ) -> Result<Response<cri::ExecResponse>, Status> {
+        rpc("Exec", async {
+            let req = req.into_inner();
+            if req.cmd.is_empty() {
+                return Err(super::status::missing("cmd"));
+            }
+            let opts = crate::stream::Opts {
+                stdin: req.stdin,
+                stdout: req.stdout,
+                stderr: req.stderr,
+                tty: req.tty,
+            };
+            let id = self
+                .containers
+                .check_stream(&req.container_id, &super::streaming::opts(opts))
+                .await?;
+            let url = self.streams.url_for(crate::stream::Request::Exec {
+                container_id: id,
+                cmd: req.cmd,
+                opts,
+            })?;
+            Ok(cri::ExecResponse { url })
+        })
+        .await
+    }
+
+    async fn port_forward(
+        &self,
+        req: Request<cri::PortForwardRequest>,
+    ) -> Result<Response<cri::PortForwardResponse>, Status> {
+        rpc("PortForward", async {
+            let req = req.into_inner();
+            let pod = self.sandboxes.get(&req.pod_sandbox_id).await?;
+            if !pod.ready {
+                return Err(crate::sandbox::Error::NotReady { id: pod.id }.into());
+            }
+            let url = self
+                .streams
+                .url_for(crate::stream::Request::PortForward { sandbox_id: pod.id })?;
+            Ok(cri::PortForwardResponse { url })
         })
         .await
     }
@@ -503,9 +553,7 @@ impl RuntimeService for Runtime {
     }
 
     not_yet! {
-        exec(cri::ExecRequest) -> cri::ExecResponse = "Exec", "the streaming server is not built yet";
-        attach(cri::AttachRequest) -> cri::AttachResponse = "Attach", "the streaming server is not built yet";
-        port_forward(cri::PortForwardRequest) -> cri::PortForwardResponse = "PortForward", "the streaming server is not built yet";
+        attach(cri::AttachRequest) -> cri::AttachResponse = "Attach", "attaching to a container's own stdio is not built yet";
         checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer", "checkpointing is not supported";
     }
 }

@@ -99,6 +99,7 @@ impl ToStatus for sandbox::Error {
                 Code::FailedPrecondition
             }
             E::Pause { .. } | E::Io { .. } | E::Cgroup { .. } | E::Systemd(_) => Code::Internal,
+            E::Dial { .. } => Code::Unavailable,
         }
     }
 }
@@ -150,6 +151,12 @@ impl ToStatus for container::events::Ended {
     }
 }
 
+impl ToStatus for crate::stream::Error {
+    fn code(&self) -> Code {
+        Code::Internal
+    }
+}
+
 macro_rules! into_status {
     ($($t:ty),*) => {
         $(impl From<$t> for Status {
@@ -160,4 +167,10 @@ macro_rules! into_status {
     };
 }
 
-into_status!(image::Error, sandbox::Error, container::Error, pod::Error);
+into_status!(
+    image::Error,
+    sandbox::Error,
+    container::Error,
+    pod::Error,
+    crate::stream::Error
+);

@@ -189,7 +189,19 @@ pub struct ExecRequest {
     pub args: Vec<String>,
     /// Kill the command after this long (0: no limit).
     pub timeout_ms: u64,
+    /// A stdin pipe comes with the request (after stdout and stderr); else /dev/null.
+    #[serde(default)]
+    pub stdin: bool,
+    /// The command gets a terminal made inside the container (its own devpts): no descriptors
+    /// come with the request, and the terminal's master goes back on the connection first, as
+    /// `PTY_MESSAGE` with the descriptor.
+    #[serde(default)]
+    pub tty: bool,
 }
+
+/// What the exec'd command sends ahead of the report when it made a terminal: these bytes,
+/// carrying the terminal's master (SCM_RIGHTS).
+pub const PTY_MESSAGE: &[u8; 4] = b"pty\n";
 
 /// The monitor's answer on the same connection once the command has ended.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
 mod cgroups;
+mod dial;
 mod files;
 mod lifecycle;
 mod listing;
@@ -70,6 +71,8 @@ pub enum Error {
     Systemd(#[from] crate::systemd::Error),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("connecting to port {port} in the pod: {source}")]
+    Dial { port: u16, source: io::Error },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {

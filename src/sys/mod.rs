@@ -2,8 +2,9 @@
 //! with `unsafe`; every block says why it is sound. Everything above it uses safe wrappers.
 //! It may use `libc` and `nix`, nothing else in crius. Its users are the layer above it
 //! (`runtime`, `content`, `snapshot`); the daemon's async modules use only the two calls that
-//! belong to no owner below them: `async_fd` (registering a pidfd with tokio's reactor, which
-//! tokio makes unsafe) and `trim_heap` (the whole process's allocator).
+//! belong to no owner below them: `async_fd` (registering a descriptor with tokio's reactor,
+//! which tokio makes unsafe) and `trim_heap` (the whole process's allocator); the streamed
+//! exec's terminal master, which lives in the daemon, is resized and received here too.
 
 #![allow(unsafe_code)]
 
@@ -493,6 +494,31 @@ pub fn loopback_up() -> io::Result<()> {
     }
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own; the socket is open.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) })
+}
+
+/// Opens the terminal peer of a pty master (`TIOCGPTPEER`): the slave side, found through the
+/// master rather than by a path another mount namespace might resolve differently.
+pub fn pty_peer<F: AsFd>(master: F) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes open flags as an integer and returns a new descriptor, which we
+    // own from here on.
+    let fd = unsafe { libc::ioctl(master.as_fd().as_raw_fd(), libc::TIOCGPTPEER, flags) };
+    check(fd)?;
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets a terminal's size (`TIOCSWINSZ` on its master).
+pub fn set_window_size<F: AsFd>(fd: F, width: u16, height: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: height,
+        ws_col: width,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize from the pointer, which points at a live local.
+    check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCSWINSZ, &ws) })
 }
 
 /// Makes the terminal on `fd` the caller's controlling terminal (after `setsid`).

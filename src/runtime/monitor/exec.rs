@@ -5,6 +5,17 @@
 
 use super::*;
 
+/// What a command's stdio is made of.
+pub(super) enum ExecStdio<'a> {
+    Pipes {
+        stdin: Option<OwnedFd>,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    /// A terminal made in the child, its master handed back on this connection.
+    Tty(&'a UnixStream),
+}
+
 /// An ExecSync command in flight.
 pub(super) struct Exec {
     pub(super) pid: Pid,
@@ -40,7 +51,7 @@ impl Monitor {
         conn.set_read_timeout(Some(Duration::from_secs(2)))
             .map_err(|e| e.to_string())?;
         let mut data = vec![0u8; 256 << 10];
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 3]);
         let (n, fds) = {
             let mut iov = [IoSliceMut::new(&mut data)];
             let msg = recvmsg::<()>(
@@ -60,14 +71,31 @@ impl Monitor {
         };
         let req: ExecRequest =
             serde_json::from_slice(&data[..n]).map_err(|e| format!("bad request: {e}"))?;
-        let [stdout, stderr]: [OwnedFd; 2] = fds
-            .try_into()
-            .map_err(|_| "the request needs stdout and stderr".to_string())?;
+        let stdio = if req.tty {
+            if !fds.is_empty() {
+                return Err("a request for a terminal brings no descriptors".into());
+            }
+            ExecStdio::Tty(conn)
+        } else {
+            let want = if req.stdin { 3 } else { 2 };
+            if fds.len() != want {
+                return Err(format!("the request needs {want} descriptors"));
+            }
+            let mut fds = fds.into_iter();
+            match (fds.next(), fds.next(), fds.next()) {
+                (Some(stdout), Some(stderr), stdin) => ExecStdio::Pipes {
+                    stdin,
+                    stdout,
+                    stderr,
+                },
+                _ => return Err("the request needs stdout and stderr".into()),
+            }
+        };
         let (err_r, err_w) = cloexec_pipe()?;
         match sys::fork().map_err(|e| format!("fork: {e}"))? {
             ForkResult::Child => {
                 drop(err_r);
-                let e = match self.exec_child(&req, stdout, stderr) {
+                let e = match self.exec_child(&req, stdio) {
                     Ok(never) => match never {},
                     Err(e) => e,
                 };
@@ -94,8 +122,7 @@ impl Monitor {
     pub(super) fn exec_child(
         &self,
         req: &ExecRequest,
-        stdout: OwnedFd,
-        stderr: OwnedFd,
+        stdio: ExecStdio<'_>,
     ) -> Result<std::convert::Infallible, InitError> {
         let (init, cgroup, process, seccomp, userns) = (
             &self.init_fd,
@@ -127,15 +154,58 @@ impl Monitor {
         }
         setns(init.as_fd(), flags)
             .map_err(|e| fail("joining the container's namespaces")(e.into()))?;
-        let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
-        sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
-        sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
-        sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
+        match stdio {
+            ExecStdio::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                match stdin {
+                    Some(s) => sys::dup_to(&s, 0, false).map_err(fail("stdin"))?,
+                    None => {
+                        let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
+                        sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
+                    }
+                }
+                sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
+                sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
+            }
+            ExecStdio::Tty(conn) => {
+                // The container's own /dev/ptmx (its devpts): we are in its mount namespace.
+                let master = nix::pty::posix_openpt(
+                    nix::fcntl::OFlag::O_RDWR
+                        | nix::fcntl::OFlag::O_NOCTTY
+                        | nix::fcntl::OFlag::O_CLOEXEC,
+                )
+                .map_err(|e| fail("opening the container's /dev/ptmx")(e.into()))?;
+                nix::pty::grantpt(&master).map_err(|e| fail("grantpt")(e.into()))?;
+                nix::pty::unlockpt(&master).map_err(|e| fail("unlockpt")(e.into()))?;
+                let slave = sys::pty_peer(&master).map_err(fail("opening the terminal"))?;
+                // The master goes to whoever asked; the command keeps only the slave.
+                let fds = [master.as_raw_fd()];
+                let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+                let iov = [std::io::IoSlice::new(crate::runtime::PTY_MESSAGE)];
+                nix::sys::socket::sendmsg::<()>(
+                    conn.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::empty(),
+                    None,
+                )
+                .map_err(|e| fail("handing over the terminal")(e.into()))?;
+                drop(master);
+                nix::unistd::setsid().map_err(|e| fail("setsid")(e.into()))?;
+                sys::set_controlling_tty(&slave).map_err(fail("controlling terminal"))?;
+                for fd in 0..3 {
+                    sys::dup_to(&slave, fd, false).map_err(fail("terminal stdio"))?;
+                }
+            }
+        }
         let cwd = process.cwd();
         std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
         let mut p = process.clone();
         p.set_args(Some(req.args.clone()));
-        p.set_terminal(Some(false));
+        p.set_terminal(Some(req.tty));
         init::apply_process(&p, seccomp)?;
         init::exec(&p)
     }

@@ -1,0 +1,75 @@
+//! The streaming server's backend: streamed exec through `container`, connections in a pod's
+//! network namespace through `sandbox`. Errors become the messages the server puts on the
+//! error stream.
+
+use futures_util::future::BoxFuture;
+
+use crate::container::ContainerService;
+use crate::container::stream::StreamOpts;
+use crate::sandbox::SandboxService;
+use crate::stream::{Backend, Opts, Session};
+
+pub struct StreamBackend {
+    pub containers: ContainerService,
+    pub sandboxes: SandboxService,
+}
+
+pub fn opts(o: Opts) -> StreamOpts {
+    StreamOpts {
+        stdin: o.stdin,
+        stdout: o.stdout,
+        stderr: o.stderr,
+        tty: o.tty,
+    }
+}
+
+impl Backend for StreamBackend {
+    fn exec(
+        &self,
+        container_id: String,
+        cmd: Vec<String>,
+        o: Opts,
+    ) -> BoxFuture<'static, Result<Session, String>> {
+        let containers = self.containers.clone();
+        Box::pin(async move {
+            let s = containers
+                .exec_stream(&container_id, cmd, opts(o))
+                .await
+                .map_err(|e| super::status::chain(&e))?;
+            Ok(Session {
+                stdin: s.stdin,
+                stdout: s.stdout,
+                stderr: s.stderr,
+                resize: s.resize,
+                done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
+            })
+        })
+    }
+
+    fn attach(
+        &self,
+        container_id: String,
+        _o: Opts,
+    ) -> BoxFuture<'static, Result<Session, String>> {
+        // The Attach RPC hands out no URL yet, so no attach reaches here.
+        Box::pin(async move {
+            Err(format!(
+                "attaching to container {container_id} is not supported"
+            ))
+        })
+    }
+
+    fn dial(
+        &self,
+        sandbox_id: String,
+        port: u16,
+    ) -> BoxFuture<'static, Result<tokio::net::TcpStream, String>> {
+        let sandboxes = self.sandboxes.clone();
+        Box::pin(async move {
+            sandboxes
+                .dial(&sandbox_id, port)
+                .await
+                .map_err(|e| super::status::chain(&e))
+        })
+    }
+}

@@ -1,0 +1,310 @@
+//! The remote command protocol over WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io` and
+//! their `base64.` forms, as crictl and newer clients speak it): one channel byte before each
+//! message's payload (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize; v5's 255 closes a
+//! channel), the exit status on the error channel as with SPDY v4. Port forwarding over
+//! WebSocket is `SPDY/3.1+portforward.k8s.io` tunnelled in binary messages (client-go's
+//! tunnelling dialer): the SPDY session runs on the messages' bytes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use base64::Engine;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message, Role};
+
+use super::session::{Resizes, exit_status};
+use super::{Request, Session, Shared, reply};
+
+const EXEC_PROTOCOLS: [&str; 4] = [
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+
+/// Answers the WebSocket handshake and runs the protocol on the upgraded connection.
+pub(super) fn upgrade(
+    req: &mut hyper::Request<hyper::body::Incoming>,
+    offered: Vec<String>,
+    request: Request,
+    shared: Arc<Shared>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> hyper::Response<Full<Bytes>> {
+    let is_pf = matches!(request, Request::PortForward { .. });
+    let supported: &[&str] = if is_pf {
+        &[TUNNEL_PROTOCOL]
+    } else {
+        &EXEC_PROTOCOLS
+    };
+    let Some(protocol) = super::negotiate(&offered, supported).filter(|_| !offered.is_empty())
+    else {
+        return reply(
+            403,
+            &format!(
+                "no websocket protocol in common: offered {offered:?}, supported {supported:?}"
+            ),
+        );
+    };
+    let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
+        return reply(400, "no Sec-WebSocket-Key");
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(req);
+    let backend = shared.backend.clone();
+    let idle = shared.idle_timeout;
+    tokio::spawn(async move {
+        let _permit = permit;
+        let Ok(up) = on_upgrade.await else {
+            return;
+        };
+        let ws =
+            WebSocketStream::from_raw_socket(hyper_util::rt::TokioIo::new(up), Role::Server, None)
+                .await;
+        if is_pf {
+            let io = Tunnel::new(ws);
+            super::session::run_spdy(io, super::PORT_FORWARD_PROTOCOL, request, backend, idle)
+                .await;
+        } else {
+            remote_command(ws, protocol, request, backend).await;
+        }
+    });
+    let mut r = hyper::Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(
+        "connection",
+        hyper::header::HeaderValue::from_static("Upgrade"),
+    );
+    h.insert(
+        "upgrade",
+        hyper::header::HeaderValue::from_static("websocket"),
+    );
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&accept) {
+        h.insert("sec-websocket-accept", v);
+    }
+    h.insert(
+        "sec-websocket-protocol",
+        hyper::header::HeaderValue::from_static(protocol),
+    );
+    r
+}
+
+type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+async fn remote_command(
+    ws: Ws,
+    protocol: &'static str,
+    request: Request,
+    backend: Arc<dyn super::Backend>,
+) {
+    let base64 = protocol.contains("base64");
+    let v5 = protocol.starts_with("v5.");
+    let (mut sink, mut incoming) = ws.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Vec<u8>)>(64);
+    let writer = tokio::spawn(async move {
+        while let Some((ch, data)) = out_rx.recv().await {
+            let msg = if base64 {
+                let mut t = String::from(char::from(b'0' + ch));
+                t.push_str(&base64::engine::general_purpose::STANDARD.encode(&data));
+                Message::text(t)
+            } else {
+                let mut b = Vec::with_capacity(data.len() + 1);
+                b.push(ch);
+                b.extend_from_slice(&data);
+                Message::binary(b)
+            };
+            if sink.send(msg).await.is_err() {
+                return;
+            }
+        }
+        // A normal close (1000): clients take a close without a status (1005) as an error.
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "".into(),
+            })))
+            .await;
+    });
+    let started = match request {
+        Request::Exec {
+            container_id,
+            cmd,
+            opts,
+        } => backend.exec(container_id, cmd, opts).await,
+        Request::Attach { container_id, opts } => backend.attach(container_id, opts).await,
+        Request::PortForward { .. } => return,
+    };
+    let Session {
+        mut stdin,
+        stdout,
+        stderr,
+        resize,
+        mut done,
+    } = match started {
+        Ok(s) => s,
+        Err(m) => {
+            let _ = out_tx.send((3, exit_status(Err(m)))).await;
+            drop(out_tx);
+            let _ = writer.await;
+            return;
+        }
+    };
+    let mut pumps = Vec::new();
+    for (from, ch) in [(stdout, 1u8), (stderr, 2u8)] {
+        if let Some(mut r) = from {
+            let out = out_tx.clone();
+            pumps.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 32 << 10];
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0 || out.send((ch, buf[..n].to_vec())).await.is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+    }
+    let mut resizes = Resizes::default();
+    let code = loop {
+        tokio::select! {
+            code = &mut done => break Some(code),
+            msg = incoming.next() => {
+                let payload = match msg {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
+                    Some(Ok(Message::Binary(b))) => b.to_vec(),
+                    Some(Ok(Message::Text(t))) if base64 => {
+                        let t = t.as_str();
+                        let Some(ch) = t.bytes().next() else { continue };
+                        let Ok(data) = base64::engine::general_purpose::STANDARD.decode(&t[1..]) else {
+                            continue;
+                        };
+                        let mut p = vec![ch.wrapping_sub(b'0')];
+                        p.extend(data);
+                        p
+                    }
+                    Some(Ok(_)) => continue,
+                };
+                let Some((&ch, data)) = payload.split_first() else { continue };
+                match ch {
+                    0 => {
+                        if let Some(w) = stdin.as_mut()
+                            && (w.write_all(data).await.is_err() || w.flush().await.is_err())
+                        {
+                            stdin = None;
+                        }
+                    }
+                    4 => {
+                        if let Some(r) = &resize {
+                            for (w, h) in resizes.feed(data) {
+                                let _ = r(w, h);
+                            }
+                        }
+                    }
+                    // v5: the client closed a channel; stdin's close is its EOF.
+                    255 if v5 && data.first() == Some(&0) => {
+                        if let Some(mut w) = stdin.take() {
+                            let _ = w.shutdown().await;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    };
+    let Some(code) = code else {
+        return;
+    };
+    drop(stdin);
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        futures_util::future::join_all(pumps),
+    )
+    .await;
+    let _ = out_tx.send((3, exit_status(code))).await;
+    drop(out_tx);
+    let _ = writer.await;
+}
+
+/// A WebSocket carrying a byte stream in its binary messages, as client-go tunnels SPDY.
+struct Tunnel {
+    ws: Ws,
+    pending: Vec<u8>,
+    at: usize,
+}
+
+impl Tunnel {
+    fn new(ws: Ws) -> Tunnel {
+        Tunnel {
+            ws,
+            pending: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            if self.at < self.pending.len() {
+                let n = (self.pending.len() - self.at).min(buf.remaining());
+                let at = self.at;
+                buf.put_slice(&self.pending[at..at + n]);
+                self.at += n;
+                return Poll::Ready(Ok(()));
+            }
+            match self.ws.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) | Poll::Ready(Some(Ok(Message::Close(_)))) => {
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Err(std::io::Error::other(e)));
+                }
+                Poll::Ready(Some(Ok(Message::Binary(b)))) => {
+                    self.pending = b.to_vec();
+                    self.at = 0;
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.ws.poll_ready_unpin(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(std::io::Error::other(e))),
+            Poll::Ready(Ok(())) => {
+                let msg = Message::binary(data.to_vec());
+                match self.ws.start_send_unpin(msg) {
+                    Ok(()) => Poll::Ready(Ok(data.len())),
+                    Err(e) => Poll::Ready(Err(std::io::Error::other(e))),
+                }
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.ws.poll_flush_unpin(cx).map_err(std::io::Error::other)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.ws.poll_close_unpin(cx).map_err(std::io::Error::other)
+    }
+}
