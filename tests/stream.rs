@@ -105,3 +105,266 @@ async fn exec_with_kubestream_both_transports() {
     }
     env.remove_pod(&pod).await;
 }
+
+async fn port_forward_url(env: &PodEnv, pod: &str) -> String {
+    env.d
+        .runtime()
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod.into(),
+            port: vec![80],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .url
+}
+
+/// Upgrades `url` to SPDY/3.1, then sends nothing: how long until the server closes.
+fn idle_upgrade(url: &str) -> std::time::Duration {
+    use std::io::Read;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&all);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    start.elapsed()
+}
+
+/// A port forwarder running in the background until dropped.
+struct Forwarder(std::process::Child);
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_listening(port: u16) {
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "forwarder never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// GET over a fresh connection; the body.
+fn get(port: u16, path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all)?;
+    let at = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| p + 4)
+        .unwrap_or(all.len());
+    Ok(all[at..].to_vec())
+}
+
+/// Port forwarding to busybox httpd in a pod through kubestream over both transports and
+/// through crictl: a 50 MB file whole (sha256), 20 connections at once; a closed port is an
+/// error and the forwarder lives on.
+#[tokio::test]
+async fn port_forward_with_upstream_clients() {
+    let Some(ks) = client("kubestream") else {
+        return;
+    };
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("forwarded");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "httpd",
+                &[
+                    "sh",
+                    "-c",
+                    "mkdir -p /www && head -c 52428800 /dev/urandom > /www/big && echo small > /www/small && exec httpd -f -p 80 -h /www",
+                ],
+            ),
+        )
+        .await;
+    let (sum, _, _) = env
+        .exec(
+            &c,
+            &[
+                "sh",
+                "-c",
+                "while [ ! -s /www/small ]; do sleep 0.1; done; sha256sum /www/big",
+            ],
+            60,
+        )
+        .await
+        .unwrap();
+    let want = sum.split_whitespace().next().unwrap().to_string();
+    for transport in ["spdy", "websocket"] {
+        let local = free_port();
+        let url = port_forward_url(&env, &pod).await;
+        let _fwd = Forwarder(
+            Command::new(&ks)
+                .args([
+                    "portforward",
+                    "-transport",
+                    transport,
+                    &url,
+                    &format!("{local}:80"),
+                ])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        wait_listening(local);
+        let big = get(local, "/big").unwrap();
+        assert_eq!(big.len(), 50 << 20, "{transport}");
+        assert_eq!(sha256(&big), format!("sha256:{want}"), "{transport}");
+        let handles: Vec<_> = (0..20)
+            .map(|_| std::thread::spawn(move || get(local, "/small").unwrap()))
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), b"small\n", "{transport}");
+        }
+    }
+    // A port nothing listens on: the connection ends, the forwarder serves the next one.
+    let local = free_port();
+    let url = port_forward_url(&env, &pod).await;
+    let _fwd = Forwarder(
+        Command::new(&ks)
+            .args(["portforward", &url, &format!("{local}:81")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(local);
+    assert!(get(local, "/small").map(|b| b.is_empty()).unwrap_or(true));
+
+    // crictl's own port-forward and exec, both transports.
+    if let Some(crictl) = client("crictl") {
+        let endpoint = format!("unix://{}", env.d.socket.display());
+        for transport in ["spdy", "websocket"] {
+            let local = free_port();
+            let _fwd = Forwarder(
+                Command::new(&crictl)
+                    .args([
+                        "--runtime-endpoint",
+                        &endpoint,
+                        "port-forward",
+                        "--transport",
+                        transport,
+                        &pod,
+                        &format!("{local}:80"),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+            wait_listening(local);
+            assert_eq!(
+                get(local, "/small").unwrap(),
+                b"small\n",
+                "crictl {transport}"
+            );
+            let out = Command::new(&crictl)
+                .args([
+                    "--runtime-endpoint",
+                    &endpoint,
+                    "exec",
+                    "--transport",
+                    transport,
+                    &c,
+                    "sh",
+                    "-c",
+                    "echo via crictl; exit 4",
+                ])
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "via crictl",
+                "{transport}: {out:?}"
+            );
+            // crictl exits 1 and names the command's code.
+            assert!(
+                !out.status.success()
+                    && String::from_utf8_lossy(&out.stderr).contains("exit code 4"),
+                "{transport}: {out:?}"
+            );
+        }
+    }
+    env.remove_pod(&pod).await;
+}
+
+/// Tokens: unknown ones get 404, used ones too; a stream idle past the configured timeout is
+/// closed; killing the container ends an exec stream with its exit code.
+#[tokio::test]
+async fn tokens_idle_streams_and_killed_containers() {
+    let Some(ks) = client("kubestream") else {
+        return;
+    };
+    let env = PodEnv::start_with("[stream]\nstream_idle_timeout = \"6s\"\n").await;
+    let sb = env.sandbox_config("edges");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let url = exec_url(&env, &c, &["true"], false, false).await;
+    let base = url.rsplit_once('/').unwrap().0.to_string();
+    let (code, _, err) = kubestream(&ks, &["exec", &format!("{base}/not-a-token")], b"");
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown or expired streaming token"), "{err}");
+    // An idle stream (a command that waits on stdin nobody writes) is closed after 6 s.
+    // client-go pings every few seconds, and a ping is activity (as in kubelet's server), so
+    // the idle client here is a raw one: it upgrades and then says nothing.
+    let url = exec_url(&env, &c, &["cat"], true, false).await;
+    let took = tokio::task::spawn_blocking(move || idle_upgrade(&url))
+        .await
+        .unwrap();
+    assert!(
+        took.as_secs() >= 5,
+        "closed after {took:?}: the stream was not idle long enough"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "idle stream kept {took:?}"
+    );
+    // The container killed under a running exec: the stream ends with the command's end.
+    let url = exec_url(&env, &c, &["sleep", "1000"], false, false).await;
+    let ks2 = ks.clone();
+    let running = tokio::task::spawn_blocking(move || kubestream(&ks2, &["exec", &url], b""));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    env.d
+        .runtime()
+        .stop_container(cri::StopContainerRequest {
+            container_id: c.clone(),
+            timeout: 0,
+        })
+        .await
+        .unwrap();
+    let (code, _, err) = running.await.unwrap();
+    assert_ne!(code, 0, "{err}");
+    env.remove_pod(&pod).await;
+}

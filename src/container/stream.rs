@@ -152,8 +152,9 @@ impl ContainerService {
             tty: opts.tty,
         };
         let body = serde_json::to_vec(&req).map_err(|e| exec_err(e.to_string()))?;
+        // The command's ends stay blocking: ours are made non-blocking when tokio takes them.
         let pipe = || {
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                 .map_err(|e| exec_err(format!("pipe: {e}")))
         };
         let conn = {

@@ -79,7 +79,11 @@ pub async fn run_spdy<IO>(
         let mut buf = Vec::with_capacity(CHUNK + 64);
         while let Some(f) = out_rx.recv().await {
             buf.clear();
-            if codec.encode(&f, &mut buf).is_err() || wr.write_all(&buf).await.is_err() {
+            if codec.encode(&f, &mut buf).is_err()
+                || wr.write_all(&buf).await.is_err()
+                // A tunnel (WebSocket) sends its message on flush.
+                || wr.flush().await.is_err()
+            {
                 break;
             }
             writer_activity.touch();
