@@ -99,12 +99,34 @@ enum Command {
     },
     /// Run a command in a running container.
     Exec {
-        /// Seconds before the command is killed (0: no limit).
+        /// Seconds before the command is killed (0: no limit; not with -i or -t).
         #[arg(long, default_value_t = 0)]
         timeout: i64,
+        /// Pass stdin to the command (through the streaming server).
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Give the command a terminal (through the streaming server).
+        #[arg(short, long)]
+        tty: bool,
         container: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Attach to a running container's own stdin, stdout and stderr.
+    Attach {
+        /// Pass stdin to the container (it must have been created with stdin).
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// The container has a terminal.
+        #[arg(short, long)]
+        tty: bool,
+        container: String,
+    },
+    /// Forward local ports to a pod: LOCAL:REMOTE, or PORT for the same number; until Ctrl-C.
+    PortForward {
+        pod: String,
+        #[arg(required = true)]
+        ports: Vec<String>,
     },
     /// Print a container's log.
     Logs {
@@ -350,12 +372,27 @@ fn run(args: Args) -> Result<()> {
         } => rt.block_on(cli::ps(&socket, all, pod.as_deref(), quiet, output)),
         Command::Exec {
             timeout,
+            stdin,
+            tty,
             container,
             command,
         } => {
-            let code = rt.block_on(cli::exec(&socket, &container, &command, timeout))?;
+            let code = if stdin || tty {
+                rt.block_on(cli::exec_stream(&socket, &container, &command, stdin, tty))?
+            } else {
+                rt.block_on(cli::exec(&socket, &container, &command, timeout))?
+            };
             std::process::exit(code.clamp(0, 255));
         }
+        Command::Attach {
+            stdin,
+            tty,
+            container,
+        } => {
+            let code = rt.block_on(cli::attach(&socket, &container, stdin, tty))?;
+            std::process::exit(code.clamp(0, 255));
+        }
+        Command::PortForward { pod, ports } => rt.block_on(cli::forward(&socket, &pod, &ports)),
         Command::Logs {
             follow,
             tail,

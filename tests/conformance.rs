@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use common::net::*;
 use common::*;
 
 /// Fails on every machine without access to upstream registries: the spec pulls
@@ -23,36 +24,6 @@ const ACCEPTED_OFFLINE: &[&str] = &["public image with digest should be pulled a
 /// Needs cgroup v2 memory limits: accepted only on a host without cgroup v2 (this project's
 /// hosts are v1/v2 hybrids; the VM tier runs it on pure cgroup v2, where it must pass).
 const NEEDS_CGROUP_V2: &[&str] = &["should terminate with exitCode 137 and reason OOMKilled"];
-
-/// Specs that need pod networking (a pod IP reachable from the host, hostPort) or the
-/// streaming server (Exec, Attach, PortForward), which crius does not have yet: not run (most
-/// would wait out a 60 s timeout) and counted as skipped until those land. EMPTY THIS LIST when
-/// the networking and streaming branches are merged.
-const AWAITING_NETWORK_AND_STREAMING: &[&str] = &[
-    // pod IP
-    "runtime should support port mapping with only container port",
-    "when running multiple containers in a pod should support network",
-    // hostPort
-    "runtime should support port mapping with host port and container port",
-    // streaming
-    "runtime should support attach",
-    "runtime should support exec with tty=false and stdin=false",
-    "runtime should support exec with tty=true and stdin=true",
-    "runtime should support portforward [Conformance]",
-    "runtime should support portforward in host network",
-];
-
-/// `text` as a regular expression matching itself (for ginkgo's skip).
-fn regex_literal(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// A `sudo` for critest (it loads AppArmor profiles with `sudo apparmor_parser`): this test runs
 /// as root, so where sudo is not installed a script running its arguments stands in.
@@ -156,8 +127,6 @@ fn accepted(spec: &Spec, cgroup_v2: bool) -> Option<&'static str> {
         Some("offline: digest fixed upstream")
     } else if !cgroup_v2 && has(NEEDS_CGROUP_V2) {
         Some("no cgroup v2 on this host")
-    } else if has(AWAITING_NETWORK_AND_STREAMING) {
-        Some("awaits networking/streaming")
     } else {
         None
     }
@@ -190,7 +159,17 @@ async fn critest_passes() {
     let built = Instant::now();
     let set = images::build(work.path());
     let reg = Registry::start(None);
-    let d = Daemon::start("");
+    // Pods get IPs on a bridge of the test's own, with portmap for hostPort (critest's
+    // networking specs and port forwarding reach them from the host).
+    let net = plugins_present().then(TestNet::new);
+    let d = Daemon::start(&net.as_ref().map(TestNet::tables).unwrap_or_default());
+    if let Some(net) = &net {
+        std::fs::write(
+            d.net_dir().join("10-critest.conflist"),
+            net.conflist(TestNet::portmap()),
+        )
+        .expect("network list");
+    }
     images::publish(&reg, &d, &set).await;
     println!(
         "critest images: {} images under {} names, built and pushed in {:.1} s",
@@ -209,10 +188,6 @@ async fn critest_passes() {
     // CRITEST_FOCUS (a regex over spec names) runs a part of the suite, while fixing one spec.
     if let Ok(focus) = std::env::var("CRITEST_FOCUS") {
         cmd.arg(format!("--ginkgo.focus={focus}"));
-    }
-    // What cannot pass yet is not run: most of it waits out 60 s timeouts.
-    for name in AWAITING_NETWORK_AND_STREAMING {
-        cmd.arg(format!("--ginkgo.skip={}", regex_literal(name)));
     }
     if let Some(bin) = sudo_shim(work.path()) {
         let path = std::env::var("PATH").unwrap_or_default();
@@ -261,14 +236,6 @@ async fn critest_passes() {
                     .map(|why| format!("  (passes now; accepted as {why}: update the list)"))
                     .unwrap_or_default();
                 ("passed", note)
-            }
-            "skipped" | "pending"
-                if AWAITING_NETWORK_AND_STREAMING
-                    .iter()
-                    .any(|n| s.name.contains(n)) =>
-            {
-                counts[3] += 1;
-                ("not run", "  -- awaits networking/streaming".to_string())
             }
             "skipped" | "pending" => {
                 counts[3] += 1;

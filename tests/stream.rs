@@ -10,6 +10,7 @@ mod common;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::*;
 use k8s_cri::v1 as cri;
@@ -103,6 +104,16 @@ async fn exec_with_kubestream_both_transports() {
         let (code, _, err) = kubestream(&ks, &["exec", "-transport", transport, &url], b"");
         assert_ne!(code, 0, "{transport}: a used token worked: {err}");
     }
+    // The built-in client: stdin, exit codes, a terminal.
+    let (code, out, err) = crius_cli(
+        &env,
+        &["exec", "-i", &c, "--", "sh", "-c", "cat; exit 5"],
+        b"via crius\n",
+    );
+    assert_eq!((code, out.as_str()), (5, "via crius\n"), "{err}");
+    let (code, out, err) = crius_cli(&env, &["exec", "-t", &c, "--", "tty"], b"");
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("/dev/pts/"), "{out}");
     env.remove_pod(&pod).await;
 }
 
@@ -145,6 +156,26 @@ fn idle_upgrade(url: &str) -> std::time::Duration {
     let head = String::from_utf8_lossy(&all);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     start.elapsed()
+}
+
+/// Runs the built-in client with `input` on its stdin: exit code and output.
+fn crius_cli(env: &PodEnv, args: &[&str], input: &[u8]) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crius"))
+        .arg("--socket")
+        .arg(&env.d.socket)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A port forwarder running in the background until dropped.
@@ -263,6 +294,22 @@ async fn port_forward_with_upstream_clients() {
     wait_listening(local);
     assert!(get(local, "/small").map(|b| b.is_empty()).unwrap_or(true));
 
+    // The built-in client's port-forward.
+    let local = free_port();
+    let _fwd = Forwarder(
+        Command::new(env!("CARGO_BIN_EXE_crius"))
+            .arg("--socket")
+            .arg(&env.d.socket)
+            .args(["port-forward", &pod, &format!("{local}:80")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(local);
+    let big = get(local, "/big").unwrap();
+    assert_eq!(sha256(&big), format!("sha256:{want}"), "crius port-forward");
+    assert_eq!(get(local, "/small").unwrap(), b"small\n");
+
     // crictl's own port-forward and exec, both transports.
     if let Some(crictl) = client("crictl") {
         let endpoint = format!("unix://{}", env.d.socket.display());
@@ -366,5 +413,165 @@ async fn tokens_idle_streams_and_killed_containers() {
         .unwrap();
     let (code, _, err) = running.await.unwrap();
     assert_ne!(code, 0, "{err}");
+    env.remove_pod(&pod).await;
+}
+
+async fn attach_url(env: &PodEnv, c: &str, stdin: bool, tty: bool) -> String {
+    env.d
+        .runtime()
+        .attach(cri::AttachRequest {
+            container_id: c.into(),
+            stdin,
+            tty,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .url
+}
+
+/// Starts kubestream on an attach URL; its output is read until `want` shows, then it is
+/// killed. Returns what it printed.
+fn attach_until(ks: &Path, args: &[&str], want: &str) -> String {
+    use std::io::Read;
+    let mut child = Command::new(ks)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(want) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no {want:?} in {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        match out.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// Attach to the container's own stdio, held by its monitor: two attachers at once on a
+/// logger (both transports) while the CRI log gets every line; stdin with `stdin_once`
+/// (the container's stdin closes when the attacher's ends); a terminal container driven
+/// through its stdin; attach again after a daemon restart; an exited container refused.
+#[tokio::test]
+async fn attach_to_the_containers_own_stdio() {
+    let Some(ks) = client("kubestream") else {
+        return;
+    };
+    let mut env = PodEnv::start().await;
+    let sb = env.sandbox_config("attached");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let logger = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "logger",
+                &[
+                    "sh",
+                    "-c",
+                    "i=0; while true; do echo out $i; echo err $i >&2; i=$((i+1)); sleep 0.2; done",
+                ],
+            ),
+        )
+        .await;
+    // Two attachers at once, one per transport.
+    let (u1, u2) = (
+        attach_url(&env, &logger, false, false).await,
+        attach_url(&env, &logger, false, false).await,
+    );
+    let ks1 = ks.clone();
+    let a = std::thread::spawn(move || {
+        attach_until(&ks1, &["exec", "-transport", "spdy", &u1], "out ")
+    });
+    let ks2 = ks.clone();
+    let b = std::thread::spawn(move || {
+        attach_until(&ks2, &["exec", "-transport", "websocket", &u2], "out ")
+    });
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert!(a.contains("out ") && b.contains("out "), "{a:?} {b:?}");
+    // The log still has every line, in order.
+    let lines = log_lines(&env.log(&sb, "logger"), "stdout");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l, &format!("out {i}"), "{lines:?}");
+    }
+
+    // stdin_once: what the attacher sends reaches cat, then its end closes the stdin.
+    let mut cfg = env.container_config("cat", &["sh", "-c", "cat; echo stdin closed"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let cat = env.run(&pod, &sb, cfg).await;
+    let url = attach_url(&env, &cat, true, false).await;
+    let (code, out, err) = kubestream(&ks, &["exec", "-stdin", &url], b"typed\n");
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("typed\n"), "{out:?} {err}");
+    let st = env.wait_exit(&cat, Duration::from_secs(20)).await;
+    assert_eq!(st.exit_code, 0);
+    assert!(env.log(&sb, "cat").contains("stdin closed"));
+    // An exited container cannot be attached to.
+    let refused = env
+        .d
+        .runtime()
+        .attach(cri::AttachRequest {
+            container_id: cat.clone(),
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+
+    // The built-in client attaches too.
+    let mut cfg = env.container_config("cat2", &["sh", "-c", "cat; echo stdin closed"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let cat2 = env.run(&pod, &sb, cfg).await;
+    let (code, out, err) = crius_cli(&env, &["attach", "-i", &cat2], b"by crius\n");
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("by crius\n"), "{out:?} {err}");
+    env.wait_exit(&cat2, Duration::from_secs(20)).await;
+
+    // A terminal container, driven through its stdin.
+    let mut cfg = env.container_config("shell", &["sh"]);
+    cfg.stdin = true;
+    cfg.tty = true;
+    let shell = env.run(&pod, &sb, cfg).await;
+    let url = attach_url(&env, &shell, true, true).await;
+    let (code, out, err) = kubestream(
+        &ks,
+        &["exec", "-tty", "-stdin", &url],
+        b"[ -t 0 ] && [ -t 1 ] && echo in-a-$((6*7))-terminal; exit 3\n",
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("in-a-42-terminal"), "{out:?}");
+    let st = env.wait_exit(&shell, Duration::from_secs(20)).await;
+    assert_eq!(st.exit_code, 3);
+
+    // The monitor, not the daemon, holds the stdio: attach works after a restart.
+    env.d.kill9();
+    env.d.spawn();
+    let url = attach_url(&env, &logger, false, false).await;
+    let again = tokio::task::spawn_blocking(move || attach_until(&ks, &["exec", &url], "out "))
+        .await
+        .unwrap();
+    assert!(again.contains("out "), "{again:?}");
     env.remove_pod(&pod).await;
 }

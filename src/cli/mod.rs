@@ -1,6 +1,7 @@
 //! cli: the client commands, in the style of crictl. They speak CRI to whatever runtime listens
 //! on the socket (`--socket` or `CRIUS_SOCKET`), so they work against containerd too; crius's own
-//! `crius.v1.Pulls` adds a progress bar where the runtime offers it. Output is a table, or JSON
+//! `crius.v1.Pulls` adds a progress bar where the runtime offers it; `exec -it`, `attach` and
+//! `port-forward` speak SPDY to the runtime's streaming server (`stream`). Output is a table, or JSON
 //! with `-o json`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
 //! `cri::client`, and the pod agent's manifests and records (`frontend`) for its commands.
 
@@ -8,6 +9,7 @@ pub mod agent;
 mod images;
 mod node;
 mod pods;
+mod stream;
 
 use std::path::Path;
 
@@ -17,6 +19,10 @@ use tonic::transport::Channel;
 pub use images::{images, inspect_image, pull, remove_images};
 pub use node::{check, info};
 pub use pods::{exec, inspect, inspect_pod, logs, pods, ps, rm, rm_pods, stop, stop_pods};
+pub use stream::{attach, forward};
+
+/// `crius exec -i/-t`.
+pub use stream::exec as exec_stream;
 
 /// Output format of listing commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -8,6 +8,7 @@
 //! lists (`listing`), stats (`stats`); this file holds the records and their recovery. Uses
 //! `image`, `sandbox`, `runtime` and `records`.
 
+mod attach;
 mod cgroups;
 mod create;
 pub mod events;
@@ -69,6 +70,8 @@ pub enum Error {
     Start { id: String, message: String },
     #[error("exec in container {id}: {message}")]
     Exec { id: String, message: String },
+    #[error("attaching to container {id}: {message}")]
+    Attach { id: String, message: String },
     #[error("exec in container {id}: timed out after {seconds} s")]
     ExecTimeout { id: String, seconds: i64 },
     #[error(transparent)]

@@ -277,6 +277,31 @@ impl RuntimeService for Runtime {
         .await
     }
 
+    async fn attach(
+        &self,
+        req: Request<cri::AttachRequest>,
+    ) -> Result<Response<cri::AttachResponse>, Status> {
+        rpc("Attach", async {
+            let req = req.into_inner();
+            let opts = crate::stream::Opts {
+                stdin: req.stdin,
+                stdout: req.stdout,
+                stderr: req.stderr,
+                tty: req.tty,
+            };
+            let id = self
+                .containers
+                .check_stream(&req.container_id, &super::streaming::opts(opts))
+                .await?;
+            let url = self.streams.url_for(crate::stream::Request::Attach {
+                container_id: id,
+                opts,
+            })?;
+            Ok(cri::AttachResponse { url })
+        })
+        .await
+    }
+
     async fn port_forward(
         &self,
         req: Request<cri::PortForwardRequest>,
@@ -553,7 +578,6 @@ impl RuntimeService for Runtime {
     }
 
     not_yet! {
-        attach(cri::AttachRequest) -> cri::AttachResponse = "Attach", "attaching to a container's own stdio is not built yet";
         checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer", "checkpointing is not supported";
     }
 }

@@ -113,7 +113,7 @@ impl ToStatus for container::Error {
             E::NameReserved { .. } => Code::AlreadyExists,
             E::WrongState { .. } => Code::FailedPrecondition,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
-            E::Start { .. } | E::Exec { .. } | E::Io { .. } => Code::Internal,
+            E::Start { .. } | E::Exec { .. } | E::Attach { .. } | E::Io { .. } => Code::Internal,
             E::Sandbox(e) => e.code(),
             E::Image(e) => e.code(),
         }

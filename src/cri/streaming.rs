@@ -1,4 +1,4 @@
-//! The streaming server's backend: streamed exec through `container`, connections in a pod's
+//! The streaming server's backend: streamed exec and attach through `container`, connections in a pod's
 //! network namespace through `sandbox`. Errors become the messages the server puts on the
 //! error stream.
 
@@ -46,16 +46,20 @@ impl Backend for StreamBackend {
         })
     }
 
-    fn attach(
-        &self,
-        container_id: String,
-        _o: Opts,
-    ) -> BoxFuture<'static, Result<Session, String>> {
-        // The Attach RPC hands out no URL yet, so no attach reaches here.
+    fn attach(&self, container_id: String, o: Opts) -> BoxFuture<'static, Result<Session, String>> {
+        let containers = self.containers.clone();
         Box::pin(async move {
-            Err(format!(
-                "attaching to container {container_id} is not supported"
-            ))
+            let s = containers
+                .attach_stream(&container_id, opts(o))
+                .await
+                .map_err(|e| super::status::chain(&e))?;
+            Ok(Session {
+                stdin: s.stdin,
+                stdout: s.stdout,
+                stderr: s.stderr,
+                resize: s.resize,
+                done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
+            })
         })
     }
 

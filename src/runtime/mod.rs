@@ -1,11 +1,13 @@
 //! runtime: the synchronous process side of crius: no tokio, no threads. It holds the helpers the
-//! daemon re-executes (`crius pause`, `crius monitor`, which also runs ExecSync commands), the
+//! daemon re-executes (`crius pause`, `crius monitor`, which also runs exec'd commands and
+//! serves attachments to the container's stdio, whose protocol is `attach`), the
 //! container init that runs between fork and exec (namespaces, mounts, pivot_root, credentials,
 //! capabilities, seccomp, LSM labels), cgroup v2 and its device controller, the CRI log writer,
 //! and process identities that survive pid reuse. It reads OCI runtime specs (`oci-spec`) and
 //! small JSON records; it uses `sys` for the few raw system calls, `atomic` for the exit record
 //! and `records` for timestamps.
 
+pub mod attach;
 pub mod cgroup;
 pub mod devices;
 pub mod init;

@@ -521,6 +521,19 @@ pub fn set_window_size<F: AsFd>(fd: F, width: u16, height: u16) -> io::Result<()
     check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCSWINSZ, &ws) })
 }
 
+/// A terminal's size: width, height (`TIOCGWINSZ`).
+pub fn window_size<F: AsFd>(fd: F) -> io::Result<(u16, u16)> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes a winsize through the pointer, which points at a live local.
+    check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCGWINSZ, &mut ws) })?;
+    Ok((ws.ws_col, ws.ws_row))
+}
+
 /// Makes the terminal on `fd` the caller's controlling terminal (after `setsid`).
 pub fn set_controlling_tty<F: AsFd>(fd: F) -> io::Result<()> {
     // SAFETY: TIOCSCTTY takes an integer argument; the descriptor is open and borrowed.

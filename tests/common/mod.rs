@@ -17,6 +17,8 @@ use k8s_cri::v1 as cri;
 use sha2::{Digest as _, Sha256};
 use tonic::transport::Channel;
 
+pub mod net;
+
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";

@@ -25,8 +25,21 @@ pub(super) struct Exec {
 }
 
 impl Monitor {
+    /// Takes every waiting connection: a command to run, or an attachment to the container's
+    /// stdio (see `attach`).
     pub(super) fn accept_execs(&mut self, container_gone: bool) {
         while let Ok((mut conn, _)) = self.listener.accept() {
+            let (body, fds) = match read_request(&conn) {
+                Ok(r) => r,
+                Err(e) => {
+                    send_report(&mut conn, &exec_error(e));
+                    continue;
+                }
+            };
+            if let Ok(req) = serde_json::from_slice::<AttachRequest>(&body) {
+                self.attach(conn, req.attach, container_gone);
+                continue;
+            }
             if container_gone {
                 send_report(
                     &mut conn,
@@ -34,7 +47,7 @@ impl Monitor {
                 );
                 continue;
             }
-            match self.start_exec(&conn) {
+            match self.start_exec(&conn, &body, fds) {
                 Ok((pid, deadline)) => self.execs.push(Exec {
                     pid,
                     conn,
@@ -46,31 +59,15 @@ impl Monitor {
         }
     }
 
-    /// Reads one request with its two descriptors and forks the command.
-    pub(super) fn start_exec(&self, conn: &UnixStream) -> Result<(Pid, Option<Instant>), String> {
-        conn.set_read_timeout(Some(Duration::from_secs(2)))
-            .map_err(|e| e.to_string())?;
-        let mut data = vec![0u8; 256 << 10];
-        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 3]);
-        let (n, fds) = {
-            let mut iov = [IoSliceMut::new(&mut data)];
-            let msg = recvmsg::<()>(
-                conn.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(|e| format!("reading the request: {e}"))?;
-            let mut fds: Vec<OwnedFd> = Vec::new();
-            for c in msg.cmsgs().map_err(|e| e.to_string())? {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    fds.extend(raw.into_iter().map(sys::own_received_fd));
-                }
-            }
-            (msg.bytes, fds)
-        };
+    /// Forks the command of an exec request with its descriptors.
+    pub(super) fn start_exec(
+        &self,
+        conn: &UnixStream,
+        body: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> Result<(Pid, Option<Instant>), String> {
         let req: ExecRequest =
-            serde_json::from_slice(&data[..n]).map_err(|e| format!("bad request: {e}"))?;
+            serde_json::from_slice(body).map_err(|e| format!("bad request: {e}"))?;
         let stdio = if req.tty {
             if !fds.is_empty() {
                 return Err("a request for a terminal brings no descriptors".into());
@@ -209,6 +206,31 @@ impl Monitor {
         init::apply_process(&p, seccomp)?;
         init::exec(&p)
     }
+}
+
+/// Reads one request from a new connection, with the descriptors that came with it.
+fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
+    conn.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let mut data = vec![0u8; 256 << 10];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 3]);
+    let mut iov = [IoSliceMut::new(&mut data)];
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("reading the request: {e}"))?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            fds.extend(raw.into_iter().map(sys::own_received_fd));
+        }
+    }
+    let n = msg.bytes;
+    data.truncate(n);
+    Ok((data, fds))
 }
 
 pub(super) fn exec_error(message: String) -> ExecReport {

@@ -2,8 +2,9 @@
 //! the bundle (`config.json`, the OCI spec, and `monitor.json`), forks the container init (see
 //! `init`) into the right PID namespace, reports `Started` or `Failed` as one JSON line on stdout,
 //! and then lives on its own (own session, no tie to the daemon): it copies the container's
-//! output into the CRI log, reopens the log on SIGUSR1, runs ExecSync commands asked for on its
-//! socket, reaps the init and writes the exit record atomically. The daemon may die and come back
+//! output into the CRI log and to attachers (CRI Attach), reopens the log on SIGUSR1, runs
+//! ExecSync and streamed commands asked for on its socket, feeds attachers' input to the
+//! container's stdin, reaps the init and writes the exit record atomically. The daemon may die and come back
 //! meanwhile; the record is what it reads.
 //!
 //! Exec is here because it is the cheap place for it: the monitor's children already land in the
@@ -29,10 +30,13 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 use oci_spec::runtime::{Process, Spec};
 
+mod attach;
 mod exec;
 
+use attach::{Attacher, StdinState};
 use exec::{Exec, send_report};
 
+use super::attach::AttachRequest;
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
 use super::seccomp::{self, Compiled};
@@ -96,8 +100,11 @@ struct Monitor {
     oom_watch: Option<Inotify>,
     oom_seen: u64,
     exit_file: std::path::PathBuf,
-    /// The write end of the container's stdin, held so its stdin stays open.
-    _stdin: Option<OwnedFd>,
+    /// The container's stdin (held so it stays open until `stdin_once` closes it).
+    stdin: StdinState,
+    /// The terminal's master (a second handle), for attachers' terminal sizes.
+    terminal: Option<OwnedFd>,
+    attachers: Vec<Attacher>,
 }
 
 fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), String> {
@@ -147,7 +154,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         _ => None,
     };
 
-    let (child_stdio, outputs, stdin_keep) = if cfg.tty {
+    let (child_stdio, outputs, stdin_keep, terminal) = if cfg.tty {
         let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
         for fd in [&pty.master, &pty.slave] {
             fcntl(
@@ -163,7 +170,14 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             stderr: pty.slave,
             tty: true,
         };
-        (stdio, vec![(pty.master, Stream::Stdout)], None)
+        // Attachers type into the master; the output side reads it (non-blocking, below).
+        let stdin = if cfg.stdin {
+            Some(dup(&pty.master)?)
+        } else {
+            None
+        };
+        let terminal = Some(dup(&pty.master)?);
+        (stdio, vec![(pty.master, Stream::Stdout)], stdin, terminal)
     } else {
         let (out_r, out_w) = cloexec_pipe()?;
         let (err_r, err_w) = cloexec_pipe()?;
@@ -184,9 +198,13 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             stdio,
             vec![(out_r, Stream::Stdout), (err_r, Stream::Stderr)],
             keep,
+            None,
         )
     };
     for (fd, _) in &outputs {
+        set_nonblocking(fd)?;
+    }
+    if let Some(fd) = &stdin_keep {
         set_nonblocking(fd)?;
     }
     let (err_r, err_w) = cloexec_pipe()?;
@@ -354,7 +372,15 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 oom_watch,
                 oom_seen: 0,
                 exit_file: cfg.exit_file.clone(),
-                _stdin: stdin_keep,
+                stdin: StdinState {
+                    fd: stdin_keep,
+                    pending: Vec::new(),
+                    // As containerd: a terminal's stdin is never closed for an attacher.
+                    once: cfg.stdin_once && !cfg.tty,
+                    closing: false,
+                },
+                terminal,
+                attachers: Vec::new(),
             };
             Ok((
                 monitor,
@@ -414,8 +440,8 @@ impl Monitor {
                 Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
                 None => PollTimeout::NONE,
             };
-            let (sig_ready, listen_ready, ready, oom_ready) = {
-                let mut fds = Vec::with_capacity(3 + self.outputs.len());
+            let (sig_ready, listen_ready, ready, oom_ready, stdin_ready, attach_ready) = {
+                let mut fds = Vec::with_capacity(4 + self.outputs.len() + self.attachers.len());
                 fds.push(PollFd::new(self.signals.as_fd(), PollFlags::POLLIN));
                 fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
                 for (fd, _) in &self.outputs {
@@ -425,6 +451,9 @@ impl Monitor {
                 if let Some(w) = &self.oom_watch {
                     fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
                 }
+                let attach_start = fds.len();
+                let polls_stdin = self.attach_poll_fds(&mut fds);
+                let attachers_start = attach_start + usize::from(polls_stdin);
                 let n = match poll(&mut fds, timeout) {
                     Ok(n) => n,
                     Err(Errno::EINTR) => continue,
@@ -438,12 +467,17 @@ impl Monitor {
                 }
                 let revents = |i: usize| fds[i].revents().unwrap_or(PollFlags::empty());
                 let ready: Vec<bool> = (2..outputs_end).map(|i| !revents(i).is_empty()).collect();
-                let oom_ready = fds.len() > outputs_end && !revents(outputs_end).is_empty();
+                let oom_ready = attach_start > outputs_end && !revents(outputs_end).is_empty();
+                let stdin_ready = polls_stdin && !revents(attach_start).is_empty();
+                let attach_ready: Vec<PollFlags> =
+                    (attachers_start..fds.len()).map(revents).collect();
                 (
                     !revents(0).is_empty(),
                     !revents(1).is_empty(),
                     ready,
                     oom_ready,
+                    stdin_ready,
+                    attach_ready,
                 )
             };
             if oom_ready {
@@ -469,6 +503,7 @@ impl Monitor {
                             {
                                 eprintln!("monitor: writing log: {e}");
                             }
+                            Monitor::fan_out(&mut self.attachers, stream, &buf[..n]);
                         }
                         Err(Errno::EAGAIN) => break,
                         Err(Errno::EINTR) => continue,
@@ -485,6 +520,9 @@ impl Monitor {
                 if let Some(log) = self.log.as_mut() {
                     let _ = log.finish(stream);
                 }
+            }
+            if stdin_ready || !attach_ready.is_empty() {
+                self.serve_attachers(&attach_ready, stdin_ready);
             }
             if listen_ready {
                 self.accept_execs(exited_at.is_some());
@@ -558,7 +596,10 @@ impl Monitor {
             finished_at: now_nanos(),
             oom_killed,
         };
-        if let Err(e) = atomic::write_json(&self.exit_file, &record) {
+        let written = atomic::write_json(&self.exit_file, &record);
+        // Attachers hear the end once the record is there to be read.
+        self.close_attachers();
+        if let Err(e) = written {
             eprintln!("monitor: writing {}: {e}", self.exit_file.display());
             return 1;
         }

@@ -1,0 +1,474 @@
+//! The client side of streaming, for `crius exec -it`, `crius attach` and `crius port-forward`:
+//! the CRI Exec, Attach or PortForward call hands back a URL, which is upgraded to SPDY/3.1
+//! (the protocol every CRI runtime's streaming server speaks, kubelet's included) and driven as
+//! kubectl does: remote command `v4.channel.k8s.io` (stdin, stdout, stderr, the error stream
+//! with the exit status, terminal sizes) or `portforward.k8s.io` (a data and an error stream per
+//! forwarded connection). Frames come from `stream::spdy`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::stream::spdy::{Codec, Frame, Headers};
+
+/// A SPDY connection after the upgrade: frames out through one writer task, incoming data
+/// routed by stream to whoever opened it (the channel closes at the stream's end).
+struct Conn {
+    out: mpsc::Sender<Frame>,
+    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>>,
+    next: u32,
+}
+
+/// Upgrades `url` with `protocol` and starts serving the connection.
+async fn connect(url: &str, protocol: &str) -> Result<Conn> {
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("streaming URL {url}: only http:// is supported"))?;
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut tcp = tokio::net::TcpStream::connect(host)
+        .await
+        .with_context(|| format!("connecting to the streaming server at {host}"))?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
+    );
+    tcp.write_all(request.as_bytes()).await?;
+    // The response head; what follows it is already SPDY.
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        if buf.len() > 64 << 10 {
+            bail!("the streaming server's answer has no end of headers");
+        }
+        let n = tcp.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("the streaming server closed the connection");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "101" {
+        let body = String::from_utf8_lossy(&buf[head_end..]);
+        bail!(
+            "the streaming server refused the stream: {} {}",
+            head.lines().next().unwrap_or(""),
+            body.trim()
+        );
+    }
+    buf.drain(..head_end);
+    let (mut rd, mut wr) = tcp.into_split();
+    let (out, mut out_rx) = mpsc::channel::<Frame>(64);
+    tokio::spawn(async move {
+        let mut codec = Codec::new();
+        let mut bytes = Vec::new();
+        while let Some(f) = out_rx.recv().await {
+            bytes.clear();
+            if codec.encode(&f, &mut bytes).is_err() || wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    });
+    let routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>> = Arc::default();
+    let (reader_routes, pong) = (routes.clone(), out.clone());
+    tokio::spawn(async move {
+        let mut codec = Codec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        'conn: loop {
+            loop {
+                let frame = match codec.decode(&mut buf) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(_) => break 'conn,
+                };
+                let (stream, data, end) = match frame {
+                    Frame::Data { stream, data, fin } => (stream, data, fin),
+                    Frame::RstStream { stream, .. } => (stream, Vec::new(), true),
+                    Frame::Ping(id) => {
+                        let _ = pong.send(Frame::Ping(id)).await;
+                        continue;
+                    }
+                    Frame::GoAway { .. } => break 'conn,
+                    _ => continue,
+                };
+                let route = lock(&reader_routes).get(&stream).cloned();
+                if let Some(tx) = route
+                    && !data.is_empty()
+                {
+                    let _ = tx.send(data).await;
+                }
+                if end {
+                    lock(&reader_routes).remove(&stream);
+                }
+            }
+            match rd.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        // Every stream ends with the connection.
+        lock(&reader_routes).clear();
+    });
+    Ok(Conn {
+        out,
+        routes,
+        next: 1,
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Conn {
+    /// Opens a stream with `headers`; its incoming data arrives on the receiver.
+    async fn open(&mut self, headers: &[(&str, String)]) -> Result<(u32, mpsc::Receiver<Vec<u8>>)> {
+        let id = self.next;
+        self.next += 2;
+        let (tx, rx) = mpsc::channel(64);
+        lock(&self.routes).insert(id, tx);
+        let headers: Headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), vec![v.clone()]))
+            .collect();
+        self.out
+            .send(Frame::SynStream {
+                stream: id,
+                associated: 0,
+                priority: 0,
+                fin: false,
+                headers,
+            })
+            .await
+            .context("the streaming connection closed")?;
+        Ok((id, rx))
+    }
+}
+
+/// Sends what `from` yields as DATA on `stream`, then its end.
+async fn send_all(mut from: impl AsyncRead + Unpin, stream: u32, out: mpsc::Sender<Frame>) {
+    let mut buf = vec![0u8; 32 << 10];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let data = buf[..n].to_vec();
+                let f = Frame::Data {
+                    stream,
+                    fin: false,
+                    data,
+                };
+                if out.send(f).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = out
+        .send(Frame::Data {
+            stream,
+            fin: true,
+            data: Vec::new(),
+        })
+        .await;
+}
+
+/// Writes what a stream brings to `to`, until it ends.
+async fn receive_all(mut from: mpsc::Receiver<Vec<u8>>, mut to: impl AsyncWrite + Unpin) {
+    while let Some(d) = from.recv().await {
+        if to.write_all(&d).await.is_err() || to.flush().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Exit code from the error stream's `metav1.Status` (v4): 0 for Success, the ExitCode cause
+/// for a command that failed, an error for anything else.
+fn exit_code(status: &[u8]) -> Result<i32> {
+    if status.is_empty() {
+        return Ok(0);
+    }
+    let v: serde_json::Value = serde_json::from_slice(status).with_context(|| {
+        format!(
+            "the error stream said: {}",
+            String::from_utf8_lossy(status).trim()
+        )
+    })?;
+    if v["status"] == "Success" {
+        return Ok(0);
+    }
+    if v["reason"] == "NonZeroExitCode"
+        && let Some(code) = v["details"]["causes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["reason"] == "ExitCode")
+            .and_then(|c| c["message"].as_str())
+            .and_then(|m| m.parse().ok())
+    {
+        return Ok(code);
+    }
+    bail!("{}", v["message"].as_str().unwrap_or("the stream failed"))
+}
+
+/// The local terminal in raw mode while it lives; restored on drop.
+struct RawTerminal(Option<nix::sys::termios::Termios>);
+
+impl RawTerminal {
+    fn enter() -> RawTerminal {
+        use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
+        let stdin = std::io::stdin();
+        let Ok(saved) = tcgetattr(&stdin) else {
+            return RawTerminal(None);
+        };
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        if tcsetattr(&stdin, SetArg::TCSANOW, &raw).is_err() {
+            return RawTerminal(None);
+        }
+        RawTerminal(Some(saved))
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSANOW,
+                t,
+            );
+        }
+    }
+}
+
+/// The local terminal's size as the resize stream carries it.
+fn terminal_size() -> Option<Vec<u8>> {
+    let (w, h) = crate::sys::window_size(std::io::stdout()).ok()?;
+    (w > 0 && h > 0).then(|| format!(r#"{{"Width":{w},"Height":{h}}}"#).into_bytes())
+}
+
+/// Runs a remote command session (exec or attach) on `url`: local stdio to and from the
+/// streams, the terminal raw and its size followed with `tty`. Returns the exit code.
+pub async fn remote_command(url: &str, stdin: bool, tty: bool) -> Result<i32> {
+    let mut conn = connect(url, "v4.channel.k8s.io").await?;
+    let (_, mut errors) = conn.open(&[("streamtype", "error".into())]).await?;
+    let (_, stdout) = conn.open(&[("streamtype", "stdout".into())]).await?;
+    let mut outputs = vec![tokio::spawn(receive_all(stdout, tokio::io::stdout()))];
+    if !tty {
+        let (_, stderr) = conn.open(&[("streamtype", "stderr".into())]).await?;
+        outputs.push(tokio::spawn(receive_all(stderr, tokio::io::stderr())));
+    }
+    if stdin {
+        let (id, _) = conn.open(&[("streamtype", "stdin".into())]).await?;
+        tokio::spawn(send_all(tokio::io::stdin(), id, conn.out.clone()));
+    }
+    let _raw = (tty && stdin).then(RawTerminal::enter);
+    if tty {
+        let (id, _) = conn.open(&[("streamtype", "resize".into())]).await?;
+        let out = conn.out.clone();
+        tokio::spawn(async move {
+            let Ok(mut winch) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+            else {
+                return;
+            };
+            loop {
+                if let Some(size) = terminal_size() {
+                    let f = Frame::Data {
+                        stream: id,
+                        fin: false,
+                        data: size,
+                    };
+                    if out.send(f).await.is_err() {
+                        return;
+                    }
+                }
+                if winch.recv().await.is_none() {
+                    return;
+                }
+            }
+        });
+    }
+    let mut status = Vec::new();
+    while let Some(d) = errors.recv().await {
+        status.extend_from_slice(&d);
+    }
+    // Output sent before the status still lands, within reason.
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        futures_util::future::join_all(outputs),
+    )
+    .await;
+    exit_code(&status)
+}
+
+/// Forwards connections to 127.0.0.1:LOCAL to the pod's REMOTE port, for each pair, until
+/// interrupted.
+pub async fn port_forward(url: &str, ports: &[(u16, u16)]) -> Result<()> {
+    let conn = connect(url, "portforward.k8s.io").await?;
+    let conn = Arc::new(tokio::sync::Mutex::new(conn));
+    let mut listeners = Vec::new();
+    for &(local, remote) in ports {
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", local))
+            .await
+            .with_context(|| format!("listening on 127.0.0.1:{local}"))?;
+        println!(
+            "Forwarding from {} -> {remote}",
+            l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+        );
+        listeners.push((l, remote));
+    }
+    let request_ids = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (l, remote) in listeners {
+        let (conn, ids) = (conn.clone(), request_ids.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = l.accept().await else {
+                    continue;
+                };
+                let id = ids
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    .to_string();
+                let opened = {
+                    let mut c = conn.lock().await;
+                    let common = [("port", remote.to_string()), ("requestid", id.clone())];
+                    let error = c
+                        .open(&[
+                            ("streamtype", "error".into()),
+                            common[0].clone(),
+                            common[1].clone(),
+                        ])
+                        .await;
+                    let data = c
+                        .open(&[
+                            ("streamtype", "data".into()),
+                            common[0].clone(),
+                            common[1].clone(),
+                        ])
+                        .await;
+                    error.and_then(|e| data.map(|d| (e, d, c.out.clone())))
+                };
+                let Ok(((_, mut errors), (data_id, from_pod), out)) = opened else {
+                    eprintln!("the streaming connection is gone");
+                    return;
+                };
+                tokio::spawn(async move {
+                    let (r, w) = sock.into_split();
+                    let up = tokio::spawn(send_all(r, data_id, out));
+                    let down = tokio::spawn(receive_all(from_pod, w));
+                    let mut message = Vec::new();
+                    while let Some(d) = errors.recv().await {
+                        message.extend_from_slice(&d);
+                    }
+                    if !message.is_empty() {
+                        eprintln!(
+                            "port {remote}: {}",
+                            String::from_utf8_lossy(&message).trim()
+                        );
+                    }
+                    let _ = down.await;
+                    up.abort();
+                });
+            }
+        }));
+    }
+    tokio::signal::ctrl_c().await?;
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+/// `crius exec -i/-t`: the command with live stdio through the runtime's streaming server.
+pub async fn exec(
+    socket: &std::path::Path,
+    container: &str,
+    cmd: &[String],
+    stdin: bool,
+    tty: bool,
+) -> Result<i32> {
+    let url = crate::cri::client::runtime(super::connect(socket)?)
+        .exec(k8s_cri::v1::ExecRequest {
+            container_id: container.into(),
+            cmd: cmd.to_vec(),
+            tty,
+            stdin,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .map_err(|s| super::rpc_error(&format!("exec in {container}"), socket, s))?
+        .into_inner()
+        .url;
+    remote_command(&url, stdin, tty).await
+}
+
+/// `crius attach`: the container's own stdio.
+pub async fn attach(
+    socket: &std::path::Path,
+    container: &str,
+    stdin: bool,
+    tty: bool,
+) -> Result<i32> {
+    let url = crate::cri::client::runtime(super::connect(socket)?)
+        .attach(k8s_cri::v1::AttachRequest {
+            container_id: container.into(),
+            stdin,
+            tty,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .map_err(|s| super::rpc_error(&format!("attach to {container}"), socket, s))?
+        .into_inner()
+        .url;
+    remote_command(&url, stdin, tty).await
+}
+
+/// `crius port-forward POD [LOCAL:]REMOTE...`.
+pub async fn forward(socket: &std::path::Path, pod: &str, specs: &[String]) -> Result<()> {
+    let mut ports = Vec::new();
+    for s in specs {
+        let parse = |p: &str| {
+            p.parse::<u16>()
+                .with_context(|| format!("port {s:?}: {p:?} is not a port number"))
+        };
+        ports.push(match s.split_once(':') {
+            Some((l, r)) => (parse(l)?, parse(r)?),
+            None => (parse(s)?, parse(s)?),
+        });
+    }
+    let url = crate::cri::client::runtime(super::connect(socket)?)
+        .port_forward(k8s_cri::v1::PortForwardRequest {
+            pod_sandbox_id: pod.into(),
+            port: ports.iter().map(|(_, r)| i32::from(*r)).collect(),
+        })
+        .await
+        .map_err(|s| super::rpc_error(&format!("port-forward to {pod}"), socket, s))?
+        .into_inner()
+        .url;
+    port_forward(&url, &ports).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_from_statuses() {
+        let status = |code| crate::stream::session::exit_status(code);
+        assert_eq!(exit_code(&status(Ok(0))).ok(), Some(0));
+        assert_eq!(exit_code(&status(Ok(7))).ok(), Some(7));
+        assert_eq!(exit_code(b"").ok(), Some(0));
+        let err = exit_code(&status(Err("container gone".into())));
+        assert!(err.is_err_and(|e| e.to_string().contains("container gone")));
+    }
+}
