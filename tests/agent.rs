@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::net::*;
 use common::*;
 use crius::frontend::status::{self, Phase, PodRecord, State};
 
@@ -1228,4 +1229,84 @@ spec:
             .unwrap();
         assert_eq!(got, adj, "{name}");
     }
+}
+
+/// On a CNI network the agent's pods get an IP: it is in the record (`status.podIP`, `crius get
+/// pods` and `describe`) and in the downward API, HTTP probes reach the pod by it, and a
+/// hostPort maps a port of the node to the container.
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_ip_host_port_and_probes_by_ip() {
+    if !plugins_present() {
+        return;
+    }
+    let net = TestNet::new();
+    let env = PodEnv::start_with(&net.tables()).await;
+    std::fs::write(
+        env.d.net_dir().join("10-agent.conflist"),
+        net.conflist(TestNet::portmap()),
+    )
+    .unwrap();
+    let a = Agent::start(&env.d);
+    let host_port = free_port();
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: netpod}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: {img}
+    command: [sh, -c, 'mkdir -p /www && echo "ip $MY_IP" > /www/index.html && exec httpd -f -p 80 -h /www']
+    env:
+    - name: MY_IP
+      valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}
+    ports: [{{containerPort: 80, hostPort: {host_port}}}]
+    readinessProbe: {{httpGet: {{port: 80, path: /index.html}}, periodSeconds: 1}}
+"#,
+        img = env.image
+    );
+    a.put("netpod.yaml", &yaml);
+    let r = a.wait("netpod", "ready with an IP", 60, |r| {
+        !r.pod_ip.is_empty() && container(r, "web").ready
+    });
+    assert!(r.pod_ip.starts_with(&net.prefix), "{}", r.pod_ip);
+    // The probe went to the pod's IP: httpd logs nothing, so ask the page itself, by IP.
+    let page = |addr: String| {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        std::io::Write::write_all(&mut s, b"GET /index.html HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut s, &mut body).unwrap();
+        body
+    };
+    let by_ip = page(format!("{}:80", r.pod_ip));
+    assert!(by_ip.contains(&format!("ip {}", r.pod_ip)), "{by_ip}");
+    let by_host_port = page(format!("127.0.0.1:{host_port}"));
+    assert!(
+        by_host_port.contains(&format!("ip {}", r.pod_ip)),
+        "{by_host_port}"
+    );
+    let state = a.state.to_str().unwrap();
+    let out = a.cli(&["get", "pods", "-o", "json", "--state", state]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&r.pod_ip),
+        "{out:?}"
+    );
+    let out = a.cli(&["describe", "pod", "netpod", "--state", state]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("IP:               {}", r.pod_ip)),
+        "{out:?}"
+    );
+    // The manifest's check no longer calls hostPort ignored.
+    assert!(!a.log_text().contains("hostPort: ignored"));
+    a.remove("netpod.yaml");
+    let start = Instant::now();
+    while a.record("netpod").is_some() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the pod stayed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Nothing of the pod's network is left.
+    assert_eq!(net.veths(), 0);
+    assert!(net.allocations().is_empty(), "{:?}", net.allocations());
 }

@@ -144,7 +144,15 @@ pub fn apparmor_profile(
     let unset = profile.is_none() && deprecated.is_empty();
     let (kind, name, f) = match profile {
         Some(p) => match ProfileType::try_from(p.profile_type) {
-            Ok(t) => (t, p.localhost_ref.clone(), format!("{field}.apparmor")),
+            // critest (and containerd) accept the deprecated field's `localhost/` form here too.
+            Ok(t) => (
+                t,
+                p.localhost_ref
+                    .strip_prefix("localhost/")
+                    .unwrap_or(&p.localhost_ref)
+                    .to_string(),
+                format!("{field}.apparmor"),
+            ),
             Err(_) => {
                 return Err(invalid(
                     &format!("{field}.apparmor.profile_type"),
@@ -553,6 +561,14 @@ mod tests {
         let p = prof(ProfileType::Localhost, "my-profile");
         let e = apparmor_profile(Some(&p), "", false, Path::new("/tmp"), "c").unwrap_err();
         assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
+        // The `localhost/` form is the same profile.
+        let p = prof(ProfileType::Localhost, "localhost/my-profile");
+        let e = apparmor_profile(Some(&p), "", false, Path::new("/tmp"), "c").unwrap_err();
+        assert!(
+            reason(&e).contains("\"my-profile\" asked for"),
+            "{}",
+            reason(&e)
+        );
         assert_eq!(
             apparmor_profile(None, "", false, Path::new("/tmp"), "c").unwrap(),
             None
