@@ -373,8 +373,14 @@ impl Policy {
         if self.systemd {
             // As runc's systemd driver: a parent must be a slice, or systemd could not hold
             // the pod's scopes.
-            if cgroup_parent.ends_with(".slice") && !cgroup_parent.contains('/') {
-                return Ok((expand_slice(cgroup_parent)?, false));
+            // kubelet sends the slice's whole path (`/kubepods.slice/kubepods-burstable.slice/
+            // kubepods-burstable-pod<uid>.slice`), older ones the name alone; as containerd,
+            // the last slice is the one.
+            let parts: Vec<&str> = cgroup_parent.split('/').filter(|p| !p.is_empty()).collect();
+            if let Some(last) = parts.last()
+                && parts.iter().all(|p| p.ends_with(".slice"))
+            {
+                return Ok((expand_slice(last)?, false));
             }
             return Err(LimitError::ParentNotSlice(cgroup_parent.to_string()));
         }
@@ -588,6 +594,19 @@ mod tests {
         );
         assert_eq!(p.leaf("abc"), "crius-abc.scope");
         assert!(p.pod_path("/kubepods/burstable/pod1", "abc").is_err());
+        // kubelet 1.32 names the slice by its whole path.
+        assert_eq!(
+            p.pod_path(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice",
+                "abc"
+            )
+            .unwrap(),
+            (
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice".into(),
+                false
+            )
+        );
+        assert!(p.pod_path("/kubepods.slice/burstable/pod1", "abc").is_err());
         assert_eq!(p.own_parent(), "crius.slice");
     }
 
