@@ -478,30 +478,6 @@ spec:
     assert!(container(&r, "app").id.is_none(), "the app never started");
 }
 
-/// Serves gRPC health inside a pod's network namespace on `port`: the listening socket is made
-/// by a thread that entered the namespace; the server runs here.
-async fn grpc_health_in(netns: &str, port: u16) -> tonic_health::server::HealthReporter {
-    let ns = netns.to_string();
-    let listener = std::thread::spawn(move || {
-        let f = std::fs::File::open(&ns).unwrap();
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-        l.set_nonblocking(true).unwrap();
-        l
-    })
-    .join()
-    .unwrap();
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-    let (reporter, service) = tonic_health::server::health_reporter();
-    tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await;
-    });
-    reporter
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn probes_exec_http_tcp_grpc_and_startup_gating() {
     let env = PodEnv::start().await;
@@ -554,7 +530,12 @@ spec:
         .unwrap()
         .into_inner();
     let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
-    let reporter = grpc_health_in(info["netNamespacePath"].as_str().unwrap(), 7000).await;
+    let reporter = grpc_health_in(
+        info["netNamespacePath"].as_str().unwrap(),
+        "127.0.0.1",
+        7000,
+    )
+    .await;
     let r = a.wait("probed", "web, tcp, live and grpc ready", 30, |r| {
         ["web", "tcp", "live", "grpc"]
             .iter()

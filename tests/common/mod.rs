@@ -1356,3 +1356,31 @@ fn rand_u64() -> u64 {
     getrandom::fill(&mut b).expect("random");
     u64::from_le_bytes(b)
 }
+
+/// Serves gRPC health inside a pod's network namespace on `addr`:`port`: the listening socket
+/// is made by a thread that entered the namespace; the server runs here.
+pub async fn grpc_health_in(
+    netns: &str,
+    addr: &str,
+    port: u16,
+) -> tonic_health::server::HealthReporter {
+    let (ns, addr) = (netns.to_string(), addr.to_string());
+    let listener = std::thread::spawn(move || {
+        let f = std::fs::File::open(&ns).expect("pod netns");
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let l = std::net::TcpListener::bind((addr.as_str(), port)).expect("bind in the pod");
+        l.set_nonblocking(true).expect("nonblocking");
+        l
+    })
+    .join()
+    .expect("netns thread");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+    let (reporter, service) = tonic_health::server::health_reporter();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await;
+    });
+    reporter
+}

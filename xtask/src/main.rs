@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask lint | unit | integration | conformance | test | ci | bench |
-//! dist | deb`.
+//! Project tasks: `cargo xtask lint | unit | integration | conformance | test | test-vm |
+//! test-kubelet | ci | bench | dist | deb`.
 
 mod bench;
 mod deb;
@@ -91,8 +91,10 @@ fn conformance() -> Result<()> {
 /// cgroup driver's test with systemd as PID 1 (`-S`), the SELinux test with SELinux instead of
 /// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. critest runs there too, where
 /// its OOM and AppArmor specs must pass (its table is printed, so `--nocapture`). The package's
-/// test installs what `cargo xtask deb` built and runs its unit under systemd.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 8] = [
+/// test installs what `cargo xtask deb` built and runs its unit under systemd. The kubelet
+/// tier runs an upstream kubelet against crius twice: cgroupfs with a shell as PID 1, and the
+/// systemd driver with systemd as PID 1.
+const VM_SUITES: [(&str, &[&str], Option<&str>); 10] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
@@ -101,16 +103,24 @@ const VM_SUITES: [(&str, &[&str], Option<&str>); 8] = [
     ("agent", &["cgroup_v2", "volumes_env"], None),
     ("conformance", &["--nocapture", CONFORMANCE_TEST], None),
     ("package", &["package_unit_keeps_pods"], Some("-S")),
+    ("kubelet", &["--nocapture"], None),
+    ("kubelet", &["--nocapture"], Some("-S")),
 ];
 
-/// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`).
-fn test_vm() -> Result<()> {
+/// The kubelet tier: an upstream kubelet driving crius, once per cgroup driver.
+const KUBELET_SUITE: &str = "kubelet";
+
+/// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`); `only`
+/// picks suites by name (all when empty).
+fn test_vm(only: &[&str]) -> Result<()> {
     if !is_root() {
         bail!("the VM tier needs root (qemu shares the host root over 9p)");
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    let mut suites: Vec<&str> = VM_SUITES.iter().map(|(s, ..)| *s).collect();
+    let wanted = |s: &str| only.is_empty() || only.contains(&s);
+    let runs: Vec<_> = VM_SUITES.iter().filter(|(s, ..)| wanted(s)).collect();
+    let mut suites: Vec<&str> = runs.iter().map(|(s, ..)| *s).collect();
     suites.sort();
     suites.dedup();
     for s in suites {
@@ -133,13 +143,13 @@ fn test_vm() -> Result<()> {
             && let (Some(exe), Some(name)) =
                 (v["executable"].as_str(), v["target"]["name"].as_str())
         {
-            for (_, filter, boot) in VM_SUITES.iter().filter(|(s, ..)| *s == name) {
+            for (_, filter, boot) in runs.iter().filter(|(s, ..)| *s == name) {
                 bins.push((name.to_string(), exe.to_string(), *filter, *boot));
             }
         }
     }
-    if bins.len() != VM_SUITES.len() {
-        bail!("expected {} test runs, found {bins:?}", VM_SUITES.len());
+    if bins.len() != runs.len() {
+        bail!("expected {} test runs, found {bins:?}", runs.len());
     }
     // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
     // read-only at its own path.
@@ -233,11 +243,12 @@ fn main() -> Result<()> {
             integration()?;
             conformance()?;
             deb::build(&dist()?)?;
-            test_vm()?;
+            test_vm(&[])?;
             bench(&["--smoke".to_string()])
         }
         "conformance" => conformance(),
-        "test-vm" => test_vm(),
+        "test-vm" => test_vm(&[]),
+        "test-kubelet" => test_vm(&[KUBELET_SUITE]),
         "bench" => bench(&args[1..]),
         "dist" => dist().map(drop),
         "deb" => deb::build(&dist()?).map(drop),
@@ -254,6 +265,9 @@ fn main() -> Result<()> {
             eprintln!("  test         unit + integration");
             eprintln!(
                 "  test-vm      cgroup v2, swap and noswap tests (and the runtime suite) in a qemu VM"
+            );
+            eprintln!(
+                "  test-kubelet an upstream kubelet driving crius in the VM (both cgroup drivers)"
             );
             eprintln!(
                 "  dist         the production binary (static, release) in target/dist/crius"

@@ -1,0 +1,683 @@
+//! The kubelet tier: an upstream kubelet (v1.32, standalone: static pods, no API server) drives
+//! a crius daemon over its CRI socket, as on a real node, with pods on a CNI bridge of the
+//! test's own. It checks what a cluster would see: pods Running and Ready through HTTP, TCP,
+//! exec and gRPC probes on the pod IP, no sandbox churn, QoS cgroups and limits as kubelet sets them,
+//! restart back-off, `/containerLogs`, `/exec` (output, stdin, terminal, exit code), `/attach`
+//! and `/portForward` through kubelet's own server with kubestream (client-go's executors),
+//! `/stats/summary`, a crius killed and restarted under a running kubelet (no spurious
+//! restart), and a deleted manifest leaving nothing behind.
+//!
+//! kubelet changes the machine it runs on (sysctls, cgroups, /var/log/pods), so this runs in the
+//! VM tier (`cargo xtask test-kubelet`, both cgroup drivers); elsewhere it says why it skips.
+//! `CRIUS_KUBELET_ON_HOST=1` runs it on a host anyway (it puts back the sysctls it changes).
+//! Where systemd is PID 1, kubelet and crius use the systemd cgroup driver, else cgroupfs.
+
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::net::*;
+use common::*;
+use k8s_cri::v1 as cri;
+
+const NODE: &str = "node1";
+
+fn upstream(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/bin")
+        .join(name);
+    p.exists().then_some(p)
+}
+
+/// Whether this runs in the VM tier (`hack/vm-run` mounts its control directory there).
+fn in_vm() -> bool {
+    Path::new("/run/vm/cmd.sh").exists()
+}
+
+/// The sysctls any kubelet sets at start, put back when the test ends.
+struct Sysctls(Vec<(&'static str, String)>);
+
+impl Sysctls {
+    fn save() -> Sysctls {
+        let keys = [
+            "/proc/sys/vm/overcommit_memory",
+            "/proc/sys/kernel/panic",
+            "/proc/sys/kernel/panic_on_oops",
+        ];
+        Sysctls(
+            keys.iter()
+                .filter_map(|k| std::fs::read_to_string(k).ok().map(|v| (*k, v)))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Sysctls {
+    fn drop(&mut self) {
+        for (k, v) in &self.0 {
+            let _ = std::fs::write(k, v);
+        }
+    }
+}
+
+struct Kubelet {
+    child: Child,
+    log: PathBuf,
+    manifests: PathBuf,
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Kubelet {
+    fn start(bin: &Path, socket: &Path, driver: &str) -> Kubelet {
+        let dir = tempfile::Builder::new()
+            .prefix("crius-kubelet")
+            .tempdir()
+            .unwrap();
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let log = dir.path().join("kubelet.log");
+        let endpoint = format!("unix://{}", socket.display());
+        let root = dir.path().join("root");
+        let child = Command::new(bin)
+            .arg("--root-dir")
+            .arg(&root)
+            .arg("--pod-manifest-path")
+            .arg(&manifests)
+            .args(["--hostname-override", NODE, "--node-ip", "127.0.0.1"])
+            .args(["--container-runtime-endpoint", &endpoint])
+            .args(["--image-service-endpoint", &endpoint])
+            .args(["--file-check-frequency", "2s", "--sync-frequency", "5s"])
+            .args(["--fail-swap-on=false", "--cgroup-driver", driver])
+            .args(["--cgroups-per-qos=true", "--enforce-node-allocatable=pods"])
+            .args([
+                "--anonymous-auth=true",
+                "--authorization-mode",
+                "AlwaysAllow",
+            ])
+            .args([
+                "--enable-server=true",
+                "--read-only-port",
+                "10255",
+                "--port",
+                "10250",
+            ])
+            .args([
+                "--address",
+                "127.0.0.1",
+                "--healthz-bind-address",
+                "127.0.0.1",
+            ])
+            .args(["--local-storage-capacity-isolation=false"])
+            .args(["--make-iptables-util-chains=false"])
+            .args(["--eviction-hard", "", "--image-gc-high-threshold", "100"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("starting kubelet");
+        Kubelet {
+            child,
+            log,
+            manifests,
+            root,
+            _dir: dir,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    fn manifest(&self, name: &str, yaml: &str) {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(format!("{name}.yaml"))).unwrap();
+    }
+
+    fn remove_manifest(&self, name: &str) {
+        std::fs::remove_file(self.manifests.join(format!("{name}.yaml"))).unwrap();
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Whatever kubelet mounted below its root (pod volumes).
+        let mut below: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|m| Path::new(m).starts_with(&self.root))
+            .collect();
+        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in below {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// A GET of kubelet's: the whole answer, status line first.
+fn get_raw(port: u16, path: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut all = String::new();
+    let _ = s.read_to_string(&mut all);
+    all
+}
+
+fn body_if_ok(all: String) -> Option<String> {
+    let (head, body) = all.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
+}
+
+/// GET from kubelet's read-only port: the body.
+fn get(path: &str) -> Option<String> {
+    body_if_ok(get_raw(10255, path))
+}
+
+/// A GET on the authenticated port (plain HTTP, anonymous and always allowed here).
+fn get_api(path: &str) -> Option<String> {
+    body_if_ok(get_raw(10250, path))
+}
+
+/// The pod kubelet reports under `name` (the static pod's name, `-node1` appended).
+fn pod(name: &str) -> Option<serde_json::Value> {
+    let list: serde_json::Value = serde_json::from_str(&get("/pods")?).ok()?;
+    let full = format!("{name}-{NODE}");
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["metadata"]["name"] == full.as_str())
+        .cloned()
+}
+
+fn ready(p: &serde_json::Value) -> bool {
+    p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+fn container_status<'a>(p: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    p["status"]["containerStatuses"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+/// Waits for `what` to hold of kubelet's view, up to `secs`.
+fn wait_pod(
+    k: &Kubelet,
+    name: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Some(p) = pod(name)
+            && ok(&p)
+        {
+            return p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "pod {name} never {what} in {secs} s; kubelet sees {}\n---- kubelet log ----\n{}",
+            pod(name)
+                .map(|p| serde_json::to_string_pretty(&p["status"]).unwrap())
+                .unwrap_or_else(|| "nothing".into()),
+            k.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The sandboxes crius holds for a pod of kubelet's (by the pod's name).
+async fn sandboxes(env: &PodEnv, name: &str) -> Vec<cri::PodSandbox> {
+    let full = format!("{name}-{NODE}");
+    env.d
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+        .into_iter()
+        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.name == full))
+        .collect()
+}
+
+fn kubestream(bin: &Path, args: &[&str], input: &[u8]) -> (i32, String, String) {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// kubelet's `/exec` URL for a command.
+fn exec_url(pod: &str, container: &str, cmd: &[&str], extra: &str) -> String {
+    let mut q: Vec<String> = cmd
+        .iter()
+        .map(|c| {
+            let enc: String = c
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("command={enc}")
+        })
+        .collect();
+    q.push(extra.to_string());
+    format!(
+        "http://127.0.0.1:10250/exec/default/{pod}-{NODE}/{container}?{}",
+        q.join("&")
+    )
+}
+
+/// The cgroup directory of a process (cgroup v2).
+fn cgroup_of(pid: u32) -> PathBuf {
+    let line = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let rel = line
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap()
+        .to_string();
+    Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'))
+}
+
+fn web_manifest(image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: default
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: web
+    image: {image}
+    command: ["sh", "-c", "mkdir -p /www && echo hello from web > /www/index.html && exec httpd -f -p 80 -h /www"]
+    resources:
+      requests: {{cpu: 100m, memory: 32Mi}}
+      limits: {{cpu: 500m, memory: 64Mi}}
+    startupProbe:
+      exec: {{command: ["cat", "/www/index.html"]}}
+      periodSeconds: 1
+      failureThreshold: 60
+    readinessProbe:
+      httpGet: {{path: /index.html, port: 80}}
+      periodSeconds: 2
+    livenessProbe:
+      tcpSocket: {{port: 80}}
+      periodSeconds: 2
+  - name: talker
+    image: {image}
+    command: ["sh", "-c", "i=0; while true; do echo talk $i; i=$((i+1)); sleep 0.5; done"]
+  - name: grpc
+    image: {image}
+    command: ["sleep", "100000"]
+    readinessProbe:
+      grpc: {{port: 7000}}
+      periodSeconds: 2
+"#
+    )
+}
+
+fn crash_manifest(image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: crash
+  namespace: default
+spec:
+  containers:
+  - name: crash
+    image: {image}
+    command: ["sh", "-c", "echo crashing; exit 1"]
+"#
+    )
+}
+
+// Multi-threaded: the gRPC health server runs while the test waits in blocking calls.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubelet_runs_pods_on_crius() {
+    let (Some(kubelet), Some(ks)) = (upstream("kubelet"), upstream("kubestream")) else {
+        println!("skipped: no kubelet or kubestream in ../shared/bin");
+        return;
+    };
+    if !in_vm() && std::env::var_os("CRIUS_KUBELET_ON_HOST").is_none() {
+        println!(
+            "skipped: kubelet changes the machine it runs on; the kubelet tier runs in the VM \
+             (cargo xtask test-kubelet), or set CRIUS_KUBELET_ON_HOST=1"
+        );
+        return;
+    }
+    if !plugins_present() {
+        return;
+    }
+    // The VM boot with systemd as PID 1 runs kubelet and crius with the systemd driver.
+    let systemd = Path::new("/run/systemd/system").exists();
+    let driver = if systemd { "systemd" } else { "cgroupfs" };
+    let _sysctls = Sysctls::save();
+    let net = TestNet::new();
+    let tables = format!("{}[cgroup]\ndriver = \"{driver}\"\n", net.tables());
+    let mut env = PodEnv::start_with(&tables).await;
+    std::fs::write(
+        env.d.net_dir().join("10-kubelet.conflist"),
+        net.conflist(TestNet::portmap()),
+    )
+    .unwrap();
+    let k = Kubelet::start(&kubelet, &env.d.socket, driver);
+    k.manifest("web", &web_manifest(&env.image));
+    k.manifest("crash", &crash_manifest(&env.image));
+
+    // The gRPC probe's server: the test's own, in the pod's network namespace, on every address.
+    let t = Instant::now();
+    let sandbox = loop {
+        if let Some(b) = sandboxes(&env, "web").await.into_iter().next() {
+            break b.id;
+        }
+        assert!(
+            t.elapsed().as_secs() < 240,
+            "no sandbox for web\n{}",
+            k.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let st = env
+        .d
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox,
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let health = grpc_health_in(info["netNamespacePath"].as_str().unwrap(), "0.0.0.0", 7000).await;
+
+    // Running and Ready through its probes (exec, HTTP, TCP and gRPC, all by the pod's IP),
+    // with an IP on the test's bridge.
+    let web = wait_pod(&k, "web", 300, "became Ready", ready);
+    let ip = web["status"]["podIP"].as_str().unwrap_or("").to_string();
+    assert!(ip.starts_with(&net.prefix), "pod IP {ip:?}: {web}");
+    let started = Instant::now();
+
+    // No churn: one sandbox, attempt 0, for as long as this test looks.
+    let boxes = sandboxes(&env, "web").await;
+    assert_eq!(boxes.len(), 1, "{boxes:?}");
+    assert_eq!(boxes[0].metadata.as_ref().unwrap().attempt, 0);
+
+    // The host reaches the pod by its IP, as kubelet's probes do.
+    let mut s = std::net::TcpStream::connect((ip.as_str(), 80)).unwrap();
+    write!(s, "GET /index.html HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.contains("hello from web"), "{body}");
+
+    // QoS cgroups and limits as kubelet asks: a Burstable pod, 64Mi, half a CPU.
+    let status = env
+        .d
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    let web_ctr = status
+        .iter()
+        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "web"))
+        .unwrap()
+        .id
+        .clone();
+    let verbose = env
+        .d
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: web_ctr.clone(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&verbose.info["info"]).unwrap();
+    let pid = info["pid"].as_u64().unwrap() as u32;
+    let cg = cgroup_of(pid);
+    let cg_text = cg.display().to_string();
+    assert!(
+        cg_text.contains("kubepods") && cg_text.contains("burstable"),
+        "{cg_text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("memory.max"))
+            .unwrap()
+            .trim(),
+        "67108864"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("cpu.max")).unwrap().trim(),
+        "50000 100000"
+    );
+
+    // The gRPC probe follows the server's status.
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    wait_pod(&k, "web", 60, "saw gRPC not serving", |p| {
+        container_status(p, "grpc").is_some_and(|c| c["ready"] == false)
+    });
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    wait_pod(&k, "web", 60, "was Ready again", ready);
+
+    // /containerLogs through kubelet.
+    let logs = get_api(&format!("/containerLogs/default/web-{NODE}/talker")).unwrap_or_default();
+    assert!(logs.contains("talk 0"), "{logs:?}");
+
+    // /exec: output and exit code, stdin, a terminal; both transports.
+    for transport in ["spdy", "websocket"] {
+        let url = exec_url(
+            "web",
+            "web",
+            &["sh", "-c", "echo hi from exec; exit 3"],
+            "output=1&error=1",
+        );
+        let (code, out, err) = kubestream(&ks, &["exec", "-transport", transport, &url], b"");
+        assert_eq!(
+            (code, out.trim()),
+            (3, "hi from exec"),
+            "{transport}: {err}"
+        );
+        let url = exec_url("web", "web", &["cat"], "input=1&output=1&error=1");
+        let (code, out, err) = kubestream(
+            &ks,
+            &["exec", "-transport", transport, "-stdin", &url],
+            b"through kubelet\n",
+        );
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "through kubelet\n"),
+            "{transport}: {err}"
+        );
+        let url = exec_url(
+            "web",
+            "web",
+            &["sh", "-c", "[ -t 1 ] && echo a-tty"],
+            "output=1&tty=1",
+        );
+        let (code, out, err) =
+            kubestream(&ks, &["exec", "-transport", transport, "-tty", &url], b"");
+        assert_eq!(code, 0, "{transport}: {out} {err}");
+        assert!(out.contains("a-tty"), "{transport}: {out}");
+    }
+
+    // /attach to the talker's own output.
+    let attach =
+        format!("http://127.0.0.1:10250/attach/default/web-{NODE}/talker?output=1&error=1");
+    let mut child = Command::new(&ks)
+        .args(["exec", &attach])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    let t = Instant::now();
+    while !String::from_utf8_lossy(&seen).contains("talk ") && t.elapsed().as_secs() < 30 {
+        match out.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(String::from_utf8_lossy(&seen).contains("talk "), "{seen:?}");
+
+    // /portForward to the pod's port 80.
+    let local = free_port();
+    let mut fwd = Command::new(&ks)
+        .args([
+            "portforward",
+            &format!("http://127.0.0.1:10250/portForward/default/web-{NODE}"),
+            &format!("{local}:80"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let page = loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", local)) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = write!(s, "GET /index.html HTTP/1.0\r\n\r\n");
+            let mut b = String::new();
+            let _ = s.read_to_string(&mut b);
+            if b.contains("hello from web") {
+                break b;
+            }
+        }
+        assert!(t.elapsed().as_secs() < 30, "port-forward never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = fwd.kill();
+    let _ = fwd.wait();
+    assert!(page.contains("hello from web"));
+
+    // /stats/summary has the pod and its containers' CPU and memory (the CPU-and-memory view,
+    // as metrics-server asks: the node's file systems here are tmpfs and overlays on 9p,
+    // which cAdvisor cannot describe).
+    let t = Instant::now();
+    loop {
+        let summary: serde_json::Value = serde_json::from_str(
+            &get_api("/stats/summary?only_cpu_and_memory=true").unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        let found = summary["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["podRef"]["name"] == format!("web-{NODE}").as_str());
+        let complete = found.is_some_and(|p| {
+            p["containers"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["name"] == "web"
+                        && c["memory"]["workingSetBytes"].as_u64().is_some()
+                        && c["cpu"]["usageCoreNanoSeconds"].as_u64().is_some()
+                })
+            })
+        });
+        if complete {
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 120,
+            "no stats for web: {}\n---- kubelet log ----\n{}",
+            get_raw(10250, "/stats/summary?only_cpu_and_memory=true"),
+            k.log_tail()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // Restart back-off: the crashing pod restarts, then waits in CrashLoopBackOff.
+    let crash = wait_pod(&k, "crash", 240, "restarted", |p| {
+        container_status(p, "crash").is_some_and(|c| c["restartCount"].as_u64() >= Some(1))
+    });
+    let _ = crash;
+    wait_pod(&k, "crash", 240, "backed off", |p| {
+        container_status(p, "crash")
+            .is_some_and(|c| c["state"]["waiting"]["reason"] == "CrashLoopBackOff")
+    });
+
+    // crius killed and restarted under a running kubelet: the pod keeps running, no restart.
+    let before = container_status(&pod("web").unwrap(), "web").unwrap()["restartCount"].clone();
+    env.d.kill9();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.d.spawn();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let web = wait_pod(&k, "web", 120, "was Ready again", ready);
+    assert_eq!(
+        container_status(&web, "web").unwrap()["restartCount"],
+        before,
+        "{web}"
+    );
+    assert_eq!(sandboxes(&env, "web").await.len(), 1);
+    // Still no churn, a minute or more after the pod became Ready.
+    let waited = started.elapsed();
+    if waited < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(60) - waited).await;
+    }
+    let boxes = sandboxes(&env, "web").await;
+    assert_eq!(boxes.len(), 1, "{boxes:?}");
+    assert_eq!(boxes[0].metadata.as_ref().unwrap().attempt, 0);
+
+    // A deleted manifest: the pod goes, and with it its containers, cgroups and veth.
+    k.remove_manifest("web");
+    k.remove_manifest("crash");
+    let t = Instant::now();
+    while !(sandboxes(&env, "web").await.is_empty() && sandboxes(&env, "crash").await.is_empty()) {
+        assert!(
+            t.elapsed().as_secs() < 180,
+            "kubelet never removed the pods\n{}",
+            k.log_tail()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(!cg.exists(), "{} is left", cg.display());
+    assert_eq!(net.veths(), 0, "a veth is left on {}", net.bridge);
+    assert!(net.allocations().is_empty(), "{:?}", net.allocations());
+    drop(k);
+    env.d.kill_leftovers();
+    let _ = &mut env;
+}
