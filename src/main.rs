@@ -269,6 +269,18 @@ fn client_config(path: &std::path::Path) -> Result<Config> {
     Ok(Config::load(path, explicit)?)
 }
 
+/// Exits with a remote command's code, or 1 after printing why it failed. Exiting here, not
+/// returning, matters: a read of stdin may still be blocked, and returning would wait for it.
+fn exit_with(code: anyhow::Result<i32>) -> ! {
+    match code {
+        Ok(c) => std::process::exit(c.clamp(0, 255)),
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::exit(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Helpers the daemon re-executes run first, single-threaded, before clap or any runtime.
     let mut argv = std::env::args_os().skip(1);
@@ -378,20 +390,17 @@ fn run(args: Args) -> Result<()> {
             command,
         } => {
             let code = if stdin || tty {
-                rt.block_on(cli::exec_stream(&socket, &container, &command, stdin, tty))?
+                rt.block_on(cli::exec_stream(&socket, &container, &command, stdin, tty))
             } else {
-                rt.block_on(cli::exec(&socket, &container, &command, timeout))?
+                rt.block_on(cli::exec(&socket, &container, &command, timeout))
             };
-            std::process::exit(code.clamp(0, 255));
+            exit_with(code)
         }
         Command::Attach {
             stdin,
             tty,
             container,
-        } => {
-            let code = rt.block_on(cli::attach(&socket, &container, stdin, tty))?;
-            std::process::exit(code.clamp(0, 255));
-        }
+        } => exit_with(rt.block_on(cli::attach(&socket, &container, stdin, tty))),
         Command::PortForward { pod, ports } => rt.block_on(cli::forward(&socket, &pod, &ports)),
         Command::Logs {
             follow,

@@ -73,6 +73,7 @@ async fn exec_with_kubestream_both_transports() {
     let sb = env.sandbox_config("streams");
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let fds_before = daemon_fds(&env);
     for transport in ["spdy", "websocket"] {
         // Output and the exit code.
         let url = exec_url(
@@ -114,7 +115,28 @@ async fn exec_with_kubestream_both_transports() {
     let (code, out, err) = crius_cli(&env, &["exec", "-t", &c, "--", "tty"], b"");
     assert_eq!(code, 0, "{out} {err}");
     assert!(out.contains("/dev/pts/"), "{out}");
+    // Every stream's sockets, pipes and terminals are closed again, and only the container's
+    // own processes are left in it.
+    let start = std::time::Instant::now();
+    while daemon_fds(&env) > fds_before {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the daemon holds {} descriptors, {fds_before} before the streams",
+            daemon_fds(&env)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ps, _, _) = env.exec(&c, &["ps", "-o", "comm"], 10).await.unwrap();
+    let procs: Vec<&str> = ps.lines().skip(1).filter(|l| *l != "ps").collect();
+    assert_eq!(procs, ["sleep"], "{ps}");
     env.remove_pod(&pod).await;
+}
+
+/// How many descriptors the daemon holds.
+fn daemon_fds(env: &PodEnv) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", env.d.pid().unwrap()))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 async fn port_forward_url(env: &PodEnv, pod: &str) -> String {
@@ -558,10 +580,12 @@ async fn attach_to_the_containers_own_stdio() {
     let (code, out, err) = kubestream(
         &ks,
         &["exec", "-tty", "-stdin", &url],
-        b"[ -t 0 ] && [ -t 1 ] && echo in-a-$((6*7))-terminal; exit 3\n",
+        b"[ -t 0 ] && [ -t 1 ] && tty && echo in-a-$((6*7))-terminal; exit 3\n",
     );
     assert_eq!(code, 0, "{out} {err}");
     assert!(out.contains("in-a-42-terminal"), "{out:?}");
+    // The terminal is the container's own (its devpts), so it has a name there.
+    assert!(out.contains("/dev/pts/0"), "{out:?}");
     let st = env.wait_exit(&shell, Duration::from_secs(20)).await;
     assert_eq!(st.exit_code, 3);
 

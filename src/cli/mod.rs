@@ -9,7 +9,7 @@ pub mod agent;
 mod images;
 mod node;
 mod pods;
-mod stream;
+pub mod stream;
 
 use std::path::Path;
 

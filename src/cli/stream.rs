@@ -18,7 +18,7 @@ use crate::stream::spdy::{Codec, Frame, Headers};
 /// routed by stream to whoever opened it (the channel closes at the stream's end).
 struct Conn {
     out: mpsc::Sender<Frame>,
-    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>>,
+    routes: Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>>>,
     next: u32,
 }
 
@@ -75,7 +75,9 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
             }
         }
     });
-    let routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>> = Arc::default();
+    // Unbounded per stream: one slow local reader must not stall every other stream (and the
+    // PING answers) behind it.
+    let routes: Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>>> = Arc::default();
     let (reader_routes, pong) = (routes.clone(), out.clone());
     tokio::spawn(async move {
         let mut codec = Codec::new();
@@ -101,7 +103,7 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
                 if let Some(tx) = route
                     && !data.is_empty()
                 {
-                    let _ = tx.send(data).await;
+                    let _ = tx.send(data);
                 }
                 if end {
                     lock(&reader_routes).remove(&stream);
@@ -128,10 +130,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Conn {
     /// Opens a stream with `headers`; its incoming data arrives on the receiver.
-    async fn open(&mut self, headers: &[(&str, String)]) -> Result<(u32, mpsc::Receiver<Vec<u8>>)> {
+    async fn open(
+        &mut self,
+        headers: &[(&str, String)],
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Vec<u8>>)> {
         let id = self.next;
         self.next += 2;
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::unbounded_channel();
         lock(&self.routes).insert(id, tx);
         let headers: Headers = headers
             .iter()
@@ -180,7 +185,7 @@ async fn send_all(mut from: impl AsyncRead + Unpin, stream: u32, out: mpsc::Send
 }
 
 /// Writes what a stream brings to `to`, until it ends.
-async fn receive_all(mut from: mpsc::Receiver<Vec<u8>>, mut to: impl AsyncWrite + Unpin) {
+async fn receive_all(mut from: mpsc::UnboundedReceiver<Vec<u8>>, mut to: impl AsyncWrite + Unpin) {
     while let Some(d) = from.recv().await {
         if to.write_all(&d).await.is_err() || to.flush().await.is_err() {
             break;
@@ -189,10 +194,11 @@ async fn receive_all(mut from: mpsc::Receiver<Vec<u8>>, mut to: impl AsyncWrite 
 }
 
 /// Exit code from the error stream's `metav1.Status` (v4): 0 for Success, the ExitCode cause
-/// for a command that failed, an error for anything else.
+/// for a command that failed, an error for anything else. v4 always sends a status, so none
+/// means the connection was lost.
 fn exit_code(status: &[u8]) -> Result<i32> {
     if status.is_empty() {
-        return Ok(0);
+        bail!("the streaming connection ended without an exit status");
     }
     let v: serde_json::Value = serde_json::from_slice(status).with_context(|| {
         format!(
@@ -310,8 +316,12 @@ pub async fn remote_command(url: &str, stdin: bool, tty: bool) -> Result<i32> {
 }
 
 /// Forwards connections to 127.0.0.1:LOCAL to the pod's REMOTE port, for each pair, until
-/// interrupted.
-pub async fn port_forward(url: &str, ports: &[(u16, u16)]) -> Result<()> {
+/// `until` completes (Ctrl-C for the command).
+pub async fn port_forward(
+    url: &str,
+    ports: &[(u16, u16)],
+    until: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let conn = connect(url, "portforward.k8s.io").await?;
     let conn = Arc::new(tokio::sync::Mutex::new(conn));
     let mut listeners = Vec::new();
@@ -332,6 +342,8 @@ pub async fn port_forward(url: &str, ports: &[(u16, u16)]) -> Result<()> {
         tasks.push(tokio::spawn(async move {
             loop {
                 let Ok((sock, _)) = l.accept().await else {
+                    // Out of descriptors, say: try again in a while, not at once.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 };
                 let id = ids
@@ -380,7 +392,7 @@ pub async fn port_forward(url: &str, ports: &[(u16, u16)]) -> Result<()> {
             }
         }));
     }
-    tokio::signal::ctrl_c().await?;
+    until.await;
     for t in tasks {
         t.abort();
     }
@@ -455,7 +467,10 @@ pub async fn forward(socket: &std::path::Path, pod: &str, specs: &[String]) -> R
         .map_err(|s| super::rpc_error(&format!("port-forward to {pod}"), socket, s))?
         .into_inner()
         .url;
-    port_forward(&url, &ports).await
+    port_forward(&url, &ports, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -467,7 +482,7 @@ mod tests {
         let status = |code| crate::stream::session::exit_status(code);
         assert_eq!(exit_code(&status(Ok(0))).ok(), Some(0));
         assert_eq!(exit_code(&status(Ok(7))).ok(), Some(7));
-        assert_eq!(exit_code(b"").ok(), Some(0));
+        assert!(exit_code(b"").is_err());
         let err = exit_code(&status(Err("container gone".into())));
         assert!(err.is_err_and(|e| e.to_string().contains("container gone")));
     }

@@ -4,8 +4,6 @@
 //! other way. The attachment ends when the container does (the monitor closes it) or when the
 //! session is dropped (the connection closes; the container keeps running).
 
-use std::os::fd::AsRawFd;
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
@@ -33,18 +31,18 @@ impl ContainerService {
             },
         };
         let body = serde_json::to_vec(&req).map_err(|e| fail(e.to_string()))?;
-        let conn = {
+        let mut conn = {
             let dir = sock.parent().unwrap_or(Path::new("/"));
             let (_dir, short) =
                 runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
-            std::os::unix::net::UnixStream::connect(&short)
+            tokio::net::UnixStream::connect(&short)
+                .await
                 .map_err(|e| fail(format!("the container's monitor does not answer ({e})")))?
         };
-        // One message, as the monitor reads its requests.
-        nix::sys::socket::send(conn.as_raw_fd(), &body, nix::sys::socket::MsgFlags::empty())
+        // One write: the monitor reads its request as one message.
+        conn.write_all(&body)
+            .await
             .map_err(|e| fail(format!("sending the request to the monitor: {e}")))?;
-        conn.set_nonblocking(true).map_err(io_err(&sock))?;
-        let conn = tokio::net::UnixStream::from_std(conn).map_err(io_err(&sock))?;
         let (mut rd, mut wr) = conn.into_split();
 
         // The monitor's answer comes first.
@@ -103,14 +101,17 @@ impl ContainerService {
                 };
                 match frame {
                     Some(f) => {
-                        if wr.write_all(&f).await.is_err() {
-                            break;
+                        // A monitor not reading (stdin full) must not hold this past the end.
+                        tokio::select! {
+                            r = wr.write_all(&f) => if r.is_err() { break },
+                            _ = over_rx.wait_for(|over| *over) => break,
                         }
                     }
                     None => sending = false,
                 }
             }
         });
+        let (service, cid2) = (self.clone(), cid.clone());
         let mut session = StreamSession {
             stdin: None,
             stdout: Some(Box::new(out_r)),
@@ -120,7 +121,17 @@ impl ContainerService {
                 // Dropping the session (the client left) ends the reader, and the connection.
                 let _cancel_on_drop = cancel_tx;
                 let _ = ended_rx.await;
-                Ok(0)
+                // The monitor ends an attachment when the container ends, or when this
+                // attacher fell too far behind: the container's state tells which.
+                match service.check_stream(&cid2, &opts).await {
+                    Ok(_) => Err(Error::Attach {
+                        id: cid2,
+                        message: "the container's monitor ended the attachment (the client \
+                                  fell too far behind its output)"
+                            .into(),
+                    }),
+                    Err(_) => Ok(0),
+                }
             }),
         };
         if opts.stdin {

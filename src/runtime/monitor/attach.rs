@@ -138,24 +138,37 @@ impl Monitor {
             if flags.contains(PollFlags::POLLOUT) {
                 a.flush();
             }
-            // Gone altogether (a half-close shows as readable, and an end of input).
-            if flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
-                a.closed = true;
-            }
-            if a.closed || a.input_closed || !flags.contains(PollFlags::POLLIN) {
-                continue;
-            }
-            match nix::unistd::read(&a.conn, &mut chunk) {
-                Ok(0) => {
-                    a.input_closed = true;
-                    if !a.stdin_ended {
-                        a.stdin_ended = true;
-                        self.stdin.closing |= self.stdin.once;
+            // Gone altogether: what it sent before hanging up is still read first. (A half-close
+            // shows as readable, and is an end of input.)
+            let hung_up = flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR);
+            if !a.closed && !a.input_closed && (hung_up || flags.contains(PollFlags::POLLIN)) {
+                loop {
+                    match nix::unistd::read(&a.conn, &mut chunk) {
+                        Ok(0) => {
+                            a.input_closed = true;
+                            if !a.stdin_ended {
+                                a.stdin_ended = true;
+                                self.stdin.closing |= self.stdin.once;
+                            }
+                            break;
+                        }
+                        Ok(n) => {
+                            a.inbuf.extend_from_slice(&chunk[..n]);
+                            if !hung_up || a.inbuf.len() > STDIN_MAX {
+                                break;
+                            }
+                        }
+                        Err(Errno::EINTR) => {}
+                        Err(Errno::EAGAIN) => break,
+                        Err(_) => {
+                            a.closed = true;
+                            break;
+                        }
                     }
                 }
-                Ok(n) => a.inbuf.extend_from_slice(&chunk[..n]),
-                Err(Errno::EAGAIN | Errno::EINTR) => {}
-                Err(_) => a.closed = true,
+            }
+            if hung_up {
+                a.closed = true;
             }
             loop {
                 let (kind, payload) = match attach::decode(&mut a.inbuf) {

@@ -169,28 +169,7 @@ impl Monitor {
             }
             ExecStdio::Tty(conn) => {
                 // The container's own /dev/ptmx (its devpts): we are in its mount namespace.
-                let master = nix::pty::posix_openpt(
-                    nix::fcntl::OFlag::O_RDWR
-                        | nix::fcntl::OFlag::O_NOCTTY
-                        | nix::fcntl::OFlag::O_CLOEXEC,
-                )
-                .map_err(|e| fail("opening the container's /dev/ptmx")(e.into()))?;
-                nix::pty::grantpt(&master).map_err(|e| fail("grantpt")(e.into()))?;
-                nix::pty::unlockpt(&master).map_err(|e| fail("unlockpt")(e.into()))?;
-                let slave = sys::pty_peer(&master).map_err(fail("opening the terminal"))?;
-                // The master goes to whoever asked; the command keeps only the slave.
-                let fds = [master.as_raw_fd()];
-                let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
-                let iov = [std::io::IoSlice::new(crate::runtime::PTY_MESSAGE)];
-                nix::sys::socket::sendmsg::<()>(
-                    conn.as_raw_fd(),
-                    &iov,
-                    &cmsg,
-                    MsgFlags::empty(),
-                    None,
-                )
-                .map_err(|e| fail("handing over the terminal")(e.into()))?;
-                drop(master);
+                let slave = init::container_terminal(conn)?;
                 nix::unistd::setsid().map_err(|e| fail("setsid")(e.into()))?;
                 sys::set_controlling_tty(&slave).map_err(fail("controlling terminal"))?;
                 for fd in 0..3 {

@@ -154,30 +154,12 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
         _ => None,
     };
 
-    let (child_stdio, outputs, stdin_keep, terminal) = if cfg.tty {
-        let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
-        for fd in [&pty.master, &pty.slave] {
-            fcntl(
-                fd.as_fd(),
-                FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-            )
-            .map_err(|e| format!("pty: {e}"))?;
-        }
-        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("pty: {e}"));
-        let stdio = Stdio {
-            stdin: dup(&pty.slave)?,
-            stdout: dup(&pty.slave)?,
-            stderr: pty.slave,
-            tty: true,
-        };
-        // Attachers type into the master; the output side reads it (non-blocking, below).
-        let stdin = if cfg.stdin {
-            Some(dup(&pty.master)?)
-        } else {
-            None
-        };
-        let terminal = Some(dup(&pty.master)?);
-        (stdio, vec![(pty.master, Stream::Stdout)], stdin, terminal)
+    // With a terminal, the init makes it in the container's devpts and sends its master here.
+    let mut console: Option<UnixStream> = None;
+    let (child_stdio, mut outputs, stdin_keep) = if cfg.tty {
+        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("console socket: {e}"))?;
+        console = Some(ours);
+        (Stdio::Console(OwnedFd::from(theirs)), Vec::new(), None)
     } else {
         let (out_r, out_w) = cloexec_pipe()?;
         let (err_r, err_w) = cloexec_pipe()?;
@@ -188,17 +170,15 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
             (OwnedFd::from(null), None)
         };
-        let stdio = Stdio {
+        let stdio = Stdio::Pipes {
             stdin,
             stdout: out_w,
             stderr: err_w,
-            tty: false,
         };
         (
             stdio,
             vec![(out_r, Stream::Stdout), (err_r, Stream::Stderr)],
             keep,
-            None,
         )
     };
     for (fd, _) in &outputs {
@@ -346,17 +326,40 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             let Some(child) = child else {
                 return Err("no container process".into());
             };
+            // From here a failure must not leave the container running without its monitor.
+            let abandon = |e: String| {
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                let _ = std::fs::remove_file(&sock_path);
+                e
+            };
+            // The container's terminal: its output is read here, attachers type into it.
+            let (mut stdin_keep, mut terminal) = (stdin_keep, None);
+            if let Some(c) = console {
+                let master = receive_terminal(&c)
+                    .and_then(|m| set_nonblocking(&m).map(|()| m))
+                    .map_err(abandon)?;
+                let dup = |fd: &OwnedFd| {
+                    fd.try_clone()
+                        .map_err(|e| abandon(format!("terminal: {e}")))
+                };
+                if cfg.stdin {
+                    stdin_keep = Some(dup(&master)?);
+                }
+                terminal = Some(dup(&master)?);
+                outputs.push((master, Stream::Stdout));
+            }
             if userns_pid {
                 let ns = format!("/proc/{child}/ns/pid");
-                let f = std::fs::File::open(&ns).map_err(|e| format!("{ns}: {e}"))?;
+                let f = std::fs::File::open(&ns).map_err(|e| abandon(format!("{ns}: {e}")))?;
                 setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
-                    .map_err(|e| format!("join the container's pid namespace: {e}"))?;
+                    .map_err(|e| abandon(format!("join the container's pid namespace: {e}")))?;
             }
             let started_at = now_nanos();
             let id = ProcessId::of(child.as_raw())
-                .map_err(|e| format!("container init {child}: {e}"))?;
+                .map_err(|e| abandon(format!("container init {child}: {e}")))?;
             let init_fd = sys::pidfd_open(child.as_raw())
-                .map_err(|e| format!("container init {child}: {e}"))?;
+                .map_err(|e| abandon(format!("container init {child}: {e}")))?;
             let monitor = Monitor {
                 child,
                 init_fd,
@@ -654,7 +657,29 @@ impl Monitor {
     }
 }
 
-impl Monitor {}
+/// The master of the terminal the init made (see `init::container_terminal`), already sent:
+/// the init has exec'd (or failed, which the caller has seen) by now.
+fn receive_terminal(console: &UnixStream) -> Result<OwnedFd, String> {
+    let mut data = [0u8; 4];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut data)];
+    let msg = recvmsg::<()>(
+        console.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(|e| format!("the container's terminal: {e}"))?;
+    let mut fd = None;
+    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            for r in raw {
+                fd.get_or_insert(sys::own_received_fd(r));
+            }
+        }
+    }
+    fd.ok_or_else(|| "the container's init sent no terminal".to_string())
+}
 
 /// The `oom_kill` count of a cgroup's memory.events.
 fn oom_kills(cgroup: &Path) -> u64 {

@@ -1,0 +1,461 @@
+//! The container's init, between fork and exec, in the child of `crius monitor`: join the pod's
+//! namespaces, take a private mount namespace, mount the spec's filesystems inside the rootfs
+//! (resolved in-root, see `mounts`), create `/dev`, `pivot_root`, mask paths, then set up the
+//! process (stdio, rlimits, oom_score_adj, user, capabilities, no_new_privs) and exec. Any failure
+//! is written to the error pipe, which exec closes on success.
+
+use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::{CloneFlags, setns, unshare};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
+use oci_spec::runtime::Spec;
+
+mod dev;
+mod process;
+
+pub use process::{apply_process, container_terminal, exec};
+
+use super::mounts::{self, Options};
+use super::seccomp::Compiled;
+use crate::sys;
+
+/// A failed step, as the monitor reports it.
+pub use super::step::StepError as InitError;
+use super::step::step as fail;
+
+/// The child's stdio: pipes (or /dev/null) the monitor made, or, for a container with a
+/// terminal, a socket on which the init hands the monitor the master of a terminal it makes in
+/// the container's own devpts (as runc's console socket), so `tty` names it inside.
+pub enum Stdio {
+    Pipes {
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    Console(OwnedFd),
+}
+
+/// What the init sets up.
+pub struct Plan<'a> {
+    pub spec: &'a Spec,
+    pub join: &'a [super::JoinNamespace],
+    pub cgroup: Option<&'a Path>,
+    pub seccomp: Option<&'a Compiled>,
+    /// The pod's user namespace (its handle): joined first; bind mounts are idmapped into it.
+    pub userns: Option<&'a Path>,
+    /// With a user namespace and a PID namespace of the container's own, which must belong to
+    /// the user namespace: the init makes it, forks once more, sends the new process's pid here
+    /// and exits; the new process is the container.
+    pub pid_report: Option<OwnedFd>,
+    /// With a systemd scope: a byte here means the monitor has seen the init placed in it; end
+    /// of file means it was not.
+    pub placement: Option<OwnedFd>,
+}
+
+/// Runs the container init in the forked child; never returns.
+pub fn run(plan: Plan, stdio: Stdio, errors: OwnedFd) -> ! {
+    let e = match setup(plan, stdio) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    let mut f = std::fs::File::from(errors);
+    let _ = f.write_all(e.to_string().as_bytes());
+    sys::exit_now(127)
+}
+
+fn ns_flag(kind: &str) -> Option<CloneFlags> {
+    Some(match kind {
+        "net" => CloneFlags::CLONE_NEWNET,
+        "ipc" => CloneFlags::CLONE_NEWIPC,
+        "uts" => CloneFlags::CLONE_NEWUTS,
+        "pid" => CloneFlags::CLONE_NEWPID,
+        "mnt" => CloneFlags::CLONE_NEWNS,
+        "cgroup" => CloneFlags::CLONE_NEWCGROUP,
+        "user" => CloneFlags::CLONE_NEWUSER,
+        _ => return None,
+    })
+}
+
+/// Joins a namespace by its handle path.
+pub fn join_namespace(kind: &str, path: &Path) -> Result<(), InitError> {
+    let flag = ns_flag(kind).ok_or_else(|| InitError {
+        step: "join namespace".into(),
+        detail: format!("unknown namespace kind {kind:?}"),
+    })?;
+    let fd = std::fs::File::open(path)
+        .map_err(fail(format!("open {kind} namespace {}", path.display())))?;
+    setns(fd.as_fd(), flag).map_err(fail(format!("join {kind} namespace {}", path.display())))
+}
+
+/// Bind mounts as idmapped mounts of the user namespace, made on the host's side (only there
+/// may they be made) for the init to attach inside; one slot per spec mount.
+fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, InitError> {
+    let mut out = Vec::new();
+    for m in spec.mounts().as_deref().unwrap_or_default() {
+        let opts = Options::parse(m.options().as_deref().unwrap_or_default());
+        let kind = m.typ().as_deref().unwrap_or("bind");
+        if !(opts.flags.contains(MsFlags::MS_BIND) || kind == "bind") {
+            out.push(None);
+            continue;
+        }
+        let source = m.source().clone().unwrap_or_default();
+        let mut attrs = 0;
+        for (flag, attr) in [
+            (MsFlags::MS_RDONLY, mounts::ATTR_RDONLY),
+            (MsFlags::MS_NOSUID, mounts::ATTR_NOSUID),
+            (MsFlags::MS_NODEV, mounts::ATTR_NODEV),
+            (MsFlags::MS_NOEXEC, mounts::ATTR_NOEXEC),
+        ] {
+            if opts.flags.contains(flag) {
+                attrs |= attr;
+            }
+        }
+        let recursive = opts.flags.contains(MsFlags::MS_REC);
+        let tree = mounts::idmapped(&source, userns, recursive, attrs, opts.recursive_ro).map_err(
+            fail(format!(
+                "mount {} on {}",
+                source.display(),
+                m.destination().display()
+            )),
+        )?;
+        out.push(Some(tree));
+    }
+    Ok(out)
+}
+
+/// Joins the pod's user namespace as its root (the IDs the container's files are made with
+/// until the process takes its own); with `pid_report`, also a new PID namespace of that user
+/// namespace, entered by forking: the parent reports the child's pid and exits.
+fn enter_userns(userns: &Path, pid_report: Option<OwnedFd>) -> Result<(), InitError> {
+    join_namespace("user", userns)?;
+    let root = Gid::from_raw(0);
+    nix::unistd::setresgid(root, root, root).map_err(fail("setgid 0 in the user namespace"))?;
+    let root = Uid::from_raw(0);
+    nix::unistd::setresuid(root, root, root).map_err(fail("setuid 0 in the user namespace"))?;
+    let Some(report) = pid_report else {
+        return Ok(());
+    };
+    unshare(CloneFlags::CLONE_NEWPID).map_err(fail("new pid namespace"))?;
+    match sys::fork().map_err(fail("fork into the pid namespace"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(report);
+            Ok(())
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let mut f = std::fs::File::from(report);
+            let code = match f.write_all(&child.as_raw().to_ne_bytes()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            sys::exit_now(code)
+        }
+    }
+}
+
+fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
+    let Plan {
+        spec,
+        join,
+        cgroup,
+        seccomp,
+        userns,
+        pid_report,
+        placement,
+    } = plan;
+    // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
+    // starts with no signal blocked or ignored.
+    sys::reset_signals().map_err(fail("reset signals"))?;
+    if let Some(p) = placement {
+        let mut b = [0u8; 1];
+        std::fs::File::from(p).read_exact(&mut b).map_err(fail(
+            "waiting to be placed in the container's systemd scope",
+        ))?;
+    }
+    // Into the container's cgroup before anything else, so every later step is accounted.
+    if let Some(cg) = cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(fail(format!("joining cgroup {}", cg.display())))?;
+    }
+    let mut idmapped = match userns {
+        Some(ns) => idmapped_binds(spec, ns)?,
+        None => Vec::new(),
+    };
+    if let Some(ns) = userns {
+        enter_userns(ns, pid_report)?;
+    }
+    for ns in join.iter().filter(|n| n.kind != "pid" && n.kind != "user") {
+        join_namespace(&ns.kind, &ns.path)?;
+    }
+    // A cgroup namespace rooted at the container's cgroup, so its /sys/fs/cgroup shows only itself.
+    let mut flags = CloneFlags::CLONE_NEWNS;
+    if cgroup.is_some() {
+        flags |= CloneFlags::CLONE_NEWCGROUP;
+    }
+    unshare(flags).map_err(fail("new mount and cgroup namespaces"))?;
+
+    let linux = spec.linux().as_ref();
+    let root = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .ok_or_else(|| InitError {
+            step: "rootfs".into(),
+            detail: "the spec has no root".into(),
+        })?;
+    // Nothing mounted under the rootfs may reach the host: the rootfs is made private in this
+    // namespace. The rest of the tree keeps the host's propagation, so a bind of a shared host
+    // directory joins its peer group and each bind then gets exactly the propagation asked for
+    // (rprivate, rslave, or rshared for kubelet's Bidirectional).
+    mount(
+        None::<&str>,
+        &root,
+        None::<&str>,
+        MsFlags::MS_PRIVATE | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail(format!("make rootfs {} private", root.display())))?;
+    // pivot_root refuses a shared parent of the new root or of the current root.
+    for m in [
+        mounts::mount_point_of(&root).unwrap_or_else(|| PathBuf::from("/")),
+        PathBuf::from("/"),
+    ] {
+        mount(
+            None::<&str>,
+            &m,
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(fail(format!("make {} private", m.display())))?;
+    }
+    // A mount of our own on the rootfs: in a user namespace the one copied from the host is
+    // locked, and pivot_root refuses a locked new root.
+    mount(
+        Some(&root),
+        &root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail(format!("bind rootfs {}", root.display())))?;
+    let rootfd: OwnedFd = nix::fcntl::open(
+        &root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail(format!("open rootfs {}", root.display())))?;
+
+    let mut has_dev = false;
+    for (i, m) in spec
+        .mounts()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let dest = m.destination().display().to_string();
+        let opts = Options::parse(m.options().as_deref().unwrap_or_default());
+        let kind = m.typ().as_deref().unwrap_or("bind");
+        let step = format!("mount {kind} on {dest}");
+        if let Some(tree) = idmapped.get_mut(i).and_then(Option::take) {
+            let source = m.source().clone().unwrap_or_default();
+            let meta = std::fs::metadata(&source)
+                .map_err(fail(format!("{step}: source {}", source.display())))?;
+            let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+            mounts::attach_at(&tree, &target, opts.propagation).map_err(fail(&step))?;
+        } else if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
+            let source = m.source().clone().unwrap_or_default();
+            let meta = std::fs::metadata(&source)
+                .map_err(fail(format!("{step}: source {}", source.display())))?;
+            let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+            mounts::bind(&source, &target, &opts).map_err(fail(&step))?;
+        } else {
+            let target = mounts::target(&rootfd, &dest, true).map_err(fail(&step))?;
+            let source = m
+                .source()
+                .as_ref()
+                .map(|s| s.display().to_string())
+                .unwrap_or_else(|| kind.to_string());
+            mounts::mount_fs(kind, &source, &target, &opts).map_err(fail(&step))?;
+            if dest == "/dev" {
+                has_dev = true;
+            }
+        }
+    }
+    if has_dev {
+        dev::populate_dev(spec, &rootfd, userns.is_some())?;
+    }
+    let process = spec.process().as_ref().ok_or_else(|| InitError {
+        step: "process".into(),
+        detail: "the spec has no process".into(),
+    })?;
+    let cwd = process.cwd().display().to_string();
+    mounts::target(&rootfd, &cwd, true).map_err(fail(format!("working directory {cwd}")))?;
+
+    pivot(&rootfd)?;
+
+    if let Some(l) = linux {
+        for p in l.masked_paths().as_deref().unwrap_or_default() {
+            mask(p)?;
+        }
+        for p in l.readonly_paths().as_deref().unwrap_or_default() {
+            read_only(p)?;
+        }
+        if let Some(sysctls) = l.sysctl() {
+            for (k, v) in sysctls {
+                write_sysctl(k, v)?;
+            }
+        }
+    }
+    if spec
+        .root()
+        .as_ref()
+        .and_then(|r| r.readonly())
+        .unwrap_or(false)
+    {
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .map_err(fail("read-only rootfs"))?;
+    }
+
+    nix::unistd::setsid().map_err(fail("setsid"))?;
+    match stdio {
+        Stdio::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            sys::dup_to(&stdin, 0, false).map_err(fail("stdin"))?;
+            sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
+            sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
+        }
+        Stdio::Console(console) => {
+            let slave = container_terminal(&console)?;
+            drop(console);
+            sys::set_controlling_tty(&slave).map_err(fail("controlling terminal"))?;
+            for fd in 0..3 {
+                sys::dup_to(&slave, fd, false).map_err(fail("terminal stdio"))?;
+            }
+        }
+    }
+    std::env::set_current_dir(&cwd).map_err(fail(format!("chdir {cwd}")))?;
+    apply_process(process, seccomp)?;
+    exec(process)
+}
+
+fn pivot(rootfd: &OwnedFd) -> Result<(), InitError> {
+    let oldroot: OwnedFd = nix::fcntl::open(
+        "/",
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail("open old root"))?;
+    nix::unistd::fchdir(rootfd.as_fd()).map_err(fail("chdir rootfs"))?;
+    nix::unistd::pivot_root(".", ".").map_err(fail("pivot_root"))?;
+    // The old root now sits on top of the new one. Step into it, make it a slave so its detach
+    // cannot propagate to the host, and detach it; the new root's own mounts keep their
+    // propagation (a Bidirectional mount stays shared with the host).
+    nix::unistd::fchdir(oldroot.as_fd()).map_err(fail("chdir old root"))?;
+    mount(
+        None::<&str>,
+        ".",
+        None::<&str>,
+        MsFlags::MS_SLAVE | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail("old root propagation"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(fail("detach old root"))?;
+    std::env::set_current_dir("/").map_err(fail("chdir /"))
+}
+
+fn mask(path: &str) -> Result<(), InitError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(fail(format!("mask {path}"))(e)),
+    };
+    if meta.is_dir() {
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+    } else {
+        mount(
+            Some("/dev/null"),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    }
+    .map_err(fail(format!("mask {path}")))
+}
+
+fn read_only(path: &str) -> Result<(), InitError> {
+    match mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    ) {
+        Ok(()) => {}
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(fail(format!("read-only {path}"))(e)),
+    }
+    mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail(format!("read-only {path}")))
+}
+
+/// Writes a sysctl (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`) for the caller's namespaces.
+pub fn write_sysctl(key: &str, value: &str) -> Result<(), InitError> {
+    if key.contains("..") || key.starts_with('/') {
+        return Err(InitError {
+            step: format!("sysctl {key}"),
+            detail: "invalid name".into(),
+        });
+    }
+    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
+    std::fs::write(&path, value).map_err(fail(format!("sysctl {key}={value}")))
+}
+
+/// Whether a path component walk from the root reaches `path` without symlinks (for checks).
+pub fn open_in_root(root: &Path, path: &str) -> std::io::Result<OwnedFd> {
+    let rootfd: OwnedFd = nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let rel: PathBuf = Path::new(path)
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    Ok(openat2(
+        rootfd.as_fd(),
+        &rel,
+        OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )?)
+}
