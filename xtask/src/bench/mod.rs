@@ -4,8 +4,10 @@
 //! crius/containerd of the medians. Results are printed as a table and written as JSON.
 
 mod agent;
+mod cni;
 mod images;
 mod peers;
+mod stream;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -158,6 +160,37 @@ impl Rt {
         }
     }
 
+    /// Waits until new pods get an address under `prefix` (the runtime has read the list).
+    async fn wait_network(&mut self, prefix: &str) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let (id, _) = self.run_pod().await?;
+            let ip = self
+                .rt
+                .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: id.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .and_then(|s| s.network)
+                .map(|n| n.ip)
+                .unwrap_or_default();
+            self.remove_pod(&id).await?;
+            if ip.starts_with(prefix) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!(
+                    "{}: pods got {ip:?}, not an address of the bench bridge",
+                    self.name()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn run_pod(&mut self) -> Result<(String, cri::PodSandboxConfig)> {
         let cfg = self.sandbox_config();
         let id = self
@@ -195,13 +228,28 @@ impl Rt {
         sb: &cri::PodSandboxConfig,
         image: &str,
     ) -> Result<String> {
+        self.start_container_cmd(pod, sb, image, &[]).await
+    }
+
+    /// A container running `cmd` (the default `sleep` when empty).
+    async fn start_container_cmd(
+        &mut self,
+        pod: &str,
+        sb: &cri::PodSandboxConfig,
+        image: &str,
+        cmd: &[&str],
+    ) -> Result<String> {
         self.seq += 1;
         let name = format!("c{}", self.seq);
+        let mut config = Self::container_config(image, &name);
+        if !cmd.is_empty() {
+            config.command = cmd.iter().map(|c| c.to_string()).collect();
+        }
         let id = self
             .rt
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: pod.into(),
-                config: Some(Self::container_config(image, &name)),
+                config: Some(config),
                 sandbox_config: Some(sb.clone()),
             })
             .await
@@ -641,10 +689,92 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             cost.per_probe_us,
         );
     }
+    eprintln!("bench: streaming");
+    for round in 0..o.rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let mb = if o.smoke { 16 } else { 256 };
+            stream::rows(&mut rts[i], &busybox, mb, &mut res).await?;
+        }
+    }
+    cni_rows(o, tmp, &mut rts, &busybox, &mut res).await?;
     for rt in rts.iter_mut() {
         rt.peer.stop();
     }
     report(&res, o)?;
+    Ok(())
+}
+
+/// Pods on the same CNI bridge list for both runtimes, and the plugin chain alone: what each
+/// runtime adds above the plugins is the difference of the medians.
+async fn cni_rows(
+    o: &Options,
+    tmp: &Path,
+    rts: &mut [Rt; 2],
+    image: &str,
+    res: &mut Results,
+) -> Result<()> {
+    eprintln!("bench: pods on a CNI bridge");
+    let net = cni::BenchNet::new(tmp)?;
+    for rt in rts.iter() {
+        std::fs::write(rt.peer.cni_conf.join(cni::FILE), net.conflist())?;
+    }
+    for rt in rts.iter_mut() {
+        rt.wait_network(&net.prefix).await?;
+    }
+    const SANDBOX: &str = "sandbox run+stop+remove, CNI bridge";
+    const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
+    for round in 0..o.rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let rt = &mut rts[i];
+            let name = rt.name();
+            for _ in 0..5 {
+                let (_, ms) = timed(async {
+                    let (id, _) = rt.run_pod().await?;
+                    rt.remove_pod(&id).await
+                })
+                .await?;
+                res.add(SANDBOX, "ms", name, ms);
+            }
+            for _ in 0..3 {
+                let (pod, ms) = timed(async {
+                    let (pod, sb) = rt.run_pod().await?;
+                    rt.start_container(&pod, &sb, image).await?;
+                    Ok(pod)
+                })
+                .await?;
+                res.add("pod+container to running, CNI bridge", "ms", name, ms);
+                rt.remove_pod(&pod).await?;
+            }
+        }
+        for n in 0..5 {
+            res.add(CHAIN, "ms", "crius", net.chain_alone(round * 5 + n)?);
+        }
+    }
+    let median = |rt: &str, op: &str| {
+        res.samples
+            .get(op)
+            .and_then(|m| m.get(rt))
+            .map(|v| stats(v).median)
+    };
+    if let Some(chain) = median("crius", CHAIN) {
+        let above: Vec<(&str, f64)> = ["crius", "containerd"]
+            .into_iter()
+            .filter_map(|rt| median(rt, SANDBOX).map(|sb| (rt, sb - chain)))
+            .collect();
+        for (rt, ms) in above {
+            res.add(
+                "sandbox with CNI above the plugin chain (medians)",
+                "ms",
+                rt,
+                ms,
+            );
+        }
+    }
+    for rt in rts.iter() {
+        std::fs::remove_file(rt.peer.cni_conf.join(cni::FILE))?;
+    }
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! own socket: crius (the release binary) and Debian's containerd with its CRI plugin and runc.
 //! containerd needs `restrict_oom_score_adj` on these machines, a pause image (built from
 //! busybox here) and a CNI result with an address: it gets Debian's `loopback` plugin plus a
-//! no-op plugin that reports one, so both runtimes give pods a loopback-only network.
+//! no-op plugin that reports one, so both runtimes give pods a loopback-only network, until the
+//! CNI rows put the same bridge list first in both runtimes' directories (`cni`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,8 @@ pub struct Peer {
     pub pid: i32,
     child: Child,
     pub channel: Channel,
+    /// The runtime's CNI configuration directory.
+    pub cni_conf: PathBuf,
 }
 
 fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
@@ -59,11 +62,16 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
     std::fs::create_dir_all(dir)?;
     let socket = dir.join("crius.sock");
     let cfg = dir.join("config.toml");
+    // No network list until the CNI rows: pods keep only loopback, like containerd's below.
+    let cni_conf = dir.join("cni-conf");
+    std::fs::create_dir_all(&cni_conf)?;
     std::fs::write(
         &cfg,
         format!(
-            "[registry]\nconfig_path = \"{}\"\n",
-            dir.join("certs.d").display()
+            "[registry]\nconfig_path = \"{}\"\n[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n",
+            dir.join("certs.d").display(),
+            cni_conf.display(),
+            super::cni::PLUGINS,
         ),
     )?;
     let log = dir.join("daemon.log");
@@ -89,6 +97,7 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         socket,
         child,
         channel,
+        cni_conf,
     })
 }
 
@@ -99,7 +108,10 @@ pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> 
     let cni_bin = dir.join("cni-bin");
     std::fs::create_dir_all(&cni_conf)?;
     std::fs::create_dir_all(&cni_bin)?;
-    std::os::unix::fs::symlink("/usr/lib/cni/loopback", cni_bin.join("loopback")).ok();
+    for plugin in ["loopback", "bridge", "host-local", "portmap"] {
+        let from = Path::new(super::cni::PLUGINS).join(plugin);
+        std::os::unix::fs::symlink(from, cni_bin.join(plugin)).ok();
+    }
     // A plugin that does nothing but report an address on eth0: containerd insists on one.
     let noop = cni_bin.join("bench-addr");
     std::fs::write(
@@ -172,6 +184,7 @@ state = "{state}"
         socket,
         child,
         channel,
+        cni_conf,
     })
 }
 
