@@ -192,6 +192,49 @@ async fn pods_get_ips_and_reach_each_other() {
         "{:?}",
         verbose.info
     );
+    assert_eq!(
+        verbose.info.get("networkCheck").map(String::as_str),
+        Some("ok"),
+        "{:?}",
+        verbose.info
+    );
+    // CHECK notices a pod whose address was taken away behind the runtime's back.
+    let status_b = |verbose| {
+        let mut rt = env.d.runtime();
+        let b = b.clone();
+        async move {
+            rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: b,
+                verbose,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let netns_b = env.d.pod_info(&b).await["namespaces"]["net"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let flushed = std::process::Command::new("nsenter")
+        .arg(format!("--net={netns_b}"))
+        .args(["ip", "addr", "flush", "dev", "eth0"])
+        .status()
+        .unwrap();
+    assert!(flushed.success());
+    let broken = status_b(true).await.info;
+    assert!(
+        broken.get("networkCheck").is_some_and(|c| c != "ok"),
+        "{broken:?}"
+    );
+    // The client shows it beside the runtime's own info.
+    let out = env.d.cli(&["inspectp", &a]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        shown["info"]["network"].to_string().contains(&ip_a),
+        "{shown}"
+    );
+    assert!(shown["info"]["namespaces"]["net"].is_string(), "{shown}");
 
     for pod in [&a, &b, &h] {
         env.remove_pod(pod).await;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result, bail};
 use k8s_cri::v1 as cri;
 
-use super::{Output, connect, print_table, rpc_error, short_id};
+use super::{Output, connect, print_structured, print_table, rpc_error, short_id};
 use crate::cri::client;
 
 /// "3 minutes ago" for a Unix time in nanoseconds.
@@ -57,11 +57,7 @@ pub async fn pods(socket: &Path, name: Option<&str>, quiet: bool, output: Output
         .into_iter()
         .filter(|p| name.is_none_or(|n| p.metadata.as_ref().is_some_and(|m| m.name.contains(n))))
         .collect();
-    if output == Output::Json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "items": items }))?
-        );
+    if print_structured(&serde_json::json!({ "items": items }), output)? {
         return Ok(());
     }
     if quiet {
@@ -124,11 +120,7 @@ pub async fn ps(
         .map_err(|s| rpc_error("listing containers", socket, s))?
         .into_inner()
         .containers;
-    if output == Output::Json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "containers": containers }))?
-        );
+    if print_structured(&serde_json::json!({ "containers": containers }), output)? {
         return Ok(());
     }
     if quiet {
@@ -357,11 +349,19 @@ fn with_info(
     status: serde_json::Value,
     info: &std::collections::HashMap<String, String>,
 ) -> serde_json::Value {
-    let info: serde_json::Value = info
-        .get("info")
-        .and_then(|i| serde_json::from_str(i).ok())
-        .unwrap_or(serde_json::Value::Null);
-    serde_json::json!({ "status": status, "info": info })
+    // "info" is the runtime's own object; every other key (the pod's network attachment, say)
+    // joins it, as JSON where it is JSON.
+    let parse = |v: &String| {
+        serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.clone()))
+    };
+    let mut merged = match info.get("info").map(parse) {
+        Some(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in info.iter().filter(|(k, _)| *k != "info") {
+        merged.insert(k.clone(), parse(v));
+    }
+    serde_json::json!({ "status": status, "info": merged })
 }
 
 pub async fn inspect(socket: &Path, id: &str) -> Result<()> {

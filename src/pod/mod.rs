@@ -194,6 +194,12 @@ impl PodService {
     ) -> Result<cri::PodSandboxStatusResponse, Error> {
         let (mut status, mut info) = self.sandboxes.status(id, verbose).await?;
         self.network_status(&mut status, &mut info, verbose);
+        if verbose && status.state == cri::PodSandboxState::SandboxReady as i32 {
+            // Asked for detail: whether the network is still as ADD left it (CNI CHECK).
+            if let Some(verdict) = self.network_check(&status.id).await {
+                info.insert("networkCheck".to_string(), verdict);
+            }
+        }
         let mut containers_statuses = Vec::new();
         for c in self.containers.in_sandbox(&status.id).await {
             if let Ok((s, _)) = self.containers.status(&c, false).await {

@@ -69,6 +69,19 @@ impl PodService {
             .map_err(Self::network_err(id))
     }
 
+    /// CHECK of an attached pod's network: `ok`, or what the plugins found wrong; None when
+    /// the pod has no attachment.
+    pub(super) async fn network_check(&self, id: &str) -> Option<String> {
+        let record = self.record(id);
+        if !matches!(network::read(&record), Ok(Some(_))) {
+            return None;
+        }
+        Some(match self.network.check(&record).await {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        })
+    }
+
     /// The pod's IPs into its status, and, verbose, the attachment itself.
     pub(super) fn network_status(
         &self,
@@ -77,6 +90,11 @@ impl PodService {
         verbose: bool,
     ) {
         let Ok(Some(att)) = network::read(&self.record(&status.id)) else {
+            if verbose {
+                // Host network, or no network list when the pod ran: its namespace has only lo.
+                let none = serde_json::json!({ "attachment": null, "interfaces": ["lo"] });
+                info.insert("network".to_string(), none.to_string());
+            }
             return;
         };
         let mut ips = att.ips().into_iter();

@@ -66,7 +66,6 @@ impl SandboxService {
                 "namespaces": r.namespaces.iter().map(|k| (k.clone(), paths.ns(k))).collect::<BTreeMap<_, _>>(),
                 "runtimeHandler": r.runtime_handler,
                 "cgroup": r.cgroup.as_ref().map(|c| c.path.clone()),
-                "network": "loopback only",
                 "config": r.config,
             });
             info.insert("info".to_string(), v.to_string());

@@ -79,8 +79,9 @@ impl TestNet {
     /// The network list, with `extra` plugins after the bridge. Pods get a route to this
     /// node's own address only (for hostPort on it), none out.
     pub fn conflist(&self, extra: &str) -> String {
+        // Through the bridge's address, named: CNI CHECK compares routes with their gateways.
         let routes = node_address()
-            .map(|a| format!(r#","routes":[{{"dst":"{a}/32"}}]"#))
+            .map(|a| format!(r#","routes":[{{"dst":"{a}/32","gw":"{}.1"}}]"#, self.prefix))
             .unwrap_or_default();
         format!(
             r#"{{"cniVersion":"1.0.0","name":"crius-test","plugins":[
