@@ -152,20 +152,32 @@ async fn port_forward_url(env: &PodEnv, pod: &str) -> String {
         .url
 }
 
-/// Upgrades `url` to SPDY/3.1, then sends nothing: how long until the server closes.
-fn idle_upgrade(url: &str) -> std::time::Duration {
+/// Upgrades `url` to SPDY/3.1 or to a WebSocket, then sends nothing: how long until the server
+/// closes.
+fn idle_upgrade(url: &str, websocket: bool) -> std::time::Duration {
     use std::io::Read;
     let rest = url.strip_prefix("http://").unwrap();
     let (addr, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
         .unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
-         X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
-    )
-    .unwrap();
+    if websocket {
+        write!(
+            s,
+            "GET {path}?input=1&output=1 HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\n\
+             Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n"
+        )
+        .unwrap();
+    } else {
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+             X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+        )
+        .unwrap();
+    }
     let start = std::time::Instant::now();
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
@@ -408,18 +420,20 @@ async fn tokens_idle_streams_and_killed_containers() {
     // An idle stream (a command that waits on stdin nobody writes) is closed after 6 s.
     // client-go pings every few seconds, and a ping is activity (as in kubelet's server), so
     // the idle client here is a raw one: it upgrades and then says nothing.
-    let url = exec_url(&env, &c, &["cat"], true, false).await;
-    let took = tokio::task::spawn_blocking(move || idle_upgrade(&url))
-        .await
-        .unwrap();
-    assert!(
-        took.as_secs() >= 5,
-        "closed after {took:?}: the stream was not idle long enough"
-    );
-    assert!(
-        took < std::time::Duration::from_secs(60),
-        "idle stream kept {took:?}"
-    );
+    for websocket in [false, true] {
+        let url = exec_url(&env, &c, &["cat"], true, false).await;
+        let took = tokio::task::spawn_blocking(move || idle_upgrade(&url, websocket))
+            .await
+            .unwrap();
+        assert!(
+            took.as_secs() >= 5,
+            "closed after {took:?}: the stream was not idle long enough (websocket {websocket})"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(60),
+            "idle stream kept {took:?} (websocket {websocket})"
+        );
+    }
     // The container killed under a running exec: the stream ends with the command's end.
     let url = exec_url(&env, &c, &["sleep", "1000"], false, false).await;
     let ks2 = ks.clone();

@@ -41,17 +41,23 @@ pub enum Event {
 }
 
 /// The time of the last frame either way, for the idle timeout.
-struct Activity {
+pub(super) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
 }
 
 impl Activity {
-    fn touch(&self) {
+    pub(super) fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+    pub(super) fn touch(&self) {
         self.last_ms
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
-    fn idle(&self) -> Duration {
+    pub(super) fn idle(&self) -> Duration {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
         self.start.elapsed().saturating_sub(last)
     }
@@ -68,10 +74,7 @@ pub async fn run_spdy<IO>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(io);
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    });
+    let activity = Arc::new(Activity::new());
     let (out_tx, mut out_rx) = mpsc::channel::<Frame>(64);
     let writer_activity = activity.clone();
     let writer = tokio::spawn(async move {

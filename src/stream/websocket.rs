@@ -19,7 +19,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message, Role};
 
-use super::session::{Resizes, exit_status};
+use super::session::{Activity, Resizes, exit_status};
 use super::{Request, Session, Shared, reply};
 
 const EXEC_PROTOCOLS: [&str; 4] = [
@@ -73,7 +73,7 @@ pub(super) fn upgrade(
             super::session::run_spdy(io, super::PORT_FORWARD_PROTOCOL, request, backend, idle)
                 .await;
         } else {
-            remote_command(ws, protocol, request, backend).await;
+            remote_command(ws, protocol, request, backend, idle).await;
         }
     });
     let mut r = hyper::Response::new(Full::new(Bytes::new()));
@@ -104,7 +104,10 @@ async fn remote_command(
     protocol: &'static str,
     request: Request,
     backend: Arc<dyn super::Backend>,
+    idle: std::time::Duration,
 ) {
+    // Frames either way are activity (client-go's pings too), as over SPDY.
+    let activity = Arc::new(Activity::new());
     let base64 = protocol.contains("base64");
     let v5 = protocol.starts_with("v5.");
     let (mut sink, mut incoming) = ws.split();
@@ -160,13 +163,14 @@ async fn remote_command(
     let mut pumps = Vec::new();
     for (from, ch) in [(stdout, 1u8), (stderr, 2u8)] {
         if let Some(mut r) = from {
-            let out = out_tx.clone();
+            let (out, activity) = (out_tx.clone(), activity.clone());
             pumps.push(tokio::spawn(async move {
                 let mut buf = vec![0u8; 32 << 10];
                 while let Ok(n) = r.read(&mut buf).await {
                     if n == 0 || out.send((ch, buf[..n].to_vec())).await.is_err() {
                         break;
                     }
+                    activity.touch();
                 }
             }));
         }
@@ -175,7 +179,14 @@ async fn remote_command(
     let code = loop {
         tokio::select! {
             code = &mut done => break Some(code),
+            _ = tokio::time::sleep(idle.min(std::time::Duration::from_secs(5))) => {
+                if activity.idle() >= idle {
+                    tracing::info!("closing a stream idle for {idle:?}");
+                    break None;
+                }
+            }
             msg = incoming.next() => {
+                activity.touch();
                 let payload = match msg {
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
                     Some(Ok(Message::Binary(b))) => b.to_vec(),
@@ -219,6 +230,10 @@ async fn remote_command(
         }
     };
     let Some(code) = code else {
+        // Gone or idle: stop reading the command's output so the writer closes the socket.
+        for p in &pumps {
+            p.abort();
+        }
         return;
     };
     drop(stdin);
