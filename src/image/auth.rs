@@ -169,6 +169,22 @@ pub fn parse_challenge(header: &str) -> Option<Challenge> {
     }
 }
 
+/// The challenge to answer among every `WWW-Authenticate` header of a 401 (a registry may send
+/// Basic and Bearer in separate headers): Bearer first, since it works with and without
+/// credentials, then Basic.
+pub fn pick_challenge<'a>(headers: impl Iterator<Item = &'a [u8]>) -> Option<Challenge> {
+    let mut all: Vec<Challenge> = headers
+        .filter_map(|h| parse_challenge(&String::from_utf8_lossy(h)))
+        .collect();
+    match all
+        .iter()
+        .position(|c| matches!(c, Challenge::Bearer { .. }))
+    {
+        Some(i) => Some(all.swap_remove(i)),
+        None => all.into_iter().next(),
+    }
+}
+
 /// `key="value", key=value, ...` with quoted values that may contain commas.
 fn parse_params(s: &str) -> HashMap<String, String> {
     let mut out = HashMap::new();
@@ -184,16 +200,19 @@ fn parse_params(s: &str) -> HashMap<String, String> {
         }
         let key = s[ks..i].trim().to_ascii_lowercase();
         i += 1; // '='
-        let mut value = String::new();
+        let value;
         if i < b.len() && b[i] == b'"' {
             i += 1;
+            // Bytes, not chars: a realm may hold UTF-8 (an IDN host, a path).
+            let mut raw = Vec::new();
             while i < b.len() && b[i] != b'"' {
                 if b[i] == b'\\' && i + 1 < b.len() {
                     i += 1;
                 }
-                value.push(b[i] as char);
+                raw.push(b[i]);
                 i += 1;
             }
+            value = String::from_utf8_lossy(&raw).into_owned();
             i += 1;
         } else {
             let vs = i;
@@ -318,5 +337,33 @@ mod tests {
                 .to_string()
                 .contains("config.json")
         );
+    }
+
+    #[test]
+    fn realms_keep_utf8_and_every_header_is_read() {
+        let ch = parse_challenge("Bearer realm=\"https://auth.exämple.test/tøken\",service=\"r\"");
+        match ch {
+            Some(Challenge::Bearer { realm, service, .. }) => {
+                assert_eq!(realm, "https://auth.exämple.test/tøken");
+                assert_eq!(service.as_deref(), Some("r"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Basic in the first header, Bearer in the second: Bearer is answered.
+        let headers: [&[u8]; 3] = [
+            b"Negotiate",
+            b"Basic realm=\"reg\"",
+            b"Bearer realm=\"https://auth.test/token\"",
+        ];
+        assert!(matches!(
+            pick_challenge(headers.into_iter()),
+            Some(Challenge::Bearer { .. })
+        ));
+        let basic_only: [&[u8]; 2] = [b"Negotiate", b"Basic realm=\"reg\""];
+        assert!(matches!(
+            pick_challenge(basic_only.into_iter()),
+            Some(Challenge::Basic)
+        ));
+        assert!(pick_challenge(std::iter::once(&b"Negotiate"[..])).is_none());
     }
 }

@@ -295,11 +295,12 @@ impl Session<'_> {
                 return Ok(resp);
             }
             if status == StatusCode::UNAUTHORIZED && !answered_challenge {
-                let challenge = resp
-                    .headers()
-                    .get(WWW_AUTHENTICATE)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(auth::parse_challenge);
+                let challenge = auth::pick_challenge(
+                    resp.headers()
+                        .get_all(WWW_AUTHENTICATE)
+                        .iter()
+                        .map(|v| v.as_bytes()),
+                );
                 if let Some(ch) = challenge {
                     self.answer(&client, &url, ch).await?;
                     answered_challenge = true;
