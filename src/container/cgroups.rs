@@ -128,6 +128,7 @@ impl ContainerService {
                 source,
             })?;
         if let Err(e) = write_limits(&cg, &files) {
+            // Just made, so empty: removing it never waits for processes to leave.
             let _ = cg.remove();
             return Err(e);
         }

@@ -244,7 +244,7 @@ pub fn short_socket_path(
 
 /// Waits for the daemon's word that systemd has put a process in its scope: a line `go` on
 /// stdin (anything else, or the daemon going away, means it could not). Stdin is /dev/null after.
-pub fn await_placement() -> Result<(), String> {
+pub fn await_placement() -> Result<(), step::StepError> {
     use std::io::BufRead;
     let mut line = String::new();
     let read = std::io::stdin().lock().read_line(&mut line);
@@ -253,8 +253,14 @@ pub fn await_placement() -> Result<(), String> {
     }
     match (read, line.trim()) {
         (Ok(_), "go") => Ok(()),
-        (Err(e), _) => Err(format!("waiting to be placed in the cgroup: {e}")),
-        (Ok(_), "") => Err("the daemon went away before placing the process in its cgroup".into()),
-        (Ok(_), why) => Err(format!("not placed in the cgroup: {why}")),
+        (Err(e), _) => Err(step::StepError::new(
+            "waiting to be placed in the cgroup",
+            e,
+        )),
+        (Ok(_), "") => Err(step::StepError::new(
+            "placing the process in its cgroup",
+            "the daemon went away first",
+        )),
+        (Ok(_), why) => Err(step::StepError::new("not placed in the cgroup", why)),
     }
 }

@@ -20,6 +20,16 @@ impl StepError {
     }
 }
 
+impl StepError {
+    /// A helper's report read back (`step: detail`, as the error shows itself).
+    pub fn parse(report: &str) -> StepError {
+        match report.split_once(": ") {
+            Some((step, detail)) => StepError::new(step, detail),
+            None => StepError::new("helper", report),
+        }
+    }
+}
+
 /// For `map_err`: the failure of `step`, with the cause's message.
 pub fn step<E: Display>(step: impl Into<String>) -> impl FnOnce(E) -> StepError {
     let step = step.into();

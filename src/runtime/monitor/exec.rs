@@ -32,7 +32,7 @@ impl Monitor {
             let (body, fds) = match read_request(&conn) {
                 Ok(r) => r,
                 Err(e) => {
-                    send_report(&mut conn, &exec_error(e));
+                    send_report(&mut conn, &exec_error(e.to_string()));
                     continue;
                 }
             };
@@ -54,7 +54,7 @@ impl Monitor {
                     deadline,
                     timed_out: false,
                 }),
-                Err(e) => send_report(&mut conn, &exec_error(e)),
+                Err(e) => send_report(&mut conn, &exec_error(e.to_string())),
             }
         }
     }
@@ -65,18 +65,23 @@ impl Monitor {
         conn: &UnixStream,
         body: &[u8],
         fds: Vec<OwnedFd>,
-    ) -> Result<(Pid, Option<Instant>), String> {
-        let req: ExecRequest =
-            serde_json::from_slice(body).map_err(|e| format!("bad request: {e}"))?;
+    ) -> Result<(Pid, Option<Instant>), StepError> {
+        let req: ExecRequest = serde_json::from_slice(body).map_err(step("bad request"))?;
         let stdio = if req.tty {
             if !fds.is_empty() {
-                return Err("a request for a terminal brings no descriptors".into());
+                return Err(StepError::new(
+                    "exec request",
+                    "a terminal brings no descriptors",
+                ));
             }
             ExecStdio::Tty(conn)
         } else {
             let want = if req.stdin { 3 } else { 2 };
             if fds.len() != want {
-                return Err(format!("the request needs {want} descriptors"));
+                return Err(StepError::new(
+                    "exec request",
+                    format!("{want} descriptors are needed"),
+                ));
             }
             let mut fds = fds.into_iter();
             match (fds.next(), fds.next(), fds.next()) {
@@ -85,11 +90,16 @@ impl Monitor {
                     stdout,
                     stderr,
                 },
-                _ => return Err("the request needs stdout and stderr".into()),
+                _ => {
+                    return Err(StepError::new(
+                        "exec request",
+                        "stdout and stderr are missing",
+                    ));
+                }
             }
         };
         let (err_r, err_w) = cloexec_pipe()?;
-        match sys::fork().map_err(|e| format!("fork: {e}"))? {
+        match sys::fork().map_err(step("fork"))? {
             ForkResult::Child => {
                 drop(err_r);
                 let e = match self.exec_child(&req, stdio) {
@@ -105,7 +115,7 @@ impl Monitor {
                 let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
                 if !msg.is_empty() {
                     let _ = waitpid(child, None);
-                    return Err(String::from_utf8_lossy(&msg).into_owned());
+                    return Err(StepError::parse(&String::from_utf8_lossy(&msg)));
                 }
                 let deadline = (req.timeout_ms > 0)
                     .then(|| Instant::now() + Duration::from_millis(req.timeout_ms));
@@ -188,9 +198,9 @@ impl Monitor {
 }
 
 /// Reads one request from a new connection, with the descriptors that came with it.
-fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
+fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), StepError> {
     conn.set_read_timeout(Some(Duration::from_secs(2)))
-        .map_err(|e| e.to_string())?;
+        .map_err(step("reading the request"))?;
     let mut data = vec![0u8; 256 << 10];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 3]);
     let mut iov = [IoSliceMut::new(&mut data)];
@@ -200,9 +210,9 @@ fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
         Some(&mut cmsg),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| format!("reading the request: {e}"))?;
+    .map_err(step("reading the request"))?;
     let mut fds: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+    for c in msg.cmsgs().map_err(step("the request's descriptors"))? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             fds.extend(raw.into_iter().map(sys::own_received_fd));
         }

@@ -40,6 +40,7 @@ use super::attach::AttachRequest;
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
 use super::seccomp::{self, Compiled};
+use super::step::{StepError, step};
 use super::{
     ExecReport, ExecRequest, ExitRecord, MONITOR_SOCKET, MonitorConfig, ProcessId, StartReport,
     exit_code, now_nanos,
@@ -54,8 +55,10 @@ const DRAIN: Duration = Duration::from_secs(2);
 pub fn main(bundle: &Path) -> i32 {
     let _ = nix::sys::prctl::set_name(c"crius-monitor");
     match start(bundle) {
-        Err(message) => {
-            report(&StartReport::Failed { message });
+        Err(e) => {
+            report(&StartReport::Failed {
+                message: e.to_string(),
+            });
             1
         }
         Ok((monitor, started)) => {
@@ -107,38 +110,43 @@ struct Monitor {
     attachers: Vec<Attacher>,
 }
 
-fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), StepError> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(step("pipe"))
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> Result<(), String> {
-    let flags = fcntl(fd.as_fd(), FcntlArg::F_GETFL).map_err(|e| format!("fcntl: {e}"))?;
+fn set_nonblocking(fd: &OwnedFd) -> Result<(), StepError> {
+    let flags = fcntl(fd.as_fd(), FcntlArg::F_GETFL).map_err(step("fcntl"))?;
     let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
     fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags))
         .map(drop)
-        .map_err(|e| format!("fcntl: {e}"))
+        .map_err(step("fcntl"))
 }
 
-fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
+fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     // Only what we open ourselves (close-on-exec) may reach the container.
-    sys::close_from(3).map_err(|e| format!("close inherited descriptors: {e}"))?;
+    sys::close_from(3).map_err(step("close inherited descriptors"))?;
     let _ = nix::unistd::setsid();
     let read = |name: &str| {
-        std::fs::read(bundle.join(name))
-            .map_err(|e| format!("{}: {e}", bundle.join(name).display()))
+        std::fs::read(bundle.join(name)).map_err(step(bundle.join(name).display().to_string()))
     };
     let cfg: MonitorConfig =
-        serde_json::from_slice(&read("monitor.json")?).map_err(|e| format!("monitor.json: {e}"))?;
-    let spec: Spec =
-        serde_json::from_slice(&read("config.json")?).map_err(|e| format!("config.json: {e}"))?;
-    let process = spec.process().clone().ok_or("config.json has no process")?;
+        serde_json::from_slice(&read("monitor.json")?).map_err(step("monitor.json"))?;
+    let spec: Spec = serde_json::from_slice(&read("config.json")?).map_err(step("config.json"))?;
+    let process = spec
+        .process()
+        .clone()
+        .ok_or_else(|| StepError::new("config.json", "no process"))?;
     let seccomp = match &cfg.seccomp {
         None => None,
         Some(f) => {
             let bytes = std::fs::read(&f.program)
-                .map_err(|e| format!("seccomp program {}: {e}", f.program.display()))?;
-            let program = seccomp::bpf::from_bytes(&bytes)
-                .ok_or_else(|| format!("seccomp program {}: malformed", f.program.display()))?;
+                .map_err(step(format!("seccomp program {}", f.program.display())))?;
+            let program = seccomp::bpf::from_bytes(&bytes).ok_or_else(|| {
+                StepError::new(
+                    format!("seccomp program {}", f.program.display()),
+                    "malformed",
+                )
+            })?;
             Some(Compiled {
                 program,
                 flags: f.flags,
@@ -149,7 +157,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     let log = match (&cfg.log_dir, &cfg.log_path) {
         (Some(dir), Some(rel)) => Some(
             LogWriter::open(dir, rel)
-                .map_err(|e| format!("log file {}: {e}", dir.join(rel).display()))?,
+                .map_err(step(format!("log file {}", dir.join(rel).display())))?,
         ),
         _ => None,
     };
@@ -157,7 +165,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     // With a terminal, the init makes it in the container's devpts and sends its master here.
     let mut console: Option<UnixStream> = None;
     let (child_stdio, mut outputs, stdin_keep) = if cfg.tty {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("console socket: {e}"))?;
+        let (ours, theirs) = UnixStream::pair().map_err(step("console socket"))?;
         console = Some(ours);
         (Stdio::Console(OwnedFd::from(theirs)), Vec::new(), None)
     } else {
@@ -167,7 +175,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             let (r, w) = cloexec_pipe()?;
             (r, Some(w))
         } else {
-            let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+            let null = std::fs::File::open("/dev/null").map_err(step("/dev/null"))?;
             (OwnedFd::from(null), None)
         };
         let stdio = Stdio::Pipes {
@@ -192,17 +200,16 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     let sock_path = bundle.join(MONITOR_SOCKET);
     let _ = std::fs::remove_file(&sock_path);
     let (_dir, short) = super::short_socket_path(bundle, MONITOR_SOCKET)
-        .map_err(|e| format!("{}: {e}", bundle.display()))?;
-    let listener =
-        UnixListener::bind(&short).map_err(|e| format!("{}: {e}", sock_path.display()))?;
+        .map_err(step(bundle.display().to_string()))?;
+    let listener = UnixListener::bind(&short).map_err(step(sock_path.display().to_string()))?;
     std::fs::set_permissions(
         &sock_path,
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
-    .map_err(|e| format!("{}: {e}", sock_path.display()))?;
+    .map_err(step(sock_path.display().to_string()))?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| format!("{}: {e}", sock_path.display()))?;
+        .map_err(step(sock_path.display().to_string()))?;
 
     let mut mask = SigSet::empty();
     for s in [
@@ -214,10 +221,9 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     ] {
         mask.add(s);
     }
-    mask.thread_block()
-        .map_err(|e| format!("block signals: {e}"))?;
+    mask.thread_block().map_err(step("block signals"))?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| format!("signalfd: {e}"))?;
+        .map_err(step("signalfd"))?;
 
     // The PID namespace applies to every later child: the pod's, or a new one for this container
     // (whose PID 1 is the first child). Exec'd commands land there too. In a user namespace the
@@ -226,13 +232,12 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     let userns_pid = cfg.userns.is_some() && cfg.new_pid_ns;
     if let Some(ns) = cfg.join.iter().find(|n| n.kind == "pid") {
         let f = std::fs::File::open(&ns.path)
-            .map_err(|e| format!("pid namespace {}: {e}", ns.path.display()))?;
-        setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
-            .map_err(|e| format!("join pid namespace: {e}"))?;
+            .map_err(step(format!("pid namespace {}", ns.path.display())))?;
+        setns(f.as_fd(), CloneFlags::CLONE_NEWPID).map_err(step("join pid namespace"))?;
     } else if userns_pid {
-        nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("child subreaper: {e}"))?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(step("child subreaper"))?;
     } else if cfg.new_pid_ns {
-        unshare(CloneFlags::CLONE_NEWPID).map_err(|e| format!("new pid namespace: {e}"))?;
+        unshare(CloneFlags::CLONE_NEWPID).map_err(step("new pid namespace"))?;
     }
     let (pid_r, pid_w) = if userns_pid {
         let (r, w) = cloexec_pipe()?;
@@ -262,7 +267,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
     if !cfg.placed {
         watch_oom();
     }
-    match sys::fork().map_err(|e| format!("fork: {e}"))? {
+    match sys::fork().map_err(step("fork"))? {
         ForkResult::Child => {
             drop(err_r);
             drop(pid_r);
@@ -318,16 +323,16 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                 let _ = std::fs::remove_file(&sock_path);
                 let msg = String::from_utf8_lossy(&msg).into_owned();
                 return Err(if msg.is_empty() {
-                    "the container init ended before starting the container".into()
+                    StepError::new("container init", "it ended before starting the container")
                 } else {
-                    msg
+                    StepError::parse(&msg)
                 });
             }
             let Some(child) = child else {
-                return Err("no container process".into());
+                return Err(StepError::new("container init", "no container process"));
             };
             // From here a failure must not leave the container running without its monitor.
-            let abandon = |e: String| {
+            let abandon = |e: StepError| {
                 let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                 let _ = waitpid(child, None);
                 let _ = std::fs::remove_file(&sock_path);
@@ -341,7 +346,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
                     .map_err(abandon)?;
                 let dup = |fd: &OwnedFd| {
                     fd.try_clone()
-                        .map_err(|e| abandon(format!("terminal: {e}")))
+                        .map_err(|e| abandon(StepError::new("terminal", e)))
                 };
                 if cfg.stdin {
                     stdin_keep = Some(dup(&master)?);
@@ -351,15 +356,16 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), String> {
             }
             if userns_pid {
                 let ns = format!("/proc/{child}/ns/pid");
-                let f = std::fs::File::open(&ns).map_err(|e| abandon(format!("{ns}: {e}")))?;
-                setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
-                    .map_err(|e| abandon(format!("join the container's pid namespace: {e}")))?;
+                let f = std::fs::File::open(&ns).map_err(|e| abandon(StepError::new(&ns, e)))?;
+                setns(f.as_fd(), CloneFlags::CLONE_NEWPID).map_err(|e| {
+                    abandon(StepError::new("join the container's pid namespace", e))
+                })?;
             }
             let started_at = now_nanos();
             let id = ProcessId::of(child.as_raw())
-                .map_err(|e| abandon(format!("container init {child}: {e}")))?;
+                .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
             let init_fd = sys::pidfd_open(child.as_raw())
-                .map_err(|e| abandon(format!("container init {child}: {e}")))?;
+                .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
             let monitor = Monitor {
                 child,
                 init_fd,
@@ -659,7 +665,7 @@ impl Monitor {
 
 /// The master of the terminal the init made (see `init::container_terminal`), already sent:
 /// the init has exec'd (or failed, which the caller has seen) by now.
-fn receive_terminal(console: &UnixStream) -> Result<OwnedFd, String> {
+fn receive_terminal(console: &UnixStream) -> Result<OwnedFd, StepError> {
     let mut data = [0u8; 4];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut data)];
@@ -669,16 +675,16 @@ fn receive_terminal(console: &UnixStream) -> Result<OwnedFd, String> {
         Some(&mut cmsg),
         MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
     )
-    .map_err(|e| format!("the container's terminal: {e}"))?;
+    .map_err(step("the container's terminal"))?;
     let mut fd = None;
-    for c in msg.cmsgs().map_err(|e| e.to_string())? {
+    for c in msg.cmsgs().map_err(step("the container's terminal"))? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             for r in raw {
                 fd.get_or_insert(sys::own_received_fd(r));
             }
         }
     }
-    fd.ok_or_else(|| "the container's init sent no terminal".to_string())
+    fd.ok_or_else(|| StepError::new("the container's terminal", "the init sent none"))
 }
 
 /// The `oom_kill` count of a cgroup's memory.events.
