@@ -2,7 +2,9 @@
 //! cgroup v2 and its controllers, overlayfs, idmapped mounts, seccomp, an LSM, the CNI network
 //! list and its plugins, the capabilities crius needs, and free space under the root. Each
 //! item is ok, warn (works, with less) or fail (pods will not run), with what to do. Reads the
-//! node through `runtime`, `sys` and `sandbox::security`; changes nothing.
+//! node through `runtime`, `sys` and `sandbox::security`, and the network list through
+//! `network::conflist` (from the configuration's `[network]`, as the daemon reads it); changes
+//! nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -61,10 +63,6 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-/// Where CNI network lists are looked for, and plugins.
-pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
-pub const CNI_BIN_DIRS: [&str; 2] = ["/opt/cni/bin", "/usr/lib/cni"];
-
 /// Every check, in the order printed.
 pub fn run(cfg: &Config) -> Vec<Finding> {
     vec![
@@ -74,7 +72,7 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
         idmapped_mounts(),
         seccomp(),
         lsm(),
-        cni(Path::new(CNI_CONF_DIR), &CNI_BIN_DIRS.map(PathBuf::from)),
+        cni(&cfg.network.conf_dir, &cfg.network.bin_dirs),
         capabilities(),
         free_space(&cfg.root),
     ]
@@ -206,51 +204,23 @@ fn lsm() -> Finding {
     }
 }
 
-/// The first network list in `conf_dir` (lexical order, as containerd) and whether its
-/// plugins are in `bin_dirs`.
+/// The network list the daemon would use (`network::conflist`, the first in `conf_dir`) and
+/// whether its plugins are in `bin_dirs`.
 pub fn cni(conf_dir: &Path, bin_dirs: &[PathBuf]) -> Finding {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(conf_dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("conflist" | "conf" | "json")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
-    let Some(first) = files.first() else {
-        return bad(
-            "CNI",
-            Level::Warn,
-            format!("no network list in {}", conf_dir.display()),
-            "install one (hack/run.sh installs crius's default bridge network); until then only host-network pods get a network and kubelet sees NetworkReady false",
-        );
+    let list = match crate::network::conflist::load(conf_dir) {
+        Ok(list) => list,
+        Err(crate::network::conflist::ConfError::None { .. }) => {
+            return bad(
+                "CNI",
+                Level::Warn,
+                format!("no network list in {}", conf_dir.display()),
+                "install one (hack/run.sh installs crius's default bridge network); until then only host-network pods get a network and kubelet sees NetworkReady false",
+            );
+        }
+        Err(e) => return bad("CNI", Level::Fail, e.to_string(), "fix or remove the file"),
     };
-    let text = std::fs::read_to_string(first).unwrap_or_default();
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-        return bad(
-            "CNI",
-            Level::Fail,
-            format!("{} is not valid JSON", first.display()),
-            "fix or remove the file",
-        );
-    };
-    let types: Vec<String> = match v.get("plugins").and_then(|p| p.as_array()) {
-        Some(list) => list
-            .iter()
-            .filter_map(|p| p.get("type").and_then(|t| t.as_str()).map(str::to_string))
-            .collect(),
-        None => v
-            .get("type")
-            .and_then(|t| t.as_str())
-            .map(|t| vec![t.to_string()])
-            .unwrap_or_default(),
-    };
+    let first = &list.file;
+    let types = list.types();
     let missing: Vec<&String> = types
         .iter()
         .filter(|t| !bin_dirs.iter().any(|d| d.join(t.as_str()).is_file()))
