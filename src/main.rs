@@ -171,6 +171,48 @@ enum Command {
     Inspect { container: String },
     /// Show a pod sandbox's status as JSON.
     Inspectp { pod: String },
+    /// Run a pod sandbox from a PodSandboxConfig file (JSON, or YAML named .yaml); prints its ID.
+    Runp {
+        /// The runtime handler (RuntimeClass) to run it with.
+        #[arg(short, long, default_value = "")]
+        runtime: String,
+        config: PathBuf,
+    },
+    /// Create a container in a pod from a ContainerConfig file and the pod's config file,
+    /// pulling its image first if it is missing; prints its ID.
+    Create {
+        /// Do not pull the image.
+        #[arg(long)]
+        no_pull: bool,
+        pod: String,
+        container_config: PathBuf,
+        pod_config: PathBuf,
+    },
+    /// Start created containers.
+    Start {
+        #[arg(required = true)]
+        containers: Vec<String>,
+    },
+    /// Show running containers' CPU, memory and writable layer.
+    Stats {
+        /// Only containers of this pod.
+        #[arg(short, long)]
+        pod: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+        containers: Vec<String>,
+    },
+    /// Show pods' CPU, memory, network and processes.
+    Statsp {
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+        pods: Vec<String>,
+    },
+    /// Show the image filesystem's usage.
+    Imagefsinfo {
+        #[arg(short, long, value_enum, default_value = "json")]
+        output: Output,
+    },
     /// Show the runtime's name and versions.
     Version,
     /// Check this node for what crius needs (ok/warn/fail per item; exit code by the worst).
@@ -417,6 +459,27 @@ fn run(args: Args) -> Result<()> {
         Command::Rmp { pods } => rt.block_on(cli::rm_pods(&socket, &pods)),
         Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
         Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
+        Command::Runp { runtime, config } => rt.block_on(cli::runp(&socket, &config, &runtime)),
+        Command::Create {
+            no_pull,
+            pod,
+            container_config,
+            pod_config,
+        } => rt.block_on(cli::create(
+            &socket,
+            &pod,
+            &container_config,
+            &pod_config,
+            no_pull,
+        )),
+        Command::Start { containers } => rt.block_on(cli::start(&socket, &containers)),
+        Command::Stats {
+            pod,
+            output,
+            containers,
+        } => rt.block_on(cli::stats(&socket, &containers, pod.as_deref(), output)),
+        Command::Statsp { output, pods } => rt.block_on(cli::statsp(&socket, &pods, output)),
+        Command::Imagefsinfo { output } => rt.block_on(cli::imagefsinfo(&socket, output)),
         Command::Version => rt.block_on(version(&socket)),
         Command::Check {
             config: path,

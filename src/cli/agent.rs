@@ -98,8 +98,7 @@ pub fn get_pods(state: &Path, namespace: Option<&str>, output: Output) -> Result
         .into_iter()
         .filter(|r| namespace.is_none_or(|n| n == r.namespace))
         .collect();
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&records)?);
+    if super::print_structured(&records, output)? {
         return Ok(());
     }
     let t = now();

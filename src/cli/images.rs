@@ -116,8 +116,7 @@ pub async fn images(
         .await
         .map_err(|s| rpc_error("listing images", socket, s))?
         .into_inner();
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&resp)?);
+    if super::print_structured(&resp, output)? {
         return Ok(());
     }
     if quiet {

@@ -1,14 +1,16 @@
 //! cli: the client commands, in the style of crictl. They speak CRI to whatever runtime listens
 //! on the socket (`--socket` or `CRIUS_SOCKET`), so they work against containerd too; crius's own
 //! `crius.v1.Pulls` adds a progress bar where the runtime offers it; `exec -it`, `attach` and
-//! `port-forward` speak SPDY to the runtime's streaming server (`stream`). Output is a table, or JSON
-//! with `-o json`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
+//! `port-forward` speak SPDY to the runtime's streaming server (`stream`). Output is a table,
+//! or JSON or YAML with `-o json|yaml`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
 //! `cri::client`, and the pod agent's manifests and records (`frontend`) for its commands.
 
 pub mod agent;
 mod images;
 mod node;
 mod pods;
+mod run;
+mod stats;
 pub mod stream;
 
 use std::path::Path;
@@ -19,6 +21,8 @@ use tonic::transport::Channel;
 pub use images::{images, inspect_image, pull, remove_images};
 pub use node::{check, info};
 pub use pods::{exec, inspect, inspect_pod, logs, pods, ps, rm, rm_pods, stop, stop_pods};
+pub use run::{create, runp, start};
+pub use stats::{imagefsinfo, stats, statsp};
 pub use stream::{attach, forward};
 
 /// `crius exec -i/-t`.
@@ -29,6 +33,17 @@ pub use stream::exec as exec_stream;
 pub enum Output {
     Table,
     Json,
+    Yaml,
+}
+
+/// Prints `v` as JSON or YAML when asked for; false for a table, which the caller prints.
+pub fn print_structured(v: &impl serde::Serialize, output: Output) -> Result<bool> {
+    match output {
+        Output::Table => return Ok(false),
+        Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(v)?),
+    }
+    Ok(true)
 }
 
 pub fn connect(socket: &Path) -> Result<Channel> {

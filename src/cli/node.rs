@@ -13,7 +13,7 @@ use crate::preflight::{self, Level};
 pub fn check(cfg: &Config, output: Output) -> i32 {
     let findings = preflight::run(cfg);
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let items: Vec<serde_json::Value> = findings
                 .iter()
                 .map(|f| {
@@ -22,7 +22,11 @@ pub fn check(cfg: &Config, output: Output) -> i32 {
                     })
                 })
                 .collect();
-            println!("{}", serde_json::Value::Array(items));
+            if output == Output::Json {
+                println!("{}", serde_json::Value::Array(items));
+            } else if let Ok(text) = serde_saphyr::to_string(&items) {
+                print!("{text}");
+            }
         }
         Output::Table => {
             let mut rows = vec![vec!["".to_string(), "ITEM".into(), "DETAIL".into()]];
