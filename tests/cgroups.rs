@@ -37,17 +37,7 @@ fn with_resources(
 }
 
 async fn verbose(env: &PodEnv, id: &str) -> serde_json::Value {
-    let st = env
-        .d
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    serde_json::from_str(&st.info["info"]).unwrap()
+    env.d.container_info(id).await
 }
 
 async fn cgroup_of(env: &PodEnv, id: &str) -> PathBuf {
@@ -78,6 +68,7 @@ fn stat(p: &Path, key: &str) -> u64 {
 const MIB: i64 = 1 << 20;
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn memory_limit_oom_kill_and_swap() {
     if !cgroup_v2() {
         return;
@@ -167,6 +158,7 @@ async fn memory_limit_oom_kill_and_swap() {
 }
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn cpu_pids_cpuset_and_weight() {
     if !cgroup_v2() {
         return;
@@ -249,18 +241,21 @@ async fn cpu_pids_cpuset_and_weight() {
         )
         .await;
     let cg = cgroup_of(&env, &bomb).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pids: u64 = read(&cg.join("pids.current")).parse().unwrap();
-    assert!(pids <= 16, "pids.current {pids}");
-    assert!(
-        stat(&cg.join("pids.events"), "max") > 0,
-        "forks were refused: {}",
-        read(&cg.join("pids.events"))
-    );
+    // The limit holds when forks are refused: the kernel counts each refusal.
+    let t0 = Instant::now();
+    while stat(&cg.join("pids.events"), "max") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no fork was refused: {}",
+            read(&cg.join("pids.events"))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     env.remove_pod(&pod).await;
 }
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn update_resources_in_place() {
     if !cgroup_v2() {
         return;
@@ -328,6 +323,7 @@ async fn update_resources_in_place() {
 }
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn stats_and_metrics_report_usage() {
     if !cgroup_v2() {
         return;
@@ -349,23 +345,31 @@ async fn stats_and_metrics_report_usage() {
             ),
         )
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let rt = || env.d.runtime();
-    rt().container_stats(cri::ContainerStatsRequest {
-        container_id: c.clone(),
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let s = rt()
-        .container_stats(cri::ContainerStatsRequest {
-            container_id: c.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .stats
-        .unwrap();
+    // A CPU rate needs two samples, and the layer's size is measured now and then: ask until
+    // both show the busy loop and the 5 MB file.
+    let t0 = Instant::now();
+    let s = loop {
+        let s = rt()
+            .container_stats(cri::ContainerStatsRequest {
+                container_id: c.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .stats
+            .unwrap();
+        let rate = s.cpu.as_ref().and_then(|c| c.usage_nano_cores.as_ref());
+        let layer = s
+            .writable_layer
+            .as_ref()
+            .and_then(|l| l.used_bytes.as_ref());
+        if rate.is_some_and(|r| r.value > 0) && layer.is_some_and(|l| l.value >= 5_000_000) {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{s:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let cpu = s.cpu.unwrap();
     assert!(cpu.usage_core_nano_seconds.unwrap().value > 0);
     assert!(
@@ -442,6 +446,7 @@ async fn stats_and_metrics_report_usage() {
 }
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn cgroups_are_made_and_removed_with_pods() {
     if !cgroup_v2() {
         return;
@@ -554,9 +559,6 @@ async fn cgroups_are_made_and_removed_with_pods() {
 
 #[tokio::test]
 async fn secret_tmpfs_is_noswap() {
-    if !cgroup_v2() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let noswap = crius::runtime::tmpfs::mount_tmpfs(dir.path(), 1 << 20, 0o700, true).unwrap();
     let shown = crius::runtime::tmpfs::is_noswap(dir.path());
@@ -580,6 +582,7 @@ async fn secret_tmpfs_is_noswap() {
 }
 
 #[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn device_controller_allows_only_the_containers_devices() {
     if !cgroup_v2() {
         return;
@@ -661,6 +664,7 @@ fn unit_property(unit: &str, property: &str) -> String {
 /// The systemd cgroup driver: only where systemd is PID 1 (`cargo xtask test-vm` boots a second
 /// VM with systemd for this test).
 #[tokio::test]
+#[ignore = "needs systemd as PID 1: cargo xtask test-vm runs it in a VM booted with systemd"]
 async fn systemd_driver_makes_transient_units() {
     if !cgroup_v2() {
         return;

@@ -683,6 +683,11 @@ async fn concurrent_pulls_share_the_work() {
     assert!(d.ingests().is_empty());
     let unpacked = d.log_text().matches("resuming").count();
     assert_eq!(unpacked, 0);
+    // Shared: each layer was fetched from the registry once, for all four pulls.
+    for l in &img.layers {
+        let path = format!("/v2/shared/blobs/{}", l.digest);
+        assert_eq!(reg.requests("GET", &path), 1, "GET {path}");
+    }
 }
 
 /// A TCP proxy that forwards registry traffic at a limited rate: the only way to catch a pull

@@ -104,6 +104,7 @@ fn package_installs_and_purges() {
 /// In a machine run by systemd: the unit starts and serves CRI on the default socket, crictl
 /// talks to it, and a restart of the daemon keeps a pod's container running.
 #[tokio::test]
+#[ignore = "needs systemd as PID 1: cargo xtask test-vm runs it in a VM booted with systemd"]
 async fn package_unit_keeps_pods() {
     if !Path::new("/run/systemd/system").is_dir() {
         println!(

@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use flate2::Compression as GzLevel;
 use k8s_cri::v1 as cri;
-use sha2::{Digest as _, Sha256};
 use tonic::transport::Channel;
 
 pub mod net;
+pub mod push;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -32,9 +32,7 @@ pub fn require_root() {
     );
 }
 
-pub fn sha256(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
-}
+pub use push::sha256;
 
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -188,7 +186,7 @@ impl Registry {
             ca = Some(d.join("ca.crt"));
         }
         let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls_cfg}{auth}",
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls_cfg}{auth}",
             dir.path().join("data").display()
         );
         let cfg_path = dir.path().join("config.yml");
@@ -245,42 +243,8 @@ impl Registry {
 
     /// Uploads a blob (monolithic: POST then PUT with the digest) and returns its digest.
     pub async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<String> {
-        let digest = sha256(data);
-        let c = self.client();
-        let base = self.base();
-        let resp = self
-            .auth(c.post(format!("{base}/v2/{repo}/blobs/uploads/")), repo)
-            .send()
-            .await?;
-        if resp.status() != 202 {
-            bail!("starting upload: {}", resp.status());
-        }
-        let loc = resp
-            .headers()
-            .get("location")
-            .context("no upload location")?
-            .to_str()?
-            .to_string();
-        let loc = if loc.starts_with("http") {
-            loc
-        } else {
-            format!("{base}{loc}")
-        };
-        let sep = if loc.contains('?') { '&' } else { '?' };
-        let resp = self
-            .auth(c.put(format!("{loc}{sep}digest={digest}")), repo)
-            .header("content-type", "application/octet-stream")
-            .body(data.to_vec())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!(
-                "finishing upload: {} {}",
-                resp.status(),
-                resp.text().await.unwrap_or_default()
-            );
-        }
-        Ok(digest)
+        let auth = |rb| self.auth(rb, repo);
+        push::blob(&self.client(), &self.base(), repo, data, &auth).await
     }
 
     pub async fn push_manifest(
@@ -290,21 +254,25 @@ impl Registry {
         media_type: &str,
         data: &[u8],
     ) -> Result<String> {
-        let url = format!("{}/v2/{repo}/manifests/{reference}", self.base());
-        let resp = self
-            .auth(self.client().put(url), repo)
-            .header("content-type", media_type)
-            .body(data.to_vec())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!(
-                "pushing manifest: {} {}",
-                resp.status(),
-                resp.text().await.unwrap_or_default()
-            );
-        }
-        Ok(sha256(data))
+        let auth = |rb| self.auth(rb, repo);
+        push::manifest(
+            &self.client(),
+            &self.base(),
+            repo,
+            reference,
+            media_type,
+            data,
+            &auth,
+        )
+        .await
+    }
+
+    /// How many `method` requests for `path` the registry has answered (its access log).
+    pub fn requests(&self, method: &str, path: &str) -> usize {
+        std::fs::read_to_string(self.dir.path().join("registry.log"))
+            .unwrap_or_default()
+            .matches(&format!("\"{method} {path} HTTP/"))
+            .count()
     }
 
     /// The file holding a blob in the registry's storage (to corrupt it).
@@ -777,6 +745,34 @@ impl Daemon {
         crius::cri::client::runtime(self.channel())
     }
 
+    /// The runtime's own verbose info of a pod sandbox (`info["info"]`, parsed).
+    pub async fn pod_info(&self, pod: &str) -> serde_json::Value {
+        let st = self
+            .runtime()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: true,
+            })
+            .await
+            .expect("pod sandbox status")
+            .into_inner();
+        serde_json::from_str(&st.info["info"]).expect("verbose info is JSON")
+    }
+
+    /// The runtime's own verbose info of a container (`info["info"]`, parsed).
+    pub async fn container_info(&self, id: &str) -> serde_json::Value {
+        let st = self
+            .runtime()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .expect("container status")
+            .into_inner();
+        serde_json::from_str(&st.info["info"]).expect("verbose info is JSON")
+    }
+
     /// Runs the crius CLI against this daemon.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_crius"))
@@ -905,20 +901,7 @@ impl Daemon {
         {
             let _ = p.signal(libc::SIGKILL);
         }
-        let prefixes = [
-            self.state.display().to_string(),
-            self.root.display().to_string(),
-        ];
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| prefixes.iter().any(|p| m.starts_with(p.as_str())))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
-        }
+        unmount_under(&[&self.state, &self.root]);
     }
 
     /// The daemon's per-RPC durations from its debug log, in milliseconds.
@@ -936,6 +919,21 @@ impl Daemon {
                 }
             })
             .collect()
+    }
+}
+
+/// Unmounts everything mounted at or below `dirs`, deepest first.
+pub fn unmount_under(dirs: &[&Path]) {
+    let prefixes: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| prefixes.iter().any(|p| m.starts_with(p.as_str())))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -1021,19 +1019,7 @@ impl PodEnv {
 
     /// The pod's pause process (its host pid), from the verbose sandbox status.
     pub async fn pause_pid(&self, pod: &str) -> i64 {
-        let st = self
-            .d
-            .runtime()
-            .pod_sandbox_status(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: pod.into(),
-                verbose: true,
-            })
-            .await
-            .expect("pod sandbox status")
-            .into_inner();
-        let info: serde_json::Value =
-            serde_json::from_str(&st.info["info"]).expect("verbose info is JSON");
-        info["pid"].as_i64().expect("pid")
+        self.d.pod_info(pod).await["pid"].as_i64().expect("pid")
     }
 
     pub async fn run_pod(&self, cfg: &cri::PodSandboxConfig) -> Result<String, tonic::Status> {

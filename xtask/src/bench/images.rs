@@ -9,11 +9,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 
-pub fn sha256(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
-}
+// The registry push client the tests use too.
+#[path = "../../../tests/common/push.rs"]
+mod push;
+pub use push::sha256;
 
 pub struct Layer {
     pub blob: Vec<u8>,
@@ -224,64 +224,23 @@ impl Registry {
         format!("127.0.0.1:{}", self.port)
     }
 
-    async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<()> {
-        let base = format!("http://{}", self.host());
-        let digest = sha256(data);
-        if self
-            .client
-            .head(format!("{base}/v2/{repo}/blobs/{digest}"))
-            .send()
-            .await?
-            .status()
-            == 200
-        {
-            return Ok(());
-        }
-        let resp = self
-            .client
-            .post(format!("{base}/v2/{repo}/blobs/uploads/"))
-            .send()
-            .await?;
-        let loc = resp
-            .headers()
-            .get("location")
-            .context("no upload location")?
-            .to_str()?
-            .to_string();
-        let loc = if loc.starts_with("http") {
-            loc
-        } else {
-            format!("{base}{loc}")
-        };
-        let sep = if loc.contains('?') { '&' } else { '?' };
-        let resp = self
-            .client
-            .put(format!("{loc}{sep}digest={digest}"))
-            .body(data.to_vec())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!("pushing blob to {repo}: {}", resp.status());
-        }
-        Ok(())
-    }
-
     /// Pushes an image; returns its reference.
     pub async fn push(&self, repo: &str, tag: &str, img: &Image) -> Result<String> {
-        for l in &img.layers {
-            self.push_blob(repo, &l.blob).await?;
+        let base = format!("http://{}", self.host());
+        let anonymous = |rb| rb;
+        for blob in img.layers.iter().map(|l| &l.blob).chain([&img.config]) {
+            push::blob(&self.client, &base, repo, blob, &anonymous).await?;
         }
-        self.push_blob(repo, &img.config).await?;
-        let resp = self
-            .client
-            .put(format!("http://{}/v2/{repo}/manifests/{tag}", self.host()))
-            .header("content-type", "application/vnd.oci.image.manifest.v1+json")
-            .body(img.manifest.clone())
-            .send()
-            .await?;
-        if resp.status() != 201 {
-            bail!("pushing manifest {repo}:{tag}: {}", resp.status());
-        }
+        push::manifest(
+            &self.client,
+            &base,
+            repo,
+            tag,
+            "application/vnd.oci.image.manifest.v1+json",
+            &img.manifest,
+            &anonymous,
+        )
+        .await?;
         Ok(format!("{}/{repo}:{tag}", self.host()))
     }
 }

@@ -1,0 +1,132 @@
+//! What tests may leave on the machine, taken before and after CI's tiers: mounts, crius
+//! processes, cgroups, network namespaces, links, iptables rules and temp directories. Anything
+//! new afterwards fails the run, naming it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+#[derive(Default)]
+pub struct Inventory {
+    kinds: Vec<(&'static str, BTreeSet<String>)>,
+}
+
+fn mounts() -> BTreeSet<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect()
+}
+
+/// crius's own processes (daemon, monitors, pause) and anything run from a test's temp dir.
+fn processes() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let first = cmd.split(' ').next().unwrap_or("");
+        if first.ends_with("/crius") || first == "crius" || cmd.contains("/tmp/crius-") {
+            out.insert(format!("{name} {}", cmd.trim()));
+        }
+    }
+    out
+}
+
+/// Cgroup directories with crius in their name, three levels deep.
+fn cgroups() -> BTreeSet<String> {
+    fn walk(dir: &Path, depth: u32, out: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let p = e.path();
+            if p.to_string_lossy().contains("crius") {
+                out.insert(p.display().to_string());
+            } else if depth < 3 {
+                walk(&p, depth + 1, out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(Path::new("/sys/fs/cgroup"), 0, &mut out);
+    out
+}
+
+fn command_lines(cmd: &str, args: &[&str]) -> BTreeSet<String> {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn links() -> BTreeSet<String> {
+    command_lines("ip", &["-o", "link", "show"])
+        .into_iter()
+        .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().to_string()))
+        .map(|n| n.split('@').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn iptables_rules() -> BTreeSet<String> {
+    command_lines("iptables-save", &[])
+        .into_iter()
+        .filter(|l| l.starts_with("-A") || l.starts_with(':'))
+        // Counters change; the rule does not.
+        .map(|l| l.split(" [").next().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn dir_entries(dir: &str, prefixes: &[&str]) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .map(|n| format!("{dir}/{n}"))
+        .collect()
+}
+
+impl Inventory {
+    pub fn take() -> Inventory {
+        Inventory {
+            kinds: vec![
+                ("mount", mounts()),
+                ("process", processes()),
+                ("cgroup", cgroups()),
+                ("network namespace", dir_entries("/run/netns", &[""])),
+                ("link", links()),
+                ("iptables rule or chain", iptables_rules()),
+                ("temp dir", dir_entries("/tmp", &["crius-", ".tmp"])),
+            ],
+        }
+    }
+
+    /// Fails naming what is here now and was not `before`.
+    pub fn check_since(&self, before: &Inventory, after: &str) -> Result<()> {
+        let mut new = Vec::new();
+        for ((kind, now), (_, then)) in self.kinds.iter().zip(&before.kinds) {
+            new.extend(now.difference(then).map(|x| format!("  {kind}: {x}")));
+        }
+        if !new.is_empty() {
+            bail!("{after} left these behind:\n{}", new.join("\n"));
+        }
+        eprintln!("xtask: nothing left behind after {after}");
+        Ok(())
+    }
+}
