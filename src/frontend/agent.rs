@@ -13,13 +13,11 @@ use std::time::{Duration, SystemTime};
 use k8s_cri::v1 as cri;
 use tokio::sync::{mpsc, watch};
 
+use super::AGENT_LABEL;
 use super::convert::{Node, Store, SwapBehavior};
 use super::manifest::{self, Loaded, Object};
 use super::status;
 use super::worker::{Command, Shared, Snapshot, Worker};
-
-/// The label that marks sandboxes the agent made.
-pub const AGENT_LABEL: &str = "io.crius.agent";
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {

@@ -14,3 +14,7 @@ pub mod status;
 pub mod volumes;
 pub mod worker;
 pub mod yaml;
+
+/// The label that marks sandboxes the agent made (the agent finds its own by it; the worker puts
+/// it on the sandboxes it makes).
+pub const AGENT_LABEL: &str = "io.crius.agent";
