@@ -1263,6 +1263,14 @@ spec:
         String::from_utf8_lossy(&out.stdout).contains(&r.pod_ip),
         "{out:?}"
     );
+    let out = a.cli(&["get", "pods", "-o", "wide", "--state", state]);
+    let wide = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(wide.lines().next().unwrap_or("").contains("IP"), "{wide}");
+    assert!(
+        wide.lines()
+            .any(|l| l.contains("netpod") && l.contains(&r.pod_ip)),
+        "{wide}"
+    );
     let out = a.cli(&["describe", "pod", "netpod", "--state", state]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(&format!("IP:               {}", r.pod_ip)),

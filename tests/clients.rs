@@ -93,3 +93,25 @@ async fn check_and_info() {
         "{info}"
     );
 }
+
+/// `log_format = "json"`: every line the daemon logs is one JSON object, with its fields.
+#[tokio::test]
+async fn json_logs() {
+    let d = Daemon::start("log_format = \"json\"\n");
+    let out = d.cli(&["version"]);
+    assert!(out.status.success(), "{out:?}");
+    d.cli(&["inspectp", "no-such-pod"]);
+    let text = d.log_text();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"].is_string() && l["timestamp"].is_string())
+    );
+    assert!(lines.iter().any(|l| l["message"].is_string()), "{text}");
+}

@@ -87,6 +87,12 @@ async fn exec_with_kubestream_both_transports() {
         let (code, out, err) = kubestream(&ks, &["exec", "-transport", transport, &url], b"");
         assert_eq!((code, out.trim()), (3, "out"), "{transport}: {err}");
         assert!(err.contains("err"), "{transport}: {err}");
+        // A failing command and one killed by SIGKILL.
+        for (script, want) in [("exit 1", 1), ("kill -9 $$", 137)] {
+            let url = exec_url(&env, &c, &["sh", "-c", script], false, false).await;
+            let (code, _, err) = kubestream(&ks, &["exec", "-transport", transport, &url], b"");
+            assert_eq!(code, want, "{transport} {script}: {err}");
+        }
         // stdin piped through cat, with EOF.
         let url = exec_url(&env, &c, &["cat"], true, false).await;
         let (code, out, err) = kubestream(
@@ -190,6 +196,27 @@ fn idle_upgrade(url: &str, websocket: bool) -> std::time::Duration {
     let head = String::from_utf8_lossy(&all);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     start.elapsed()
+}
+
+/// Upgrades `url` to SPDY/3.1 and keeps the connection: the socket and the response head.
+fn upgrade_raw(url: &str) -> (std::net::TcpStream, String) {
+    use std::io::Read;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut b).is_ok_and(|n| n == 1) {
+        head.push(b[0]);
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
 }
 
 /// Runs the built-in client with `input` on its stdin: exit code and output.
@@ -408,7 +435,7 @@ async fn tokens_idle_streams_and_killed_containers() {
     let Some(ks) = client("kubestream") else {
         return;
     };
-    let env = PodEnv::start_with("[stream]\nstream_idle_timeout = \"6s\"\n").await;
+    let env = PodEnv::start_with("[stream]\nstream_idle_timeout = \"6s\"\nmax_streams = 2\n").await;
     let sb = env.sandbox_config("edges");
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
@@ -433,6 +460,48 @@ async fn tokens_idle_streams_and_killed_containers() {
             took < std::time::Duration::from_secs(60),
             "idle stream kept {took:?} (websocket {websocket})"
         );
+    }
+    // The cap on streams: two held open, a third is refused with 429; room again once they
+    // close.
+    let held = [
+        upgrade_raw(&exec_url(&env, &c, &["cat"], true, false).await),
+        upgrade_raw(&exec_url(&env, &c, &["cat"], true, false).await),
+    ];
+    for (_, head) in &held {
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    }
+    let (_, third) = upgrade_raw(&exec_url(&env, &c, &["true"], false, false).await);
+    assert!(third.starts_with("HTTP/1.1 429"), "{third}");
+    drop(held);
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, head) = upgrade_raw(&exec_url(&env, &c, &["true"], false, false).await);
+        if head.starts_with("HTTP/1.1 101") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{head}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Requests the runtime refuses before any URL: a terminal with stderr, no stream at all.
+    for (tty, stdin, stdout, stderr, field) in [
+        (true, false, true, true, "stderr"),
+        (false, false, false, false, "stdin"),
+    ] {
+        let err = env
+            .d
+            .runtime()
+            .exec(cri::ExecRequest {
+                container_id: c.clone(),
+                cmd: vec!["true".into()],
+                tty,
+                stdin,
+                stdout,
+                stderr,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(field), "{err:?}");
     }
     // The container killed under a running exec: the stream ends with the command's end.
     let url = exec_url(&env, &c, &["sleep", "1000"], false, false).await;
@@ -611,5 +680,79 @@ async fn attach_to_the_containers_own_stdio() {
         .await
         .unwrap();
     assert!(again.contains("out "), "{again:?}");
+    env.remove_pod(&pod).await;
+}
+
+/// A resize reaches the command's terminal: a raw SPDY client (crius's own codec) opens the
+/// error, stdout and resize streams of a tty exec, sends a size, and `stty size` reports it.
+#[tokio::test]
+async fn resize_reaches_the_terminal() {
+    use crius::stream::spdy::{Codec, Frame, Headers};
+    use std::io::Read;
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("resize");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let script = "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do \
+                  s=$(stty size); [ \"$s\" = \"45 123\" ] && break; sleep 0.25; done; echo size=$s";
+    let url = exec_url(&env, &c, &["sh", "-c", script], false, true).await;
+    let got = tokio::task::spawn_blocking(move || {
+        let (mut s, head) = upgrade_raw(&url);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let mut codec = Codec::new();
+        let mut wire = Vec::new();
+        for (id, kind) in [(1u32, "error"), (3, "stdout"), (5, "resize")] {
+            let mut headers = Headers::new();
+            headers.insert("streamtype".into(), vec![kind.into()]);
+            let syn = Frame::SynStream {
+                stream: id,
+                associated: 0,
+                priority: 0,
+                fin: false,
+                headers,
+            };
+            codec.encode(&syn, &mut wire).unwrap();
+        }
+        let size = Frame::Data {
+            stream: 5,
+            fin: false,
+            data: br#"{"Width":123,"Height":45}"#.to_vec(),
+        };
+        codec.encode(&size, &mut wire).unwrap();
+        s.write_all(&wire).unwrap();
+        // Read stdout until the error stream (the exit status) ends.
+        let (mut buf, mut out) = (Vec::new(), Vec::new());
+        let mut chunk = [0u8; 4096];
+        let mut done = false;
+        while !done {
+            let n = s.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Ok(Some(f)) = codec.decode(&mut buf) {
+                match f {
+                    Frame::Data {
+                        stream: 3, data, ..
+                    } => out.extend(data),
+                    Frame::Data {
+                        stream: 1,
+                        fin: true,
+                        ..
+                    } => done = true,
+                    Frame::Ping(id) => {
+                        let mut pong = Vec::new();
+                        codec.encode(&Frame::Ping(id), &mut pong).unwrap();
+                        let _ = s.write_all(&pong);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(got.contains("size=45 123"), "{got:?}");
     env.remove_pod(&pod).await;
 }

@@ -110,6 +110,13 @@ pub fn get_pods(state: &Path, namespace: Option<&str>, output: Output) -> Result
         "RESTARTS".into(),
         "AGE".into(),
     ]];
+    let wide = output == Output::Wide;
+    let node = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if wide {
+        rows[0].extend(["IP".to_string(), "NODE".into()]);
+    }
     for r in &records {
         let (ready, total) = r.ready_count();
         let restarts = r.restarts();
@@ -132,6 +139,16 @@ pub fn get_pods(state: &Path, namespace: Option<&str>, output: Output) -> Result
             restarts,
             age(r.created_at, t),
         ]);
+        if wide {
+            let ip = if r.pod_ip.is_empty() {
+                "<none>"
+            } else {
+                &r.pod_ip
+            };
+            if let Some(row) = rows.last_mut() {
+                row.extend([ip.to_string(), node.clone()]);
+            }
+        }
     }
     print_table(&rows);
     Ok(())

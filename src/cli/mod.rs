@@ -32,6 +32,8 @@ pub use stream::exec as exec_stream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     Table,
+    /// A table with more columns where a command has them (the agent's pods: IP and node).
+    Wide,
     Json,
     Yaml,
 }
@@ -39,7 +41,7 @@ pub enum Output {
 /// Prints `v` as JSON or YAML when asked for; false for a table, which the caller prints.
 pub fn print_structured(v: &impl serde::Serialize, output: Output) -> Result<bool> {
     match output {
-        Output::Table => return Ok(false),
+        Output::Table | Output::Wide => return Ok(false),
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
         Output::Yaml => print!("{}", serde_saphyr::to_string(v)?),
     }

@@ -28,7 +28,7 @@ pub fn check(cfg: &Config, output: Output) -> i32 {
                 print!("{text}");
             }
         }
-        Output::Table => {
+        Output::Table | Output::Wide => {
             let mut rows = vec![vec!["".to_string(), "ITEM".into(), "DETAIL".into()]];
             for f in &findings {
                 rows.push(vec![

@@ -2,7 +2,8 @@
 //! It reads manifests (`manifest`, `yaml`), turns pods into CRI requests, and drives them through
 //! their lifecycle: volumes, sandbox, pulls, init containers and sidecars, containers, probes,
 //! restarts with back-off, hooks and termination. It talks to the runtime only through CRI
-//! (`cri::client`), exactly as kubelet does, so it runs on containerd too; its own state (pod
+//! (`cri::client`), exactly as kubelet does, so it runs on containerd too; of the image module it
+//! uses only the pure parsers (references, docker config credentials); its own state (pod
 //! status, events) lives in files under its state directory.
 
 pub mod agent;

@@ -103,3 +103,24 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Huge, odd or hostile quantities are refused or saturate: never an overflow panic.
+        #[test]
+        fn any_quantity_text_never_panics(s in "[0-9.+eEkKmMgGtTpPi-]{0,60}") {
+            if let Ok(q) = super::parse(&s) {
+                let _ = (q.value(), q.milli(), q.is_zero());
+            }
+        }
+
+        /// Plain numbers of bytes read back exactly.
+        #[test]
+        fn integers_are_exact(n in 0u64..1 << 53) {
+            prop_assert_eq!(super::parse(&n.to_string()).unwrap().value(), n);
+        }
+    }
+}

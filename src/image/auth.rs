@@ -1,5 +1,5 @@
-//! Registry credentials and challenges: the CRI `AuthConfig` of a request, else a docker
-//! `config.json` `auths` entry for the registry; `WWW-Authenticate` challenges (`Basic`, and
+//! Registry credentials and challenges: the CRI `AuthConfig` of a request, else the docker
+//! `config.json` entry that applies to the image (`dockercfg`); `WWW-Authenticate` challenges (`Basic`, and
 //! `Bearer realm,service,scope` answered with a token from the realm).
 
 use std::collections::HashMap;
@@ -10,6 +10,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
 use super::Error;
+use super::dockercfg::DockerConfig;
 
 /// What a pull may authenticate with.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -73,59 +74,29 @@ fn decode_auth(auth: &str) -> Result<(String, String), String> {
     Ok((u.to_string(), p.to_string()))
 }
 
-#[derive(Deserialize)]
-struct DockerConfig {
-    #[serde(default)]
-    auths: HashMap<String, DockerAuth>,
-}
-
-#[derive(Deserialize)]
-struct DockerAuth {
-    #[serde(default)]
-    auth: String,
-    #[serde(default)]
-    username: String,
-    #[serde(default)]
-    password: String,
-    #[serde(default)]
-    identitytoken: String,
-    #[serde(default)]
-    registrytoken: String,
-}
-
-/// The key docker's `auths` uses for a registry host: keys may carry a scheme and a path
-/// (`https://index.docker.io/v1/`), so both sides are reduced to the host.
-fn auth_key(key: &str) -> String {
-    let k = key.split_once("://").map(|(_, rest)| rest).unwrap_or(key);
-    let host = k.split('/').next().unwrap_or(k).to_ascii_lowercase();
-    match host.as_str() {
-        "index.docker.io" | "registry-1.docker.io" | "docker.io" => "docker.io".to_string(),
-        _ => host,
-    }
-}
-
-/// Credentials for `domain` from a docker config file; none if the file or entry is missing.
-pub fn from_docker_config(path: &Path, domain: &str) -> Result<Option<Credentials>, Error> {
-    let data = match std::fs::read(path) {
+/// Credentials for repository `path` on `domain` from a docker config file, by kubelet's
+/// matching rules (`dockercfg`); none if the file or a matching entry is missing.
+pub fn from_docker_config(
+    file: &Path,
+    domain: &str,
+    path: &str,
+) -> Result<Option<Credentials>, Error> {
+    let data = match std::fs::read(file) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
             return Err(Error::Io {
-                path: path.to_path_buf(),
+                path: file.to_path_buf(),
                 source,
             });
         }
     };
     let bad = |reason: String| Error::AuthFile {
-        path: path.to_path_buf(),
+        path: file.to_path_buf(),
         reason,
     };
-    let cfg: DockerConfig = serde_json::from_slice(&data).map_err(|e| bad(e.to_string()))?;
-    let want = auth_key(domain);
-    for (key, a) in cfg.auths {
-        if auth_key(&key) != want {
-            continue;
-        }
+    let cfg = DockerConfig::parse(&data).map_err(bad)?;
+    for (key, a) in cfg.matching(domain, path) {
         let c = Credentials::from_cri(
             &a.username,
             &a.password,
@@ -134,7 +105,9 @@ pub fn from_docker_config(path: &Path, domain: &str) -> Result<Option<Credential
             &a.registrytoken,
         )
         .map_err(|e| bad(format!("auths[{key:?}]: {e}")))?;
-        return Ok((!c.is_empty()).then_some(c));
+        if !c.is_empty() {
+            return Ok(Some(c));
+        }
     }
     Ok(None)
 }
@@ -311,28 +284,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            from_docker_config(&p, "docker.io")
+            from_docker_config(&p, "docker.io", "library/busybox")
                 .unwrap()
                 .unwrap()
                 .username,
             "hub"
         );
         assert_eq!(
-            from_docker_config(&p, "my-registry:5000")
+            from_docker_config(&p, "my-registry:5000", "app")
                 .unwrap()
                 .unwrap()
                 .password,
             "p"
         );
-        assert!(from_docker_config(&p, "quay.io").unwrap().is_none());
+        assert!(from_docker_config(&p, "quay.io", "app").unwrap().is_none());
         assert!(
-            from_docker_config(&dir.path().join("none.json"), "x")
+            from_docker_config(&dir.path().join("none.json"), "x", "a")
                 .unwrap()
                 .is_none()
         );
         std::fs::write(&p, "{").unwrap();
         assert!(
-            from_docker_config(&p, "x")
+            from_docker_config(&p, "x", "a")
                 .unwrap_err()
                 .to_string()
                 .contains("config.json")

@@ -6,6 +6,7 @@
 //! records; it knows nothing of gRPC (the `cri` module maps its errors).
 
 pub mod auth;
+pub mod dockercfg;
 pub mod hosts;
 pub mod manifest;
 pub mod progress;

@@ -373,3 +373,27 @@ mod tests {
         assert!(Reference::parse("Registry.Example.com/x").is_ok());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::Reference;
+
+    proptest! {
+        /// Any string parses or is refused, never panics; what parses prints as a reference
+        /// that parses to itself.
+        #[test]
+        fn parse_is_total_and_stable(s in "[a-zA-Z0-9._:/@+-]{0,80}") {
+            if let Ok(r) = Reference::parse(&s) {
+                let again = Reference::parse(&r.to_string());
+                prop_assert_eq!(again.as_ref().ok(), Some(&r), "{} -> {}", s, r);
+            }
+        }
+
+        #[test]
+        fn any_text_never_panics(s in any::<String>()) {
+            let _ = Reference::parse(&s);
+        }
+    }
+}

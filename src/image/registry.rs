@@ -87,7 +87,7 @@ impl Registry {
         let hosts = hosts::hosts_for(&self.config_path, &reference.domain)?;
         let creds = match creds.filter(|c| !c.is_empty()) {
             Some(c) => Some(c),
-            None => auth::from_docker_config(&self.auth_file, &reference.domain)?,
+            None => auth::from_docker_config(&self.auth_file, &reference.domain, &reference.path)?,
         };
         Ok(Session {
             registry: self,

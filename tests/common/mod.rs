@@ -608,6 +608,12 @@ impl Daemon {
         // the host's.
         let net_d = dir.path().join("net.d");
         std::fs::create_dir_all(&net_d).expect("net.d");
+        // Top-level keys (before the first table) go before [registry].
+        let (top, tables) = match tables.find('[') {
+            Some(i) if i > 0 => tables.split_at(i),
+            None if !tables.trim().is_empty() => (tables, ""),
+            _ => ("", tables),
+        };
         let tables = if tables.contains("[network]") {
             tables.replace("{NET_D}", &net_d.display().to_string())
         } else {
@@ -622,7 +628,7 @@ impl Daemon {
             format!("{tables}\n[cgroup]\nparent = \"{cgroup_parent}\"\n")
         };
         let full = format!(
-            "[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
+            "{top}\n[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
             certs.display(),
             dir.path().join("auth.json").display()
         );

@@ -325,3 +325,25 @@ stringData: {password: hunter2}
         assert_eq!(e.problems.len(), 2);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever is in a manifest file, loading it gives pods or errors, never a panic.
+        #[test]
+        fn any_text_never_panics(s in "[a-zA-Z0-9:{}\\[\\],\"' \n-]{0,400}") {
+            let _ = super::load_str(&s, std::path::Path::new("pod.yaml"));
+        }
+
+        /// A pod manifest with arbitrary scalar values in its fields loads or is refused.
+        #[test]
+        fn odd_values_never_panic(name in "[ -~]{0,30}", image in "[ -~]{0,30}", cpu in "[ -~]{0,12}") {
+            let text = format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name:?}\nspec:\n  containers:\n  - name: c\n    image: {image:?}\n    resources:\n      limits:\n        cpu: {cpu:?}\n"
+            );
+            let _ = super::load_str(&text, std::path::Path::new("pod.yaml"));
+        }
+    }
+}

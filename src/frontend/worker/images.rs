@@ -1,12 +1,14 @@
 //! A container's image: pulled by its pull policy (defaulted as the API server does), with
-//! credentials from the pod's imagePullSecrets (docker config JSON); and the runAsNonRoot check
-//! against the image's user.
+//! credentials from the pod's imagePullSecrets (docker config JSON, matched as kubelet does by
+//! `image::dockercfg`); and the runAsNonRoot check against the image's user.
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
 use super::Worker;
 use crate::frontend::status::now;
+use crate::image::dockercfg::DockerConfig;
+use crate::image::reference::Reference;
 
 /// The image pull policy, defaulted as the API server does: Always for `:latest` or no tag.
 fn pull_policy(c: &Container) -> String {
@@ -22,14 +24,6 @@ fn pull_policy(c: &Container) -> String {
         None => "Always".into(),
         Some((_, "latest")) => "Always".into(),
         Some(_) => "IfNotPresent".into(),
-    }
-}
-
-/// The registry host of an image reference, as docker config files name it.
-fn registry_host(image: &str) -> String {
-    match image.split_once('/') {
-        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first.to_string(),
-        _ => "docker.io".into(),
     }
 }
 
@@ -118,9 +112,11 @@ impl Worker {
         }
     }
 
-    /// Credentials for an image from the pod's imagePullSecrets (docker config JSON).
+    /// Credentials for an image from the pod's imagePullSecrets (docker config JSON), by
+    /// kubelet's matching rules (`image::dockercfg`), secrets in order, the most specific entry
+    /// of each first.
     fn pull_auth(&self, image: &str) -> Option<cri::AuthConfig> {
-        let host = registry_host(image);
+        let reference = Reference::parse(image).ok()?;
         let store = self.sh.store.borrow().clone();
         for s in self.spec().image_pull_secrets.iter().flatten() {
             let Some(data) = store.secret(&self.rec.namespace, &s.name) else {
@@ -132,32 +128,18 @@ impl Worker {
             else {
                 continue;
             };
-            let Ok(v) = serde_json::from_slice::<serde_json::Value>(raw) else {
+            let Ok(cfg) = DockerConfig::parse(raw) else {
                 continue;
             };
-            let auths = v.get("auths").unwrap_or(&v);
-            let Some(obj) = auths.as_object() else {
-                continue;
-            };
-            for (server, entry) in obj {
-                let s = server
-                    .trim_start_matches("https://")
-                    .trim_start_matches("http://")
-                    .trim_end_matches('/');
-                let s = s.split('/').next().unwrap_or(s);
-                let matches = s == host
-                    || (host == "docker.io"
-                        && (s == "index.docker.io" || s == "registry-1.docker.io"));
-                if matches {
-                    let get = |k: &str| entry[k].as_str().unwrap_or("").to_string();
-                    return Some(cri::AuthConfig {
-                        username: get("username"),
-                        password: get("password"),
-                        auth: get("auth"),
-                        server_address: server.clone(),
-                        ..Default::default()
-                    });
-                }
+            if let Some((server, e)) = cfg.matching(&reference.domain, &reference.path).first() {
+                return Some(cri::AuthConfig {
+                    username: e.username.clone(),
+                    password: e.password.clone(),
+                    auth: e.auth.clone(),
+                    server_address: server.to_string(),
+                    identity_token: e.identitytoken.clone(),
+                    registry_token: e.registrytoken.clone(),
+                });
             }
         }
         None
@@ -233,7 +215,5 @@ mod tests {
         assert_eq!(pull_policy(&c("localhost:5000/busybox")), "Always");
         assert_eq!(pull_policy(&c("localhost:5000/busybox:1")), "IfNotPresent");
         assert_eq!(pull_policy(&c("busybox@sha256:00")), "IfNotPresent");
-        assert_eq!(registry_host("127.0.0.1:5000/a/b:1"), "127.0.0.1:5000");
-        assert_eq!(registry_host("library/busybox"), "docker.io");
     }
 }

@@ -8,6 +8,9 @@ pub mod bpf;
 mod default;
 mod syscalls;
 
+#[cfg(test)]
+mod props;
+
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{

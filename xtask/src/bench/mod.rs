@@ -405,7 +405,15 @@ pub async fn run(o: Options) -> Result<()> {
     }
     let tmp = std::env::temp_dir().join(format!("crius-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
+    // containerd's CNI code makes /run/netns a shared bind mount of itself and leaves it.
+    let netns_was_mount = is_mount(Path::new("/run/netns"));
     let result = run_in(&o, &tmp).await;
+    for _ in 0..4 {
+        if netns_was_mount || !is_mount(Path::new("/run/netns")) {
+            break;
+        }
+        let _ = nix::mount::umount2("/run/netns", nix::mount::MntFlags::MNT_DETACH);
+    }
     // Everything the benchmark made goes, whatever happened.
     let _ = std::process::Command::new("sh")
         .arg("-c")
@@ -416,6 +424,15 @@ pub async fn run(o: Options) -> Result<()> {
         .status();
     let _ = std::fs::remove_dir_all(&tmp);
     result
+}
+
+/// Whether `path` is a mount point (in this mount namespace).
+fn is_mount(path: &Path) -> bool {
+    let want = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }
 
 async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
