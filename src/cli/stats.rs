@@ -9,6 +9,30 @@ use super::{Output, connect, human_size, print_structured, print_table, rpc_erro
 use crate::cri::client;
 use k8s_cri::v1 as cri;
 
+/// The ID the runtime filters by: only when exactly one is asked for (it takes one).
+fn single(ids: &[String]) -> String {
+    match ids {
+        [one] => one.clone(),
+        _ => String::new(),
+    }
+}
+
+/// With several IDs asked for, keeps the entries whose ID one of them starts; sorted by ID.
+fn select<T>(stats: &mut Vec<T>, ids: &[String], id_of: impl Fn(&T) -> &str) {
+    if ids.len() > 1 {
+        stats.retain(|s| ids.iter().any(|i| id_of(s).starts_with(i.as_str())));
+    }
+    stats.sort_by(|a, b| id_of(a).cmp(id_of(b)));
+}
+
+fn container_id(s: &cri::ContainerStats) -> &str {
+    s.attributes.as_ref().map_or("", |a| a.id.as_str())
+}
+
+fn pod_id(s: &cri::PodSandboxStats) -> &str {
+    s.attributes.as_ref().map_or("", |a| a.id.as_str())
+}
+
 /// CPU use as crictl shows it: percent of one core.
 fn cpu_percent(cpu: Option<&cri::CpuUsage>) -> String {
     cpu.and_then(|c| c.usage_nano_cores.as_ref())
@@ -23,10 +47,7 @@ fn bytes(v: Option<&cri::UInt64Value>) -> String {
 /// `crius stats [CTR...] [--pod POD]`: running containers' CPU, memory and writable layer.
 pub async fn stats(socket: &Path, ids: &[String], pod: Option<&str>, output: Output) -> Result<()> {
     let filter = cri::ContainerStatsFilter {
-        id: match ids {
-            [one] => one.clone(),
-            _ => String::new(),
-        },
+        id: single(ids),
         pod_sandbox_id: pod.unwrap_or_default().to_string(),
         ..Default::default()
     };
@@ -38,16 +59,7 @@ pub async fn stats(socket: &Path, ids: &[String], pod: Option<&str>, output: Out
         .map_err(|s| rpc_error("listing container stats", socket, s))?
         .into_inner()
         .stats;
-    let id_of = |s: &cri::ContainerStats| {
-        s.attributes
-            .as_ref()
-            .map(|a| a.id.clone())
-            .unwrap_or_default()
-    };
-    if ids.len() > 1 {
-        stats.retain(|s| ids.iter().any(|i| id_of(s).starts_with(i.as_str())));
-    }
-    stats.sort_by_key(|s| id_of(s));
+    select(&mut stats, ids, container_id);
     if print_structured(&serde_json::json!({ "stats": stats }), output)? {
         return Ok(());
     }
@@ -65,7 +77,7 @@ pub async fn stats(socket: &Path, ids: &[String], pod: Option<&str>, output: Out
             .unwrap_or_default();
         let layer = s.writable_layer.as_ref();
         rows.push(vec![
-            super::short_id(&id_of(s)),
+            super::short_id(container_id(s)),
             name,
             cpu_percent(s.cpu.as_ref()),
             bytes(s.memory.as_ref().and_then(|m| m.working_set_bytes.as_ref())),
@@ -83,10 +95,7 @@ pub async fn stats(socket: &Path, ids: &[String], pod: Option<&str>, output: Out
 /// `crius statsp [POD...]`: pods' CPU, memory, network and processes.
 pub async fn statsp(socket: &Path, ids: &[String], output: Output) -> Result<()> {
     let filter = cri::PodSandboxStatsFilter {
-        id: match ids {
-            [one] => one.clone(),
-            _ => String::new(),
-        },
+        id: single(ids),
         ..Default::default()
     };
     let mut stats = client::runtime(connect(socket)?)
@@ -97,16 +106,7 @@ pub async fn statsp(socket: &Path, ids: &[String], output: Output) -> Result<()>
         .map_err(|s| rpc_error("listing pod stats", socket, s))?
         .into_inner()
         .stats;
-    let id_of = |s: &cri::PodSandboxStats| {
-        s.attributes
-            .as_ref()
-            .map(|a| a.id.clone())
-            .unwrap_or_default()
-    };
-    if ids.len() > 1 {
-        stats.retain(|s| ids.iter().any(|i| id_of(s).starts_with(i.as_str())));
-    }
-    stats.sort_by_key(|s| id_of(s));
+    select(&mut stats, ids, pod_id);
     if print_structured(&serde_json::json!({ "stats": stats }), output)? {
         return Ok(());
     }
@@ -135,7 +135,7 @@ pub async fn statsp(socket: &Path, ids: &[String], output: Output) -> Result<()>
             .and_then(|l| l.network.as_ref())
             .and_then(|n| n.default_interface.as_ref());
         rows.push(vec![
-            super::short_id(&id_of(s)),
+            super::short_id(pod_id(s)),
             name,
             cpu_percent(linux.and_then(|l| l.cpu.as_ref())),
             bytes(

@@ -254,13 +254,14 @@ impl NetworkService {
         Ok(())
     }
 
-    /// CHECK: asks the plugins whether the pod's network is still as ADD left it.
-    pub async fn check(&self, record: &Path) -> Result<(), Error> {
+    /// CHECK: asks the plugins whether the pod's network is still as ADD left it; false when
+    /// the pod has no attachment to check.
+    pub async fn check(&self, record: &Path) -> Result<bool, Error> {
         let Some(att) = read(record)? else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(list) = NetworkList::from_json(&att.list) else {
-            return Ok(());
+            return Ok(true);
         };
         for p in &list.plugins {
             let conf = plugin::stdin_config(
@@ -272,7 +273,7 @@ impl NetworkService {
             );
             plugin::run(&self.call(&att, Op::Check), &conf).await?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// DEL of the first `count` plugins, last first; all are tried, the first error is

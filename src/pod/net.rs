@@ -72,14 +72,11 @@ impl PodService {
     /// CHECK of an attached pod's network: `ok`, or what the plugins found wrong; None when
     /// the pod has no attachment.
     pub(super) async fn network_check(&self, id: &str) -> Option<String> {
-        let record = self.record(id);
-        if !matches!(network::read(&record), Ok(Some(_))) {
-            return None;
+        match self.network.check(&self.record(id)).await {
+            Ok(true) => Some("ok".to_string()),
+            Ok(false) => None,
+            Err(e) => Some(e.to_string()),
         }
-        Some(match self.network.check(&record).await {
-            Ok(()) => "ok".to_string(),
-            Err(e) => e.to_string(),
-        })
     }
 
     /// The pod's IPs into its status, and, verbose, the attachment itself.
