@@ -58,6 +58,13 @@ pub struct Stream {
     pub stream_idle_timeout: String,
     /// Streams at once; more are refused (HTTP 429).
     pub max_streams: usize,
+    /// How long a URL from Exec, Attach or PortForward stays valid (`1m`).
+    pub token_ttl: String,
+    /// Serve HTTPS: with `tls_cert_file` and `tls_key_file` (PEM), or else with a self-signed
+    /// certificate made at each start.
+    pub tls: bool,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for Stream {
@@ -67,6 +74,10 @@ impl Default for Stream {
             port: 0,
             stream_idle_timeout: "4h".to_string(),
             max_streams: 256,
+            token_ttl: "1m".to_string(),
+            tls: false,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -268,6 +279,27 @@ impl Config {
                 cfg.stream.stream_idle_timeout
             ));
         }
+        if humantime::parse_duration(&cfg.stream.token_ttl).is_err() {
+            return Err(format!(
+                "stream.token_ttl {:?} is not a duration like \"1m\" or \"30s\"",
+                cfg.stream.token_ttl
+            ));
+        }
+        match (&cfg.stream.tls_cert_file, &cfg.stream.tls_key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(
+                    "stream.tls_cert_file and stream.tls_key_file go together: give both or neither"
+                        .to_string(),
+                );
+            }
+            (Some(_), Some(_)) if !cfg.stream.tls => {
+                return Err(
+                    "stream.tls_cert_file and stream.tls_key_file are set but stream.tls is false"
+                        .to_string(),
+                );
+            }
+            _ => {}
+        }
         if cfg.stream.address.parse::<std::net::IpAddr>().is_err() {
             return Err(format!(
                 "stream.address {:?} is not an IP address",
@@ -309,6 +341,18 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn stream_tls_files_go_together() {
+        let e = Config::parse("[stream]\ntls = true\ntls_cert_file = \"/c\"\n").unwrap_err();
+        assert!(e.contains("tls_key_file"), "{e}");
+        let e =
+            Config::parse("[stream]\ntls_cert_file = \"/c\"\ntls_key_file = \"/k\"\n").unwrap_err();
+        assert!(e.contains("stream.tls is false"), "{e}");
+        let e = Config::parse("[stream]\ntoken_ttl = \"soon\"\n").unwrap_err();
+        assert!(e.contains("stream.token_ttl"), "{e}");
+        assert!(Config::parse("[stream]\ntls = true\n").is_ok());
+    }
+
+    #[test]
     fn log_format_and_metrics_address_are_checked() {
         assert_eq!(
             Config::parse("log_format = \"json\"\n").unwrap().log_format,
@@ -341,7 +385,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 24, "{uncommented}");
+        assert_eq!(keys, 26, "{uncommented}");
     }
 
     use super::*;

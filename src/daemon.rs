@@ -34,6 +34,8 @@ pub enum Error {
     Containers(#[from] container::Error),
     #[error(transparent)]
     Stream(#[from] crate::stream::Error),
+    #[error("streaming server: {0}")]
+    StreamTls(#[from] crate::tls::Error),
     #[error("serving CRI: {0}")]
     Serve(#[from] tonic::transport::Error),
     #[error(
@@ -46,6 +48,38 @@ pub enum Error {
     SliceName { parent: String },
     #[error("cgroup.driver is \"systemd\": {0}")]
     Systemd(#[from] crate::systemd::Error),
+}
+
+/// The streaming server's TLS settings: the configured pair, or a self-signed certificate for
+/// this node's hostname and the server's address.
+fn stream_tls(
+    cfg: &crate::config::Stream,
+) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>, Error> {
+    if !cfg.tls {
+        return Ok(None);
+    }
+    let identity = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(cert), Some(key)) => crate::tls::Identity::from_files(cert, key)?,
+        _ => {
+            let mut names = vec![
+                "localhost".to_string(),
+                "127.0.0.1".to_string(),
+                "::1".to_string(),
+            ];
+            if let Ok(host) = nix::unistd::gethostname() {
+                names.push(host.to_string_lossy().into_owned());
+            }
+            let unspecified = cfg
+                .address
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_unspecified());
+            if !unspecified && !names.contains(&cfg.address) {
+                names.push(cfg.address.clone());
+            }
+            crate::tls::Identity::self_signed(names)?
+        }
+    };
+    Ok(Some(std::sync::Arc::new(identity.server_config()?)))
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -188,6 +222,9 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             idle_timeout: humantime::parse_duration(&cfg.stream.stream_idle_timeout)
                 .unwrap_or(std::time::Duration::from_secs(4 * 3600)),
             max_streams: cfg.stream.max_streams,
+            token_ttl: humantime::parse_duration(&cfg.stream.token_ttl)
+                .unwrap_or(crate::stream::TOKEN_TTL),
+            tls: stream_tls(&cfg.stream)?,
         },
         std::sync::Arc::new(cri::streaming::StreamBackend {
             containers: containers.clone(),

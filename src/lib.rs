@@ -31,3 +31,4 @@ pub mod snapshot;
 pub mod stream;
 pub mod sys;
 pub mod systemd;
+pub mod tls;

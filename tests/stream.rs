@@ -435,13 +435,22 @@ async fn tokens_idle_streams_and_killed_containers() {
     let Some(ks) = client("kubestream") else {
         return;
     };
-    let env = PodEnv::start_with("[stream]\nstream_idle_timeout = \"6s\"\nmax_streams = 2\n").await;
+    let env = PodEnv::start_with(
+        "[stream]\nstream_idle_timeout = \"6s\"\nmax_streams = 2\ntoken_ttl = \"3s\"\n",
+    )
+    .await;
     let sb = env.sandbox_config("edges");
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
     let url = exec_url(&env, &c, &["true"], false, false).await;
     let base = url.rsplit_once('/').unwrap().0.to_string();
     let (code, _, err) = kubestream(&ks, &["exec", &format!("{base}/not-a-token")], b"");
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown or expired streaming token"), "{err}");
+    // A URL not used within token_ttl (3 s here) has expired.
+    let stale = exec_url(&env, &c, &["true"], false, false).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (code, _, err) = kubestream(&ks, &["exec", &stale], b"");
     assert_ne!(code, 0);
     assert!(err.contains("unknown or expired streaming token"), "{err}");
     // An idle stream (a command that waits on stdin nobody writes) is closed after 6 s.
@@ -685,10 +694,71 @@ async fn attach_to_the_containers_own_stdio() {
 
 /// A resize reaches the command's terminal: a raw SPDY client (crius's own codec) opens the
 /// error, stdout and resize streams of a tty exec, sends a size, and `stty size` reports it.
-#[tokio::test]
-async fn resize_reaches_the_terminal() {
+/// Drives a terminal stream with a raw SPDY client (client-go's executors cannot resize): opens
+/// the error, stdout and resize streams, sends one size, and returns stdout up to the stream's
+/// end or until `until` shows.
+fn resized_output(url: &str, until: &str) -> String {
     use crius::stream::spdy::{Codec, Frame, Headers};
     use std::io::Read;
+    let (mut s, head) = upgrade_raw(url);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let mut codec = Codec::new();
+    let mut wire = Vec::new();
+    for (id, kind) in [(1u32, "error"), (3, "stdout"), (5, "resize")] {
+        let mut headers = Headers::new();
+        headers.insert("streamtype".into(), vec![kind.into()]);
+        let syn = Frame::SynStream {
+            stream: id,
+            associated: 0,
+            priority: 0,
+            fin: false,
+            headers,
+        };
+        codec.encode(&syn, &mut wire).unwrap();
+    }
+    let size = Frame::Data {
+        stream: 5,
+        fin: false,
+        data: br#"{"Width":123,"Height":45}"#.to_vec(),
+    };
+    codec.encode(&size, &mut wire).unwrap();
+    s.write_all(&wire).unwrap();
+    // Read stdout until the error stream (the exit status) ends.
+    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    let mut chunk = [0u8; 4096];
+    let mut done = false;
+    while !done && !String::from_utf8_lossy(&out).contains(until) {
+        let n = s.read(&mut chunk).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        while let Ok(Some(f)) = codec.decode(&mut buf) {
+            match f {
+                Frame::Data {
+                    stream: 3, data, ..
+                } => out.extend(data),
+                Frame::Data {
+                    stream: 1,
+                    fin: true,
+                    ..
+                } => done = true,
+                Frame::Ping(id) => {
+                    let mut pong = Vec::new();
+                    codec.encode(&Frame::Ping(id), &mut pong).unwrap();
+                    let _ = s.write_all(&pong);
+                }
+                _ => {}
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A resize reaches the terminal of an exec and of an attached tty container, as `stty size`
+/// inside sees it.
+#[tokio::test]
+async fn resize_reaches_the_terminal() {
     let env = PodEnv::start().await;
     let sb = env.sandbox_config("resize");
     let pod = env.run_pod(&sb).await.unwrap();
@@ -696,63 +766,197 @@ async fn resize_reaches_the_terminal() {
     let script = "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do \
                   s=$(stty size); [ \"$s\" = \"45 123\" ] && break; sleep 0.25; done; echo size=$s";
     let url = exec_url(&env, &c, &["sh", "-c", script], false, true).await;
-    let got = tokio::task::spawn_blocking(move || {
-        let (mut s, head) = upgrade_raw(&url);
-        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-        let mut codec = Codec::new();
-        let mut wire = Vec::new();
-        for (id, kind) in [(1u32, "error"), (3, "stdout"), (5, "resize")] {
-            let mut headers = Headers::new();
-            headers.insert("streamtype".into(), vec![kind.into()]);
-            let syn = Frame::SynStream {
-                stream: id,
-                associated: 0,
-                priority: 0,
-                fin: false,
-                headers,
-            };
-            codec.encode(&syn, &mut wire).unwrap();
-        }
-        let size = Frame::Data {
-            stream: 5,
-            fin: false,
-            data: br#"{"Width":123,"Height":45}"#.to_vec(),
-        };
-        codec.encode(&size, &mut wire).unwrap();
-        s.write_all(&wire).unwrap();
-        // Read stdout until the error stream (the exit status) ends.
-        let (mut buf, mut out) = (Vec::new(), Vec::new());
-        let mut chunk = [0u8; 4096];
-        let mut done = false;
-        while !done {
-            let n = s.read(&mut chunk).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            while let Ok(Some(f)) = codec.decode(&mut buf) {
-                match f {
-                    Frame::Data {
-                        stream: 3, data, ..
-                    } => out.extend(data),
-                    Frame::Data {
-                        stream: 1,
-                        fin: true,
-                        ..
-                    } => done = true,
-                    Frame::Ping(id) => {
-                        let mut pong = Vec::new();
-                        codec.encode(&Frame::Ping(id), &mut pong).unwrap();
-                        let _ = s.write_all(&pong);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    })
-    .await
-    .unwrap();
+    let got = tokio::task::spawn_blocking(move || resized_output(&url, "size=45 123"))
+        .await
+        .unwrap();
     assert!(got.contains("size=45 123"), "{got:?}");
+    // A tty container that keeps printing its terminal's size, attached to and resized.
+    let mut cfg = env.container_config(
+        "tty",
+        &[
+            "sh",
+            "-c",
+            "while :; do echo size=$(stty size); sleep 0.2; done",
+        ],
+    );
+    cfg.tty = true;
+    cfg.stdin = true;
+    let t = env.run(&pod, &sb, cfg).await;
+    let url = attach_url(&env, &t, false, true).await;
+    let got = tokio::task::spawn_blocking(move || resized_output(&url, "size=45 123"))
+        .await
+        .unwrap();
+    assert!(got.contains("size=45 123"), "attach: {got:?}");
+    env.remove_pod(&pod).await;
+}
+
+/// Runs openssl with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is installed by hack/install-test-deps.sh");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// HTTPS streaming: with an operator's certificate (a CA and a leaf made by openssl) the URLs
+/// are https, the built-in client verifies against CRIUS_STREAM_CA when given and refuses a
+/// server its CA did not sign; crictl works over both transports. With no pair a self-signed
+/// certificate is made and served, which the built-in client and kubestream (client-go, both
+/// transports) accept.
+#[tokio::test]
+async fn tls_streaming() {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let ca = [
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "ca.key", "-out", "ca.crt"],
+    ]
+    .concat();
+    openssl(
+        dir,
+        &[&ca[..], &["-subj", "/CN=test streaming CA", "-days", "2"]].concat(),
+    );
+    let other = [
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "o.key", "-out", "other.crt"],
+    ]
+    .concat();
+    openssl(
+        dir,
+        &[&other[..], &["-subj", "/CN=someone else", "-days", "2"]].concat(),
+    );
+    let csr = [
+        &["req", "-new"][..],
+        &ec,
+        &["-keyout", "leaf.key", "-out", "leaf.csr"],
+    ]
+    .concat();
+    openssl(
+        dir,
+        &[
+            &csr[..],
+            &[
+                "-subj",
+                "/CN=crius",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-copy_extensions",
+            "copyall",
+            "-days",
+            "2",
+            "-out",
+            "leaf.crt",
+        ],
+    );
+    let env = PodEnv::start_with(&format!(
+        "[stream]\ntls = true\ntls_cert_file = \"{0}/leaf.crt\"\ntls_key_file = \"{0}/leaf.key\"\n",
+        dir.display()
+    ))
+    .await;
+    let sb = env.sandbox_config("tls");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let url = exec_url(&env, &c, &["true"], false, false).await;
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+
+    // The built-in client: verified against the CA, refused against another, unverified
+    // without one (as crictl).
+    let cli = |ca: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_crius"));
+        cmd.arg("--socket")
+            .arg(&env.d.socket)
+            .args(["exec", "-i", &c, "--", "sh", "-c", "echo over tls"])
+            .stdin(Stdio::null());
+        match ca {
+            Some(f) => cmd.env("CRIUS_STREAM_CA", dir.join(f)),
+            None => cmd.env_remove("CRIUS_STREAM_CA"),
+        };
+        cmd.output().unwrap()
+    };
+    for ca in [Some("ca.crt"), None] {
+        let out = cli(ca);
+        assert!(out.status.success(), "{ca:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "over tls");
+    }
+    let out = cli(Some("other.crt"));
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TLS with the streaming server"),
+        "{out:?}"
+    );
+    // A plain HTTP request to the TLS port gets no stream.
+    let plain = exec_url(&env, &c, &["true"], false, false)
+        .await
+        .replacen("https://", "http://", 1);
+    let (_, head) = tokio::task::spawn_blocking(move || upgrade_raw(&plain))
+        .await
+        .unwrap();
+    assert!(!head.starts_with("HTTP/1.1 101"), "{head}");
+
+    if let Some(crictl) = client("crictl") {
+        let endpoint = format!("unix://{}", env.d.socket.display());
+        for transport in ["spdy", "websocket"] {
+            let out = Command::new(&crictl)
+                .args(["--runtime-endpoint", &endpoint, "exec", "--transport"])
+                .args([transport, &c, "echo", "crictl over tls"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "crictl {transport}: {out:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "crictl over tls"
+            );
+        }
+    }
+    env.remove_pod(&pod).await;
+    drop(env);
+
+    // No pair: a self-signed certificate, and the built-in client's exec and port-forward.
+    let env = PodEnv::start_with("[stream]\ntls = true\n").await;
+    let sb = env.sandbox_config("self-signed");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let url = exec_url(&env, &c, &["true"], false, false).await;
+    assert!(url.starts_with("https://"), "{url}");
+    let (code, out, err) = crius_cli(&env, &["exec", "-i", &c, "--", "echo", "self-signed"], b"");
+    assert_eq!((code, out.trim()), (0, "self-signed"), "{err}");
+    if let Some(ks) = client("kubestream") {
+        for transport in ["spdy", "websocket"] {
+            let url = exec_url(&env, &c, &["echo", "kubestream over tls"], false, false).await;
+            let (code, out, err) = kubestream(&ks, &["exec", "-transport", transport, &url], b"");
+            assert_eq!(
+                (code, out.trim()),
+                (0, "kubestream over tls"),
+                "{transport}: {err}"
+            );
+        }
+    }
     env.remove_pod(&pod).await;
 }

@@ -22,15 +22,47 @@ struct Conn {
     next: u32,
 }
 
-/// Upgrades `url` with `protocol` and starts serving the connection.
-async fn connect(url: &str, protocol: &str) -> Result<Conn> {
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("streaming URL {url}: only http:// is supported"))?;
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Where the streaming server is, and the TCP (and for https, TLS) connection to it.
+async fn dial(url: &str) -> Result<(String, String, Box<dyn Io>)> {
+    let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        _ => bail!("streaming URL {url}: neither http:// nor https://"),
+    };
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let mut tcp = tokio::net::TcpStream::connect(host)
+    let tcp = tokio::net::TcpStream::connect(host)
         .await
         .with_context(|| format!("connecting to the streaming server at {host}"))?;
+    let _ = tcp.set_nodelay(true);
+    if !tls {
+        return Ok((host.to_string(), path.to_string(), Box::new(tcp)));
+    }
+    // The URL came over the CRI socket (root only) and its token is single-use, so, as crictl,
+    // the server's certificate is verified only against CRIUS_STREAM_CA when that is set.
+    let config = match std::env::var_os("CRIUS_STREAM_CA") {
+        Some(ca) => crate::tls::client_trusting(std::path::Path::new(&ca))?,
+        None => crate::tls::unverified_client()?,
+    };
+    let name = host
+        .rsplit_once(':')
+        .map_or(host, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(name.to_string())
+        .with_context(|| format!("streaming server name {name:?}"))?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .with_context(|| format!("TLS with the streaming server at {host}"))?;
+    Ok((host.to_string(), path.to_string(), Box::new(stream)))
+}
+
+/// Upgrades `url` with `protocol` and starts serving the connection.
+async fn connect(url: &str, protocol: &str) -> Result<Conn> {
+    let (host, path, mut tcp) = dial(url).await?;
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
          X-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
@@ -63,7 +95,7 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
         );
     }
     buf.drain(..head_end);
-    let (mut rd, mut wr) = tcp.into_split();
+    let (mut rd, mut wr) = tokio::io::split(tcp);
     let (out, mut out_rx) = mpsc::channel::<Frame>(64);
     tokio::spawn(async move {
         let mut codec = Codec::new();

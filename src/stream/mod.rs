@@ -25,7 +25,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// How long a URL handed out by Exec, Attach or PortForward stays valid.
+/// How long a URL handed out by Exec, Attach or PortForward stays valid, unless configured.
 pub const TOKEN_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,12 +106,17 @@ pub struct Settings {
     pub port: u16,
     pub idle_timeout: Duration,
     pub max_streams: usize,
+    /// How long a URL stays valid.
+    pub token_ttl: Duration,
+    /// Serve HTTPS with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 struct Shared {
     tokens: Mutex<HashMap<String, (Request, Instant)>>,
     backend: Arc<dyn Backend>,
     idle_timeout: Duration,
+    token_ttl: Duration,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
@@ -144,16 +149,23 @@ impl StreamServer {
             tokens: Mutex::new(HashMap::new()),
             backend,
             idle_timeout: settings.idle_timeout,
+            token_ttl: settings.token_ttl,
             slots: Arc::new(tokio::sync::Semaphore::new(settings.max_streams.max(1))),
         });
         let host = match local {
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
             SocketAddr::V4(a) => a.to_string(),
         };
-        tracing::info!(address = %local, "streaming server listening");
-        tokio::spawn(serve(listener, shared.clone()));
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(address = %local, scheme, "streaming server listening");
+        let tls = settings.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        tokio::spawn(serve(listener, tls, shared.clone()));
         Ok(StreamServer {
-            base: format!("http://{host}"),
+            base: format!("{scheme}://{host}"),
             shared,
         })
     }
@@ -170,7 +182,8 @@ impl StreamServer {
         };
         let mut tokens = self.shared.tokens.lock().unwrap_or_else(|p| p.into_inner());
         // Expired tokens are dropped whenever one is issued.
-        tokens.retain(|_, (_, at)| at.elapsed() < TOKEN_TTL);
+        let ttl = self.shared.token_ttl;
+        tokens.retain(|_, (_, at)| at.elapsed() < ttl);
         tokens.insert(token.clone(), (req, Instant::now()));
         Ok(format!("{}/{path}/{token}", self.base))
     }
@@ -187,11 +200,15 @@ impl Shared {
                 | (Request::Attach { .. }, "attach")
                 | (Request::PortForward { .. }, "portforward")
         );
-        (matches && at.elapsed() < TOKEN_TTL).then_some(req)
+        (matches && at.elapsed() < self.token_ttl).then_some(req)
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -203,18 +220,41 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(shared, req).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .with_upgrades()
-                .await;
+            match tls {
+                None => serve_connection(stream, shared).await,
+                Some(acceptor) => {
+                    // A client that never finishes its handshake holds nothing for long.
+                    let handshake =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => serve_connection(stream, shared).await,
+                        Ok(Err(e)) => tracing::debug!(error = %e, "streaming TLS handshake"),
+                        Err(_) => tracing::debug!("streaming TLS handshake timed out"),
+                    }
+                }
+            }
         });
     }
+}
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, std::convert::Infallible>(route(shared, req).await) }
+    });
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .with_upgrades()
+        .await;
 }
 
 fn reply(status: u16, text: &str) -> hyper::Response<Full<Bytes>> {
