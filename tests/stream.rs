@@ -960,3 +960,125 @@ async fn tls_streaming() {
     }
     env.remove_pod(&pod).await;
 }
+
+/// A WebSocket frame as a client sends it (masked with a zero key, so the payload is as is);
+/// `len` may claim more than `payload` holds.
+fn ws_frame(first: u8, len: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![first];
+    match len {
+        0..=125 => f.push(0x80 | len as u8),
+        126..=0xffff => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+    f.extend_from_slice(&[0, 0, 0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Upgrades `url` to a WebSocket (v4.channel.k8s.io), sends `bytes`, and reads until the
+/// server closes: whether it closed within 20 s.
+fn ws_send_and_wait_close(url: &str, bytes: &[u8]) -> bool {
+    use std::io::Read;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET {path}?input=1&output=1 HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n"
+    )
+    .unwrap();
+    // The server may close before all is written; that is an answer too.
+    let _ = s.write_all(bytes);
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{:?}",
+            String::from_utf8_lossy(&head)
+        );
+    }
+}
+
+/// Hostile WebSocket input: a frame claiming a terabyte, an unmasked frame, reserved bits, an
+/// unknown opcode, a message fragmented past the size limit, an unknown channel. Each ends
+/// its connection promptly (the command inside ends with its stdin), and the daemon goes on
+/// serving with no descriptor left behind.
+#[tokio::test]
+async fn hostile_websocket_frames() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("hostile");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let before = daemon_fds(&env);
+    let mib = vec![b'x'; 1 << 20];
+    let mut fragmented = ws_frame(0x02, mib.len() as u64, &mib);
+    for _ in 0..4 {
+        fragmented.extend(ws_frame(0x00, mib.len() as u64, &mib));
+    }
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a terabyte frame", ws_frame(0x82, 1 << 40, b"\0abc")),
+        ("an unmasked frame", vec![0x82, 0x03, 0, b'h', b'i']),
+        ("reserved bits", ws_frame(0xf2, 3, b"\0hi")),
+        ("an unknown opcode", ws_frame(0x83, 3, b"\0hi")),
+        ("5 MiB in fragments", fragmented),
+    ];
+    for (what, bytes) in cases {
+        let url = exec_url(&env, &c, &["cat"], true, false).await;
+        let closed = tokio::task::spawn_blocking(move || ws_send_and_wait_close(&url, &bytes))
+            .await
+            .unwrap();
+        assert!(closed, "{what}: the server kept the connection");
+    }
+    // An unknown channel is ignored; the stream goes on and ends when stdin does.
+    let url = exec_url(&env, &c, &["cat"], true, false).await;
+    let mut bytes = ws_frame(0x82, 3, b"\x09hi");
+    bytes.extend(ws_frame(0x88, 2, &1000u16.to_be_bytes()));
+    let closed = tokio::task::spawn_blocking(move || ws_send_and_wait_close(&url, &bytes))
+        .await
+        .unwrap();
+    assert!(closed, "unknown channel then close");
+    // Still serving, and nothing held: the commands ended with their stdin.
+    let (code, out, err) = crius_cli(&env, &["exec", "-i", &c, "--", "echo", "alive"], b"");
+    assert_eq!((code, out.trim()), (0, "alive"), "{err}");
+    let t0 = std::time::Instant::now();
+    while daemon_fds(&env) > before + 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "descriptors: {} before, {} now",
+            before,
+            daemon_fds(&env)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ps = env
+        .d
+        .runtime()
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: c.clone(),
+            cmd: vec!["ps".into()],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ps = String::from_utf8_lossy(&ps.stdout).into_owned();
+    assert!(!ps.contains(" cat"), "an exec'd cat is left: {ps}");
+    env.remove_pod(&pod).await;
+}

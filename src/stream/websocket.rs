@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message, Role};
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Message, Role, WebSocketConfig};
 
 use super::session::{Activity, Resizes, exit_status};
 use super::{Request, Session, Shared, reply};
@@ -65,9 +65,12 @@ pub(super) fn upgrade(
         let Ok(up) = on_upgrade.await else {
             return;
         };
-        let ws =
-            WebSocketStream::from_raw_socket(hyper_util::rt::TokioIo::new(up), Role::Server, None)
-                .await;
+        let ws = WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(up),
+            Role::Server,
+            Some(limits()),
+        )
+        .await;
         if is_pf {
             let io = Tunnel::new(ws);
             super::session::run_spdy(io, super::PORT_FORWARD_PROTOCOL, request, backend, idle)
@@ -95,6 +98,17 @@ pub(super) fn upgrade(
         hyper::header::HeaderValue::from_static(protocol),
     );
     r
+}
+
+/// What one client message may hold. Clients send keystrokes, stdin chunks and tunnelled SPDY
+/// frames (client-go copies through 32 KiB buffers); anything far larger is refused, and the
+/// connection closed, before it is buffered.
+const MAX_MESSAGE: usize = 4 << 20;
+
+fn limits() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE))
 }
 
 type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
