@@ -575,6 +575,23 @@ async fn kubelet_runs_pods_on_crius() {
     let _ = fwd.kill();
     let _ = fwd.wait();
     assert!(page.contains("hello from web"));
+    // /portForward over WebSocket channels (v4.channel.k8s.io, the port in the query), which
+    // kubelet passes to crius's streaming server.
+    let url = format!("http://127.0.0.1:10250/portForward/default/web-{NODE}?port=80");
+    let got = channel_forward(
+        &url,
+        "v4.channel.k8s.io",
+        b"GET /index.html HTTP/1.0\r\n\r\n",
+    )
+    .await;
+    let data: Vec<u8> = got
+        .iter()
+        .filter(|(ch, _)| *ch == 0)
+        .flat_map(|(_, d)| d.clone())
+        .collect();
+    assert_eq!(data.get(..2), Some(&80u16.to_le_bytes()[..]), "{got:?}");
+    let page = String::from_utf8_lossy(&data[2..]).into_owned();
+    assert!(page.contains("hello from web"), "{page}");
 
     // /stats/summary has the pod and its containers' CPU and memory (the CPU-and-memory view,
     // as metrics-server asks: the node's file systems here are tmpfs and overlays on 9p,

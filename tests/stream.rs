@@ -425,6 +425,64 @@ async fn port_forward_with_upstream_clients() {
             );
         }
     }
+
+    // kubelet's WebSocket channels (binary, base64, and with no protocol at all): ports 80
+    // (httpd) and 81 (nothing listens) from the PortForward call.
+    for protocol in ["v4.channel.k8s.io", "v4.base64.channel.k8s.io", ""] {
+        let url = env
+            .d
+            .runtime()
+            .port_forward(cri::PortForwardRequest {
+                pod_sandbox_id: pod.clone(),
+                port: vec![80, 81],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .url;
+        let got = channel_forward(&url, protocol, b"GET /small HTTP/1.0\r\n\r\n").await;
+        let on = |ch: u8| -> Vec<u8> {
+            got.iter()
+                .filter(|(c, _)| *c == ch)
+                .flat_map(|(_, d)| d.clone())
+                .collect()
+        };
+        for (ch, port) in [(0u8, 80u16), (1, 80), (2, 81), (3, 81)] {
+            let first = got.iter().find(|(c, _)| *c == ch).map(|(_, d)| d.clone());
+            assert_eq!(
+                first,
+                Some(port.to_le_bytes().to_vec()),
+                "{protocol:?} {ch}"
+            );
+        }
+        let http = String::from_utf8_lossy(&on(0)[2..]).into_owned();
+        assert!(
+            http.contains(" 200 ") && http.ends_with("small\n"),
+            "{protocol:?} {http}"
+        );
+        let err = String::from_utf8_lossy(&on(3)[2..]).into_owned();
+        assert!(
+            err.contains("error forwarding port 81"),
+            "{protocol:?} {err}"
+        );
+        assert_eq!(
+            on(1),
+            80u16.to_le_bytes(),
+            "{protocol:?}: port 80 had no error"
+        );
+    }
+    // A PortForward call with a port that is none is refused by name.
+    let err = env
+        .d
+        .runtime()
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod.clone(),
+            port: vec![70000],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("port 70000"), "{err:?}");
     env.remove_pod(&pod).await;
 }
 

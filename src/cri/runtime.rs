@@ -312,9 +312,19 @@ impl RuntimeService for Runtime {
             if !pod.ready {
                 return Err(crate::sandbox::Error::NotReady { id: pod.id }.into());
             }
-            let url = self
-                .streams
-                .url_for(crate::stream::Request::PortForward { sandbox_id: pod.id })?;
+            let ports = req
+                .port
+                .iter()
+                .map(|&p| {
+                    u16::try_from(p).ok().filter(|&p| p != 0).ok_or_else(|| {
+                        Status::invalid_argument(format!("port {p} is not a port (1 to 65535)"))
+                    })
+                })
+                .collect::<Result<Vec<u16>, Status>>()?;
+            let url = self.streams.url_for(crate::stream::Request::PortForward {
+                sandbox_id: pod.id,
+                ports,
+            })?;
             Ok(cri::PortForwardResponse { url })
         })
         .await

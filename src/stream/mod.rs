@@ -8,6 +8,7 @@
 //! `cri` glue provides. Streams idle longer than the configured timeout are closed and the
 //! number of streams at once is capped. Uses no other module of crius.
 
+mod channel_forward;
 pub mod session;
 pub mod spdy;
 mod websocket;
@@ -50,6 +51,9 @@ pub enum Request {
     },
     PortForward {
         sandbox_id: String,
+        /// The ports asked for: what WebSocket port forwarding serves (SPDY names its port
+        /// per stream).
+        ports: Vec<u16>,
     },
 }
 

@@ -98,7 +98,7 @@ pub async fn run_spdy<IO>(
         let out = out_tx.clone();
         tokio::spawn(async move {
             match request {
-                Request::PortForward { sandbox_id } => {
+                Request::PortForward { sandbox_id, .. } => {
                     port_forward(ev_rx, out, sandbox_id, backend).await
                 }
                 other => remote_command(ev_rx, out, protocol, other, backend).await,

@@ -2,8 +2,9 @@
 //! their `base64.` forms, as crictl and newer clients speak it): one channel byte before each
 //! message's payload (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize; v5's 255 closes a
 //! channel), the exit status on the error channel as with SPDY v4. Port forwarding over
-//! WebSocket is `SPDY/3.1+portforward.k8s.io` tunnelled in binary messages (client-go's
-//! tunnelling dialer): the SPDY session runs on the messages' bytes.
+//! WebSocket is either `SPDY/3.1+portforward.k8s.io` tunnelled in binary messages (client-go's
+//! tunnelling dialer, what kubectl and crictl use): the SPDY session runs on the messages'
+//! bytes; or kubelet's channels (`channel_forward`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,6 +30,12 @@ const EXEC_PROTOCOLS: [&str; 4] = [
     "base64.channel.k8s.io",
 ];
 const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+/// Port forwarding: client-go's SPDY tunnel, or kubelet's channels (also with no protocol).
+const PORT_FORWARD_PROTOCOLS: [&str; 3] = [
+    TUNNEL_PROTOCOL,
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+];
 
 /// Answers the WebSocket handshake and runs the protocol on the upgraded connection.
 pub(super) fn upgrade(
@@ -40,12 +47,16 @@ pub(super) fn upgrade(
 ) -> hyper::Response<Full<Bytes>> {
     let is_pf = matches!(request, Request::PortForward { .. });
     let supported: &[&str] = if is_pf {
-        &[TUNNEL_PROTOCOL]
+        &PORT_FORWARD_PROTOCOLS
     } else {
         &EXEC_PROTOCOLS
     };
-    let Some(protocol) = super::negotiate(&offered, supported).filter(|_| !offered.is_empty())
-    else {
+    let protocol = if is_pf && offered.is_empty() {
+        Some("")
+    } else {
+        super::negotiate(&offered, supported).filter(|_| !offered.is_empty())
+    };
+    let Some(protocol) = protocol else {
         return reply(
             403,
             &format!(
@@ -53,6 +64,15 @@ pub(super) fn upgrade(
             ),
         );
     };
+    if let Request::PortForward { ports, .. } = &request
+        && ports.is_empty()
+        && protocol != TUNNEL_PROTOCOL
+    {
+        return reply(
+            400,
+            "port forwarding over websocket channels needs the ports in the PortForward call",
+        );
+    }
     let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
         return reply(400, "no Sec-WebSocket-Key");
     };
@@ -71,12 +91,17 @@ pub(super) fn upgrade(
             Some(limits()),
         )
         .await;
-        if is_pf {
-            let io = Tunnel::new(ws);
-            super::session::run_spdy(io, super::PORT_FORWARD_PROTOCOL, request, backend, idle)
-                .await;
-        } else {
-            remote_command(ws, protocol, request, backend, idle).await;
+        match request {
+            Request::PortForward { .. } if protocol == TUNNEL_PROTOCOL => {
+                let io = Tunnel::new(ws);
+                super::session::run_spdy(io, super::PORT_FORWARD_PROTOCOL, request, backend, idle)
+                    .await;
+            }
+            Request::PortForward { sandbox_id, ports } => {
+                let base64 = protocol.contains("base64");
+                super::channel_forward::serve(ws, base64, sandbox_id, ports, backend, idle).await;
+            }
+            request => remote_command(ws, protocol, request, backend, idle).await,
         }
     });
     let mut r = hyper::Response::new(Full::new(Bytes::new()));
@@ -93,10 +118,12 @@ pub(super) fn upgrade(
     if let Ok(v) = hyper::header::HeaderValue::from_str(&accept) {
         h.insert("sec-websocket-accept", v);
     }
-    h.insert(
-        "sec-websocket-protocol",
-        hyper::header::HeaderValue::from_static(protocol),
-    );
+    if !protocol.is_empty() {
+        h.insert(
+            "sec-websocket-protocol",
+            hyper::header::HeaderValue::from_static(protocol),
+        );
+    }
     r
 }
 
@@ -111,20 +138,15 @@ fn limits() -> WebSocketConfig {
         .max_frame_size(Some(MAX_MESSAGE))
 }
 
-type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+pub(super) type Ws = WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
-async fn remote_command(
-    ws: Ws,
-    protocol: &'static str,
-    request: Request,
-    backend: Arc<dyn super::Backend>,
-    idle: std::time::Duration,
-) {
-    // Frames either way are activity (client-go's pings too), as over SPDY.
-    let activity = Arc::new(Activity::new());
-    let base64 = protocol.contains("base64");
-    let v5 = protocol.starts_with("v5.");
-    let (mut sink, mut incoming) = ws.split();
+/// Sends `(channel, payload)` pairs as messages (the channel byte first, or with `base64` its
+/// digit and the payload in base64) until every sender is gone, then closes normally (1000:
+/// clients take a close without a status, 1005, as an error).
+pub(super) fn channel_writer(
+    mut sink: futures_util::stream::SplitSink<Ws, Message>,
+    base64: bool,
+) -> (mpsc::Sender<(u8, Vec<u8>)>, tokio::task::JoinHandle<()>) {
     let (out_tx, mut out_rx) = mpsc::channel::<(u8, Vec<u8>)>(64);
     let writer = tokio::spawn(async move {
         while let Some((ch, data)) = out_rx.recv().await {
@@ -142,7 +164,6 @@ async fn remote_command(
                 return;
             }
         }
-        // A normal close (1000): clients take a close without a status (1005) as an error.
         let _ = sink
             .send(Message::Close(Some(CloseFrame {
                 code: CloseCode::Normal,
@@ -150,6 +171,41 @@ async fn remote_command(
             })))
             .await;
     });
+    (out_tx, writer)
+}
+
+/// A client message as the channel byte and the rest; none for messages that carry no
+/// channel data (pings, undecodable base64, empty ones).
+pub(super) fn channel_payload(msg: Message, base64: bool) -> Option<Vec<u8>> {
+    match msg {
+        Message::Binary(b) if !b.is_empty() => Some(b.to_vec()),
+        Message::Text(t) if base64 => {
+            let t = t.as_str();
+            let ch = t.bytes().next()?;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(t.get(1..)?)
+                .ok()?;
+            let mut p = vec![ch.wrapping_sub(b'0')];
+            p.extend(data);
+            Some(p)
+        }
+        _ => None,
+    }
+}
+
+async fn remote_command(
+    ws: Ws,
+    protocol: &'static str,
+    request: Request,
+    backend: Arc<dyn super::Backend>,
+    idle: std::time::Duration,
+) {
+    // Frames either way are activity (client-go's pings too), as over SPDY.
+    let activity = Arc::new(Activity::new());
+    let base64 = protocol.contains("base64");
+    let v5 = protocol.starts_with("v5.");
+    let (sink, mut incoming) = ws.split();
+    let (out_tx, writer) = channel_writer(sink, base64);
     let started = match request {
         Request::Exec {
             container_id,
@@ -203,18 +259,10 @@ async fn remote_command(
                 activity.touch();
                 let payload = match msg {
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break None,
-                    Some(Ok(Message::Binary(b))) => b.to_vec(),
-                    Some(Ok(Message::Text(t))) if base64 => {
-                        let t = t.as_str();
-                        let Some(ch) = t.bytes().next() else { continue };
-                        let Ok(data) = base64::engine::general_purpose::STANDARD.decode(&t[1..]) else {
-                            continue;
-                        };
-                        let mut p = vec![ch.wrapping_sub(b'0')];
-                        p.extend(data);
-                        p
-                    }
-                    Some(Ok(_)) => continue,
+                    Some(Ok(m)) => match channel_payload(m, base64) {
+                        Some(p) => p,
+                        None => continue,
+                    },
                 };
                 let Some((&ch, data)) = payload.split_first() else { continue };
                 match ch {

@@ -1376,3 +1376,68 @@ pub async fn grpc_health_in(
     });
     reporter
 }
+
+/// Port forwarding over kubelet's WebSocket channels with `protocol` (none when empty): sends
+/// `request` on port 0's data channel and collects every (channel, payload) until the server
+/// closes.
+pub async fn channel_forward(url: &str, protocol: &str, request: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    use base64::Engine;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let ws_url = url.replacen("http://", "ws://", 1);
+    let mut req = ws_url
+        .as_str()
+        .into_client_request()
+        .expect("channel port forward");
+    if !protocol.is_empty() {
+        req.headers_mut().insert(
+            "sec-websocket-protocol",
+            protocol.parse().expect("channel port forward"),
+        );
+    }
+    let addr = url
+        .strip_prefix("http://")
+        .expect("channel port forward")
+        .split('/')
+        .next()
+        .expect("channel port forward");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("channel port forward");
+    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp)
+        .await
+        .expect("channel port forward");
+    let b64 = protocol.contains("base64");
+    let first = if b64 {
+        let text = format!(
+            "0{}",
+            base64::engine::general_purpose::STANDARD.encode(request)
+        );
+        Message::text(text)
+    } else {
+        Message::binary([&[0u8][..], request].concat())
+    };
+    ws.send(first).await.expect("channel port forward");
+    let mut got = Vec::new();
+    let collect = async {
+        while let Some(Ok(m)) = ws.next().await {
+            match m {
+                Message::Binary(b) if !b.is_empty() => got.push((b[0], b[1..].to_vec())),
+                Message::Text(t) if b64 => {
+                    let ch = t.as_bytes()[0] - b'0';
+                    let data = base64::engine::general_purpose::STANDARD
+                        .decode(&t.as_str()[1..])
+                        .expect("channel port forward");
+                    got.push((ch, data));
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), collect)
+        .await
+        .expect("the port forward ended");
+    got
+}
