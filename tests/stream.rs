@@ -74,6 +74,7 @@ async fn exec_with_kubestream_both_transports() {
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
     let fds_before = daemon_fds(&env);
+    let threads_before = daemon_threads(&env);
     for transport in ["spdy", "websocket"] {
         // Output and the exit code.
         let url = exec_url(
@@ -135,7 +136,24 @@ async fn exec_with_kubestream_both_transports() {
     let (ps, _, _) = env.exec(&c, &["ps", "-o", "comm"], 10).await.unwrap();
     let procs: Vec<&str> = ps.lines().skip(1).filter(|l| *l != "ps").collect();
     assert_eq!(procs, ["sleep"], "{ps}");
+    // No thread is left either (blocking-pool threads end after 10 s without work).
+    let start = std::time::Instant::now();
+    while daemon_threads(&env) > threads_before {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the daemon has {} threads, {threads_before} before the streams",
+            daemon_threads(&env)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     env.remove_pod(&pod).await;
+}
+
+/// How many threads the daemon has.
+fn daemon_threads(env: &PodEnv) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", env.d.pid().unwrap()))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// How many descriptors the daemon holds.
