@@ -2,10 +2,13 @@
 //! daemon. The test starts a registry holding critest's image set (built here, served under
 //! critest's registry names through hosts.toml mirrors) and a daemon, runs critest against the
 //! daemon's socket with a JSON report, prints every spec's result, and fails on any failure
-//! that is not accepted below. `CRITEST_FOCUS=REGEX` runs only the matching specs. Without critest (`$CRITEST`, `../shared/bin/critest`) it prints
+//! that is not accepted below; then upstream crictl's smoke run (`conformance/crictl.rs`) on
+//! the same daemon. `CRITEST_FOCUS=REGEX` runs only the matching specs. Without critest (`$CRITEST`, `../shared/bin/critest`) it prints
 //! "skipped: no critest" and passes.
 
 mod common;
+#[path = "conformance/crictl.rs"]
+mod crictl;
 #[path = "conformance/images.rs"]
 mod images;
 
@@ -268,6 +271,13 @@ async fn critest_passes() {
         counts[3],
         elapsed.as_secs_f64()
     );
+    // crictl's smoke run on the same daemon, with critest's default image.
+    let smoke = crictl::smoke(
+        &d.socket,
+        "registry.k8s.io/e2e-test-images/busybox:1.29-2",
+        work.path(),
+        net.is_some(),
+    );
     if !unexpected.is_empty() {
         for s in &unexpected {
             println!("\n---- {} ({}) at {}", s.name, s.state, s.location);
@@ -286,6 +296,13 @@ async fn critest_passes() {
         for l in tail.iter().rev() {
             println!("{l}");
         }
-        panic!("{} critest specs failed unexpectedly", unexpected.len());
+        panic!(
+            "{} critest specs failed unexpectedly{}",
+            unexpected.len(),
+            smoke.err().map(|e| format!("; {e}")).unwrap_or_default()
+        );
+    }
+    if let Err(e) = smoke {
+        panic!("{e}");
     }
 }

@@ -39,6 +39,37 @@ fn in_vm() -> bool {
     Path::new("/run/vm/cmd.sh").exists()
 }
 
+/// The network list crius ships (`dist/cni`): bridge `crius0`, 10.89.0.0/16 by host-local in
+/// its default data directory, masquerade, portmap, firewall.
+struct ShippedNet;
+
+impl ShippedNet {
+    const LIST: &str = include_str!("../dist/cni/10-crius-bridge.conflist");
+    const TABLES: &str = "[network]\nconf_dir = \"{NET_D}\"\n";
+    const PREFIX: &str = "10.89.";
+    const BRIDGE: &str = "crius0";
+
+    fn veths() -> usize {
+        let out = Command::new("ip")
+            .args(["-o", "link", "show", "master", Self::BRIDGE])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    }
+
+    /// The addresses host-local still holds for pods.
+    fn allocations() -> Vec<String> {
+        std::fs::read_dir("/var/lib/cni/networks/crius")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(Self::PREFIX))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// The sysctls any kubelet sets at start, put back when the test ends.
 struct Sysctls(Vec<(&'static str, String)>);
 
@@ -389,14 +420,29 @@ async fn kubelet_runs_pods_on_crius() {
     let systemd = Path::new("/run/systemd/system").exists();
     let driver = if systemd { "systemd" } else { "cgroupfs" };
     let _sysctls = Sysctls::save();
+    // In the VM (no network device: nothing beyond it to reach), pods join the network list
+    // crius ships, with its plugins found in the default directories, as on an operator's
+    // node; on a host, a bridge of the test's own without masquerade.
     let net = TestNet::new();
-    let tables = format!("{}[cgroup]\ndriver = \"{driver}\"\n", net.tables());
+    let shipped = in_vm();
+    let network = if shipped {
+        ShippedNet::TABLES.to_string()
+    } else {
+        net.tables()
+    };
+    let tables = format!("{network}[cgroup]\ndriver = \"{driver}\"\n");
     let mut env = PodEnv::start_with(&tables).await;
-    std::fs::write(
-        env.d.net_dir().join("10-kubelet.conflist"),
-        net.conflist(TestNet::portmap()),
-    )
-    .unwrap();
+    let list = if shipped {
+        ShippedNet::LIST.to_string()
+    } else {
+        net.conflist(TestNet::portmap())
+    };
+    std::fs::write(env.d.net_dir().join("10-kubelet.conflist"), list).unwrap();
+    let prefix = if shipped {
+        ShippedNet::PREFIX
+    } else {
+        &net.prefix
+    };
     let k = Kubelet::start(&kubelet, &env.d.socket, driver);
     k.manifest("web", &web_manifest(&env.image));
     k.manifest("crash", &crash_manifest(&env.image));
@@ -421,7 +467,7 @@ async fn kubelet_runs_pods_on_crius() {
     // with an IP on the test's bridge.
     let web = wait_pod(&k, "web", 300, "became Ready", ready);
     let ip = web["status"]["podIP"].as_str().unwrap_or("").to_string();
-    assert!(ip.starts_with(&net.prefix), "pod IP {ip:?}: {web}");
+    assert!(ip.starts_with(prefix), "pod IP {ip:?}: {web}");
     let started = Instant::now();
 
     // No churn: one sandbox, attempt 0, for as long as this test looks.
@@ -673,8 +719,19 @@ async fn kubelet_runs_pods_on_crius() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(!cg.exists(), "{} is left", cg.display());
-    assert_eq!(net.veths(), 0, "a veth is left on {}", net.bridge);
-    assert!(net.allocations().is_empty(), "{:?}", net.allocations());
+    if shipped {
+        assert_eq!(
+            ShippedNet::veths(),
+            0,
+            "a veth is left on {}",
+            ShippedNet::BRIDGE
+        );
+        let held = ShippedNet::allocations();
+        assert!(held.is_empty(), "{held:?}");
+    } else {
+        assert_eq!(net.veths(), 0, "a veth is left on {}", net.bridge);
+        assert!(net.allocations().is_empty(), "{:?}", net.allocations());
+    }
     drop(k);
     env.d.kill_leftovers();
     let _ = &mut env;

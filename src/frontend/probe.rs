@@ -45,6 +45,8 @@ impl Outcome {
 pub struct Target {
     pub netns: Option<PathBuf>,
     pub pod_ip: String,
+    /// Every IP of the pod, `pod_ip` first.
+    pub pod_ips: Vec<String>,
 }
 
 /// Output kept from a probe or hook (kubelet caps it at 10 KiB).

@@ -206,6 +206,9 @@ pub struct PodRecord {
     pub sandbox_attempt: u32,
     #[serde(default)]
     pub pod_ip: String,
+    /// Every IP, the primary first (`pod_ip`); records written before it have only `pod_ip`.
+    #[serde(default)]
+    pub pod_ips: Vec<String>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     pub init_containers: Vec<ContainerRecord>,
@@ -215,6 +218,14 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
+    /// The pod's IPs, the primary first.
+    pub fn ips(&self) -> Vec<String> {
+        if self.pod_ips.is_empty() && !self.pod_ip.is_empty() {
+            return vec![self.pod_ip.clone()];
+        }
+        self.pod_ips.clone()
+    }
+
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }

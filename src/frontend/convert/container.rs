@@ -325,8 +325,21 @@ spec:
             log_dir: Path::new("/var/log/pods/x"),
             volumes: &vols,
             hosts_file: None,
-            pod_ip: "",
+            pod_ips: &[],
         };
+        let dual = ["10.88.0.5".to_string(), "fd00::5".to_string()];
+        let dual_ctx = PodContext {
+            pod_ips: &dual,
+            ..ctx
+        };
+        assert_eq!(
+            super::super::env::field(&dual_ctx, "status.podIP").as_deref(),
+            Some("10.88.0.5")
+        );
+        assert_eq!(
+            super::super::env::field(&dual_ctx, "status.podIPs").as_deref(),
+            Some("10.88.0.5,fd00::5")
+        );
         assert_eq!(qos(spec), "Burstable");
         let cfg = container_config(&ctx, &spec.containers[0], 3, "busybox:1", None).unwrap();
         assert_eq!(cfg.command[2], "echo hi p $(NOT) $(MISSING)");

@@ -73,7 +73,9 @@ pub fn field(ctx: &PodContext, path: &str) -> Option<String> {
                 .clone()
                 .unwrap_or_else(|| "default".into()),
         ),
-        "status.podIP" | "status.podIPs" => Some(ctx.pod_ip.to_string()),
+        "status.podIP" => Some(ctx.pod_ips.first().cloned().unwrap_or_default()),
+        // All of them, comma-separated, as kubelet gives a dual-stack pod.
+        "status.podIPs" => Some(ctx.pod_ips.join(",")),
         "status.hostIP" | "status.hostIPs" => Some("127.0.0.1".into()),
         p => {
             if let Some(rest) = p.strip_prefix("metadata.labels") {

@@ -41,7 +41,8 @@ pub struct PodContext<'a> {
     pub volumes: &'a HashMap<String, PathBuf>,
     /// A hosts file of the agent's own (hostAliases), mounted at /etc/hosts.
     pub hosts_file: Option<&'a Path>,
-    pub pod_ip: &'a str,
+    /// The pod's IPs, the primary (IPv4 where there is one) first.
+    pub pod_ips: &'a [String],
 }
 
 /// Labels kubelet puts on what it creates, which let an agent find them again.

@@ -126,6 +126,7 @@ pub fn new_record(l: &Loaded, pod: &Pod) -> PodRecord {
         sandbox: None,
         sandbox_attempt: 0,
         pod_ip: String::new(),
+        pod_ips: Vec::new(),
         conditions: Vec::new(),
         init_containers: spec
             .init_containers
@@ -168,7 +169,7 @@ fn pod_context<'a>(
     rec: &'a PodRecord,
     store: &'a Store,
     node: &'a Node,
-    pod_ip: &'a str,
+    pod_ips: &'a [String],
 ) -> PodContext<'a> {
     PodContext {
         pod,
@@ -181,7 +182,7 @@ fn pod_context<'a>(
         log_dir: Path::new(""),
         volumes: &NO_VOLUMES,
         hosts_file: None,
-        pod_ip,
+        pod_ips,
     }
 }
 
@@ -298,8 +299,8 @@ impl Worker {
         }
     }
 
-    fn ctx_parts(&self) -> (Arc<Store>, String) {
-        (self.sh.store.borrow().clone(), self.rec.pod_ip.clone())
+    fn ctx_parts(&self) -> (Arc<Store>, Vec<String>) {
+        (self.sh.store.borrow().clone(), self.rec.ips())
     }
 
     /// One pass of the state machine.

@@ -163,6 +163,7 @@ impl Worker {
                 self.rec.set_condition("PodReadyToStartContainers", true);
                 self.target = self.sandbox_target(&id).await;
                 self.rec.pod_ip = self.target.pod_ip.clone();
+                self.rec.pod_ips = self.target.pod_ips.clone();
                 let _ = self.sh.poke.send(());
                 true
             }
@@ -195,11 +196,16 @@ impl Worker {
             return Target::default();
         };
         let r = r.into_inner();
-        let ip = r
+        let ips: Vec<String> = r
             .status
             .as_ref()
             .and_then(|s| s.network.as_ref())
-            .map(|n| n.ip.clone())
+            .map(|n| {
+                std::iter::once(n.ip.clone())
+                    .chain(n.additional_ips.iter().map(|a| a.ip.clone()))
+                    .filter(|ip| !ip.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
         let host_net = self.pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
         let info: serde_json::Value = r
@@ -220,7 +226,8 @@ impl Worker {
             });
         Target {
             netns: if host_net { None } else { netns },
-            pod_ip: ip,
+            pod_ip: ips.first().cloned().unwrap_or_default(),
+            pod_ips: ips,
         }
     }
 
