@@ -51,6 +51,12 @@ pub struct Operation {
     pub operation: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginRun {
+    pub plugin: String,
+    pub operation: String,
+}
+
 fn latency() -> Histogram {
     // 0.5 ms to about 65 s.
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
@@ -65,6 +71,7 @@ pub struct Metrics {
     pub pull_bytes: Counter,
     pub pull_seconds: Histogram,
     pub network_seconds: Family<Operation, Histogram, fn() -> Histogram>,
+    pub plugin_seconds: Family<PluginRun, Histogram, fn() -> Histogram>,
     pub pods: Family<State, Gauge>,
     pub containers: Family<State, Gauge>,
     pub memory: Family<Process, Gauge>,
@@ -82,6 +89,7 @@ impl Metrics {
             pull_bytes: Counter::default(),
             pull_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             network_seconds: Family::new_with_constructor(latency),
+            plugin_seconds: Family::new_with_constructor(latency),
             pods: Family::default(),
             containers: Family::default(),
             memory: Family::default(),
@@ -118,6 +126,11 @@ impl Metrics {
             "network_duration_seconds",
             "Pod network setup and teardown (CNI) duration by operation",
             m.network_seconds.clone(),
+        );
+        registry.register(
+            "network_plugin_duration_seconds",
+            "CNI plugin runs by plugin type and operation",
+            m.plugin_seconds.clone(),
         );
         registry.register("pods", "Pod sandboxes by state", m.pods.clone());
         registry.register("containers", "Containers by state", m.containers.clone());

@@ -378,3 +378,26 @@ async fn broken_lists_and_missing_plugins_are_named() {
     assert!(pods.is_empty(), "{pods:?}");
     assert_eq!((net.veths(), net.allocations().len()), (0, 0));
 }
+
+#[tokio::test]
+#[ignore = "timing probe"]
+async fn zz_timing() {
+    let net = TestNet::new();
+    let env = PodEnv::start_with(&net.tables()).await;
+    std::fs::write(
+        env.d.net_dir().join("10-test.conflist"),
+        net.conflist(TestNet::portmap()),
+    )
+    .unwrap();
+    let mut times = Vec::new();
+    for i in 0..8 {
+        let sb = env.sandbox_config(&format!("t{i}"));
+        let t = std::time::Instant::now();
+        let pod = env.run_pod(&sb).await.unwrap();
+        let t1 = t.elapsed();
+        env.remove_pod(&pod).await;
+        times.push((t1, t.elapsed()));
+    }
+    println!("{times:?}");
+    println!("{}", env.d.log_text());
+}

@@ -137,6 +137,7 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
     let cni_path = std::env::join_paths(call.bin_dirs)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let started = std::time::Instant::now();
     let mut child = tokio::process::Command::new(&path)
         .env_clear()
         // Plugins run iptables, ip and the like.
@@ -200,6 +201,15 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
         path: path.clone(),
         source,
     })?;
+    let elapsed = started.elapsed();
+    tracing::debug!(plugin = kind, op = call.op.word(), container = call.container_id, ?elapsed, status = ?status.code(), "CNI plugin ran");
+    crate::metrics::global()
+        .plugin_seconds
+        .get_or_create(&crate::metrics::PluginRun {
+            plugin: kind.clone(),
+            operation: call.op.word().to_ascii_lowercase(),
+        })
+        .observe(elapsed.as_secs_f64());
     if !status.success() {
         return Err(failed(error_message(&out, &err, status.code())));
     }

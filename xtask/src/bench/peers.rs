@@ -36,6 +36,8 @@ pub struct Peer {
     pub channel: Channel,
     /// The runtime's CNI configuration directory.
     pub cni_conf: PathBuf,
+    /// Where crius serves its Prometheus metrics (none for containerd).
+    pub metrics: Option<String>,
 }
 
 fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
@@ -65,10 +67,15 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
     // No network list until the CNI rows: pods keep only loopback, like containerd's below.
     let cni_conf = dir.join("cni-conf");
     std::fs::create_dir_all(&cni_conf)?;
+    // Metrics on a free port, for the time spent in CNI plugins.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .to_string();
     std::fs::write(
         &cfg,
         format!(
-            "[registry]\nconfig_path = \"{}\"\n[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n",
+            "[registry]\nconfig_path = \"{}\"\n[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n\
+             [metrics]\naddress = \"{metrics}\"\n",
             dir.join("certs.d").display(),
             cni_conf.display(),
             super::cni::PLUGINS,
@@ -98,6 +105,7 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         child,
         channel,
         cni_conf,
+        metrics: Some(metrics),
     })
 }
 
@@ -185,10 +193,30 @@ state = "{state}"
         child,
         channel,
         cni_conf,
+        metrics: None,
     })
 }
 
 impl Peer {
+    /// Seconds crius has spent in CNI plugins so far (the sum over plugins and operations of
+    /// `crius_network_plugin_duration_seconds`); none for containerd.
+    pub fn plugin_seconds(&self) -> Result<Option<f64>> {
+        let Some(addr) = &self.metrics else {
+            return Ok(None);
+        };
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr)?;
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let sum = text
+            .lines()
+            .filter(|l| l.starts_with("crius_network_plugin_duration_seconds_sum"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        Ok(Some(sum))
+    }
+
     /// Stops the runtime (its pods are removed by the caller first).
     pub fn stop(&mut self) {
         let _ = nix::sys::signal::kill(
