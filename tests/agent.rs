@@ -328,6 +328,11 @@ async fn restart_policies_statuses_and_events() {
     let run = a.wait("run", "Ready", 30, |r| r.condition("Ready"));
     assert_eq!(run.phase, Phase::Running);
     assert_eq!(run.ready_count(), (1, 1));
+    // The agent follows the runtime's container events (relisting at once on each).
+    assert!(
+        env.d.log_text().contains("rpc=\"GetContainerEvents\""),
+        "the agent never subscribed to container events"
+    );
     // OnFailure: restarted at once, then after a 10 s back-off, in CrashLoopBackOff between.
     let crash = a.wait("crash", "a back-off", 40, |r| {
         matches!(&container(r, "main").state, State::Waiting { reason, .. } if reason == "CrashLoopBackOff")

@@ -105,7 +105,8 @@ struct Kubelet {
 }
 
 impl Kubelet {
-    fn start(bin: &Path, socket: &Path, driver: &str) -> Kubelet {
+    /// Starts kubelet; `gates` are its `--feature-gates` (none when empty).
+    fn start(bin: &Path, socket: &Path, driver: &str, gates: &str) -> Kubelet {
         let dir = tempfile::Builder::new()
             .prefix("crius-kubelet")
             .tempdir()
@@ -147,6 +148,7 @@ impl Kubelet {
             .args(["--local-storage-capacity-isolation=false"])
             .args(["--make-iptables-util-chains=false"])
             .args(["--eviction-hard", "", "--image-gc-high-threshold", "100"])
+            .args((!gates.is_empty()).then(|| format!("--feature-gates={gates}")))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::options().append(true).open(&log).unwrap())
@@ -443,7 +445,16 @@ async fn kubelet_runs_pods_on_crius() {
     } else {
         &net.prefix
     };
-    let k = Kubelet::start(&kubelet, &env.d.socket, driver);
+    // The systemd boot also runs kubelet's event-driven PLEG (GetContainerEvents instead of
+    // relisting) and its stats from CRI alone (ListPodSandboxStats, ListContainerStats,
+    // ListPodSandboxMetrics, no cAdvisor for pods).
+    let evented = systemd;
+    let gates = if evented {
+        "EventedPLEG=true,PodAndContainerStatsFromCRI=true"
+    } else {
+        ""
+    };
+    let k = Kubelet::start(&kubelet, &env.d.socket, driver, gates);
     k.manifest("web", &web_manifest(&env.image));
     k.manifest("crash", &crash_manifest(&env.image));
 
@@ -672,6 +683,37 @@ async fn kubelet_runs_pods_on_crius() {
             k.log_tail()
         );
         std::thread::sleep(Duration::from_secs(2));
+    }
+
+    if evented {
+        // kubelet subscribed to crius's container events.
+        assert!(
+            env.d.log_text().contains("rpc=\"GetContainerEvents\""),
+            "kubelet never called GetContainerEvents\n{}",
+            k.log_tail()
+        );
+        // /metrics/resource from CRI stats: the web container's CPU and memory.
+        let t = Instant::now();
+        loop {
+            let text = get("/metrics/resource").unwrap_or_default();
+            let has = |metric: &str| {
+                text.lines().any(|l| {
+                    l.starts_with(metric)
+                        && l.contains("container=\"web\"")
+                        && l.contains("pod=\"web-")
+                })
+            };
+            if has("container_cpu_usage_seconds_total") && has("container_memory_working_set_bytes")
+            {
+                break;
+            }
+            assert!(
+                t.elapsed().as_secs() < 120,
+                "no CPU and memory for web in /metrics/resource:\n{text}\n---- kubelet log ----\n{}",
+                k.log_tail()
+            );
+            std::thread::sleep(Duration::from_secs(2));
+        }
     }
 
     // Restart back-off: the crashing pod restarts, then waits in CrashLoopBackOff.

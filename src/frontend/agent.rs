@@ -1,8 +1,9 @@
 //! `crius agent`: watches a manifest directory (like kubelet's static pods) and keeps one worker
 //! per Pod in it: a new file starts its pods, a changed pod is replaced, a removed one is
 //! stopped. Secrets and ConfigMaps from the same directory feed volumes, env and pull
-//! credentials. One relist of the runtime a second (kubelet's PLEG) tells the workers what
-//! changed. On start it reads back its records and adopts the pods still running; sandboxes it
+//! credentials. Relists of the runtime (kubelet's PLEG) tell the workers what changed: one at
+//! once on each of the runtime's container events (kubelet's Evented PLEG), and one every 10 s
+//! in case an event was missed; a runtime without the event stream is relisted every second. On start it reads back its records and adopts the pods still running; sandboxes it
 //! made for pods it no longer knows are removed.
 
 use std::collections::HashMap;
@@ -126,6 +127,41 @@ async fn relist(sh: &Shared) -> Option<Snapshot> {
     })
 }
 
+/// How often the runtime is relisted without its event stream, and with it.
+const RELIST: Duration = Duration::from_secs(1);
+const RELIST_EVENTED: Duration = Duration::from_secs(10);
+
+/// Follows the runtime's container events: each asks for a relist at once, and so does every
+/// new subscription (events may have been missed meanwhile). `evented` says whether the stream
+/// is up. A runtime without it (Unimplemented) is left to the periodic relist.
+async fn follow_events(sh: Shared, evented: Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::Ordering;
+    let mut rt = sh.rt.clone();
+    loop {
+        match rt
+            .get_container_events(cri::GetEventsRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+        {
+            Ok(mut events) => {
+                evented.store(true, Ordering::Relaxed);
+                let _ = sh.poke.send(());
+                while let Ok(Some(_)) = events.message().await {
+                    let _ = sh.poke.send(());
+                }
+                evented.store(false, Ordering::Relaxed);
+                tracing::debug!("the runtime's event stream ended; relisting every second");
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                tracing::info!("the runtime has no container events; relisting every second");
+                return;
+            }
+            Err(s) => tracing::debug!(error = %s.message(), "subscribing to container events"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 /// Runs the agent until the process is stopped.
 pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     for d in [&cfg.manifests, &cfg.state, &cfg.log_root] {
@@ -164,12 +200,19 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         }
     };
     relist_tx.send_replace(Arc::new(first));
+    let evented = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(follow_events(sh.clone(), evented.clone()));
     {
         let sh = sh.clone();
         tokio::spawn(async move {
             loop {
+                let period = if evented.load(std::sync::atomic::Ordering::Relaxed) {
+                    RELIST_EVENTED
+                } else {
+                    RELIST
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = tokio::time::sleep(period) => {}
                     Some(()) = poke_rx.recv() => {
                         // Coalesce bursts of pokes.
                         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -14,6 +14,8 @@ pub struct NetworkList {
     pub name: String,
     pub cni_version: String,
     pub plugins: Vec<Value>,
+    /// The list asks runtimes not to run CHECK (`disableCheck`).
+    pub disable_check: bool,
     /// When the file was last changed, to tell whether it must be read again.
     pub modified: Option<std::time::SystemTime>,
 }
@@ -114,6 +116,7 @@ pub fn parse(file: &Path, text: &[u8]) -> Result<NetworkList, ConfError> {
         name,
         cni_version,
         plugins,
+        disable_check: obj.get("disableCheck").and_then(Value::as_bool) == Some(true),
         modified: None,
     })
 }
@@ -132,8 +135,33 @@ impl NetworkList {
         serde_json::json!({
             "cniVersion": self.cni_version,
             "name": self.name,
+            "disableCheck": self.disable_check,
             "plugins": self.plugins,
         })
+    }
+
+    /// Whether the list's version is at least `min` (major, minor, patch).
+    pub fn version_at_least(&self, min: (u64, u64, u64)) -> bool {
+        let mut parts = self
+            .cni_version
+            .split('.')
+            .map(|p| p.parse::<u64>().unwrap_or(0));
+        let v = (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        );
+        v >= min
+    }
+
+    /// CHECK exists from CNI 0.4.0 on, and a list may turn it off.
+    pub fn checks(&self) -> bool {
+        self.version_at_least((0, 4, 0)) && !self.disable_check
+    }
+
+    /// DEL is given the ADD result from CNI 0.4.0 on (as libcni does).
+    pub fn del_takes_result(&self) -> bool {
+        self.version_at_least((0, 4, 0))
     }
 
     /// A stored list (see `to_json`) read back.
@@ -143,6 +171,7 @@ impl NetworkList {
             name: v.get("name")?.as_str()?.to_string(),
             cni_version: v.get("cniVersion")?.as_str()?.to_string(),
             plugins: v.get("plugins")?.as_array()?.clone(),
+            disable_check: v.get("disableCheck").and_then(Value::as_bool) == Some(true),
             modified: None,
         })
     }
@@ -203,5 +232,28 @@ mod tests {
             assert!(e.to_string().contains(want), "{e} / {want}");
             assert!(e.to_string().contains("f.conflist"), "{e}");
         }
+    }
+
+    #[test]
+    fn versions_decide_check_and_del_results() {
+        let list = |v: &str, extra: &str| {
+            parse(
+                Path::new("x.conflist"),
+                format!(
+                    r#"{{"cniVersion":"{v}","name":"n"{extra},"plugins":[{{"type":"bridge"}}]}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(list("1.0.0", "").checks());
+        assert!(list("0.4.0", "").checks());
+        assert!(!list("0.3.1", "").checks());
+        assert!(!list("1.0.0", r#","disableCheck":true"#).checks());
+        assert!(!list("0.3.1", "").del_takes_result());
+        assert!(list("1.1.0", "").del_takes_result());
+        // The stored form keeps disableCheck.
+        let stored = NetworkList::from_json(&list("1.0.0", r#","disableCheck":true"#).to_json());
+        assert!(!stored.unwrap().checks());
     }
 }

@@ -60,24 +60,40 @@ pub struct Attachment {
 }
 
 impl Attachment {
-    /// The pod's IPs, IPv4 first (kubelet takes the first as the pod IP).
+    /// The pod's IPs, IPv4 first (kubelet takes the first as the pod IP): from `ips` (CNI
+    /// 0.3.0 on) or `ip4` and `ip6` (0.1.0 and 0.2.0 results).
     pub fn ips(&self) -> Vec<String> {
-        let mut ips: Vec<String> = self
-            .result
-            .as_ref()
-            .and_then(|r| r.get("ips"))
+        let Some(result) = self.result.as_ref() else {
+            return Vec::new();
+        };
+        let listed = result
+            .get("ips")
             .and_then(Value::as_array)
-            .map(|list| {
-                list.iter()
-                    .filter_map(|ip| ip.get("address").and_then(Value::as_str))
-                    .map(|a| a.split('/').next().unwrap_or(a).to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip.get("address").and_then(Value::as_str));
+        let old = ["ip4", "ip6"]
+            .into_iter()
+            .filter_map(|k| result.get(k)?.get("ip")?.as_str());
+        let mut ips: Vec<String> = listed
+            .chain(old)
+            .map(|a| a.split('/').next().unwrap_or(a).to_string())
+            .collect();
         ips.sort_by_key(|ip| ip.contains(':'));
         ips.dedup();
         ips
     }
+}
+
+/// What CHECK found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// The pod has no attachment (host network, or none was made).
+    NoAttachment,
+    /// Every plugin said the network is as ADD left it.
+    Passed,
+    /// CHECK cannot be asked of this list, and why.
+    Skipped(&'static str),
 }
 
 /// The pod being attached.
@@ -254,15 +270,21 @@ impl NetworkService {
         Ok(())
     }
 
-    /// CHECK: asks the plugins whether the pod's network is still as ADD left it; false when
-    /// the pod has no attachment to check.
-    pub async fn check(&self, record: &Path) -> Result<bool, Error> {
+    /// CHECK: asks the plugins whether the pod's network is still as ADD left it.
+    pub async fn check(&self, record: &Path) -> Result<Checked, Error> {
         let Some(att) = read(record)? else {
-            return Ok(false);
+            return Ok(Checked::NoAttachment);
         };
         let Some(list) = NetworkList::from_json(&att.list) else {
-            return Ok(true);
+            return Ok(Checked::Skipped("the stored network list is unreadable"));
         };
+        if !list.checks() {
+            return Ok(Checked::Skipped(if list.disable_check {
+                "the network list sets disableCheck"
+            } else {
+                "CHECK is not in CNI versions before 0.4.0"
+            }));
+        }
         for p in &list.plugins {
             let conf = plugin::stdin_config(
                 p,
@@ -273,7 +295,7 @@ impl NetworkService {
             );
             plugin::run(&self.call(&att, Op::Check), &conf).await?;
         }
-        Ok(true)
+        Ok(Checked::Passed)
     }
 
     /// DEL of the first `count` plugins, last first; all are tried, the first error is
@@ -283,14 +305,10 @@ impl NetworkService {
             return Ok(());
         };
         let mut first = None;
+        let prev = att.result.as_ref().filter(|_| list.del_takes_result());
         for p in list.plugins.iter().take(count).rev() {
-            let conf = plugin::stdin_config(
-                p,
-                &list.name,
-                &list.cni_version,
-                att.result.as_ref(),
-                &att.runtime_config,
-            );
+            let conf =
+                plugin::stdin_config(p, &list.name, &list.cni_version, prev, &att.runtime_config);
             if let Err(e) = plugin::run(&self.call(att, Op::Del), &conf).await {
                 tracing::warn!(sandbox = att.container_id, error = %e, "network DEL");
                 first.get_or_insert(e);
@@ -526,6 +544,12 @@ mod tests {
             ]})),
         };
         assert_eq!(att.ips(), vec!["10.88.0.5", "fd00::5"]);
+        let old = Attachment {
+            result: Some(serde_json::json!({"cniVersion": "0.2.0",
+                "ip6": {"ip": "fd00::7/64"}, "ip4": {"ip": "10.1.0.7/16", "gateway": "10.1.0.1"}})),
+            ..att
+        };
+        assert_eq!(old.ips(), vec!["10.1.0.7", "fd00::7"]);
         assert_eq!(quantity("1Gi"), Some(1 << 30));
         assert_eq!(quantity("1.5M"), Some(1_500_000));
         assert_eq!(quantity("x"), None);

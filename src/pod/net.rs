@@ -73,8 +73,9 @@ impl PodService {
     /// the pod has no attachment.
     pub(super) async fn network_check(&self, id: &str) -> Option<String> {
         match self.network.check(&self.record(id)).await {
-            Ok(true) => Some("ok".to_string()),
-            Ok(false) => None,
+            Ok(network::Checked::Passed) => Some("ok".to_string()),
+            Ok(network::Checked::Skipped(why)) => Some(format!("not checked: {why}")),
+            Ok(network::Checked::NoAttachment) => None,
             Err(e) => Some(e.to_string()),
         }
     }
