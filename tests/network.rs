@@ -511,3 +511,56 @@ async fn pre_0_3_results_give_the_pod_ip() {
     env.remove_pod(&pod).await;
     assert_eq!((net.veths(), net.allocations().len()), (0, 0));
 }
+
+/// A daemon killed after a pod's sandbox was recorded but before its network ADD began (shown
+/// here by setting the pod's attachment record aside while the daemon is down: no fault in the
+/// real flow stops there) leaves no pod that looks ready without its network: at start the pod
+/// is stopped, so kubelet makes a new one.
+#[tokio::test]
+async fn a_pod_cut_short_before_its_add_is_not_left_ready() {
+    if !plugins_present() {
+        return;
+    }
+    let _host = HOST.lock().await;
+    let net = TestNet::new();
+    let mut env = PodEnv::start_with(&net.tables()).await;
+    std::fs::write(env.d.net_dir().join("10-test.conflist"), net.conflist("")).unwrap();
+    let pod = env.run_pod(&env.sandbox_config("cut")).await.unwrap();
+    assert!(!pod_ip(&env, &pod).await.is_empty());
+    let record = env
+        .d
+        .state
+        .join("sandboxes")
+        .join(&pod)
+        .join("network.json");
+    let aside = record.with_extension("aside");
+    env.d.kill9();
+    std::fs::rename(&record, &aside).unwrap();
+    env.d.spawn();
+    let state = |env: &PodEnv| {
+        let pod = pod.clone();
+        let mut rt = env.d.runtime();
+        async move {
+            rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod,
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+            .state
+        }
+    };
+    assert_eq!(
+        state(&env).await,
+        cri::PodSandboxState::SandboxNotready as i32
+    );
+    // The record back (the ADD did happen here): removing the pod frees its address.
+    env.d.kill9();
+    std::fs::rename(&aside, &record).unwrap();
+    env.d.spawn();
+    env.remove_pod(&pod).await;
+    assert_eq!((net.veths(), net.allocations().len()), (0, 0));
+}

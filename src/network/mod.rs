@@ -275,6 +275,9 @@ impl NetworkService {
         let Some(att) = read(record)? else {
             return Ok(Checked::NoAttachment);
         };
+        if att.result.is_none() {
+            return Ok(Checked::Skipped("the network is still being attached"));
+        }
         let Some(list) = NetworkList::from_json(&att.list) else {
             return Ok(Checked::Skipped("the stored network list is unreadable"));
         };

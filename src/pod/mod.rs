@@ -122,7 +122,7 @@ impl PodService {
         // A broken network list fails the pod before anything is made.
         let attach = !host_network && self.network_wanted()?;
         let id = self
-            .start_sandbox(config.clone(), handler, pause_image)
+            .start_sandbox(config.clone(), handler, pause_image, attach)
             .await?;
         if attach && let Err(e) = self.attach(&id, &config).await {
             if let Err(undo) = self.remove(&id).await {
@@ -141,9 +141,10 @@ impl PodService {
         config: cri::PodSandboxConfig,
         handler: &str,
         pause_image: Option<&str>,
+        cni: bool,
     ) -> Result<String, Error> {
         let Some(reference) = pause_image else {
-            return Ok(self.sandboxes.run(config, handler, None).await?);
+            return Ok(self.sandboxes.run(config, handler, None, cni).await?);
         };
         let image = match self.images.lookup(reference)? {
             Some(i) => i,
@@ -172,7 +173,7 @@ impl PodService {
                     cwd: rc.working_dir.clone(),
                 };
                 self.sandboxes
-                    .run(config, handler, Some(sandbox_image))
+                    .run(config, handler, Some(sandbox_image), cni)
                     .await
                     .map_err(Error::from)
             }

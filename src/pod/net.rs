@@ -139,8 +139,10 @@ impl PodService {
                 }
             }
             // Pods made while no network was configured keep their loopback: only one whose
-            // ADD was cut short lost its network.
-            if r.ready && !r.host_network() && att.is_some() && !complete {
+            // ADD was cut short, or never begun (killed between its start and the ADD), lost
+            // its network.
+            let never_begun = r.cni && att.is_none();
+            if r.ready && !r.host_network() && ((att.is_some() && !complete) || never_begun) {
                 tracing::info!(sandbox = r.id, "stopping a pod left without its network");
                 if let Err(e) = self.sandboxes.stop(&r.id).await {
                     tracing::warn!(sandbox = r.id, error = %e, "stopping a pod without network");

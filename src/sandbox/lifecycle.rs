@@ -66,12 +66,14 @@ impl SandboxService {
         }
     }
 
-    /// Creates the pod's namespaces and files and starts its pause process.
+    /// Creates the pod's namespaces and files and starts its pause process; `cni` records that
+    /// a CNI network is attached next.
     pub async fn run(
         &self,
         config: cri::PodSandboxConfig,
         handler: &str,
         image: Option<SandboxImage>,
+        cni: bool,
     ) -> Result<String, Error> {
         let meta = config
             .metadata
@@ -186,6 +188,7 @@ impl SandboxService {
         let result = self
             .create(
                 &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image, selinux,
+                cni,
             )
             .await;
         match result {
@@ -232,6 +235,7 @@ impl SandboxService {
         userns: Option<UserNs>,
         image: Option<SandboxImage>,
         selinux: Option<security::SelinuxLabels>,
+        cni: bool,
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
         let host_net = network == NS_NODE;
@@ -352,6 +356,7 @@ impl SandboxService {
             userns,
             image_chain: image.and_then(|i| i.chain),
             selinux,
+            cni,
         };
         if let Err(e) = atomic::write_json(&paths.state(), &record) {
             let _ = pause.signal(libc::SIGKILL);

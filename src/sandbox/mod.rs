@@ -128,6 +128,10 @@ pub struct Record {
     /// their own).
     #[serde(default)]
     pub selinux: Option<security::SelinuxLabels>,
+    /// The pod gets a CNI network once it runs (`pod` attaches it): a pod recorded with this
+    /// but no attachment was cut short before its network was begun.
+    #[serde(default)]
+    pub cni: bool,
 }
 
 /// Where crius's own 65536-ID blocks for pods come from when kubelet did not pick the maps:
