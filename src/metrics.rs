@@ -1,7 +1,9 @@
 //! metrics: what the daemon counts for operators, in the OpenMetrics text format (which
-//! Prometheus scrapes) on an opt-in address (`[metrics] address`). CRI calls by method and code
-//! with their latency (as containerd's gRPC interceptor counts them; ExecSync's is exec
-//! latency), image pulls (count by result, bytes, duration, failures by reason), pod network
+//! Prometheus scrapes) on an opt-in address (`[metrics] address`). CRI calls under the names
+//! and labels containerd's gRPC interceptor (go-grpc-prometheus) gives them, so dashboards made
+//! for containerd work: `grpc_server_handled_total` and `grpc_server_handling_seconds` by
+//! `grpc_type`, `grpc_service`, `grpc_method` (and `grpc_code`; ExecSync's latency is exec
+//! latency); under `crius_`: image pulls (count by result, bytes, duration, failures by reason), pod network
 //! setup latency, and, measured when scraped, pods and containers by state and the memory of
 //! the daemon and its helpers. One registry for the process; modules record into it through
 //! `global()`. Uses nothing else of crius; the daemon serves it.
@@ -15,15 +17,39 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// A CRI call as go-grpc-prometheus labels it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Rpc {
-    pub method: String,
-    pub code: String,
+    pub grpc_type: &'static str,
+    pub grpc_service: &'static str,
+    pub grpc_method: String,
+    pub grpc_code: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Method {
-    pub method: String,
+    pub grpc_type: &'static str,
+    pub grpc_service: &'static str,
+    pub grpc_method: String,
+}
+
+/// The CRI service a method belongs to.
+fn service_of(method: &str) -> &'static str {
+    match method {
+        "PullImage" | "ListImages" | "ImageStatus" | "RemoveImage" | "ImageFsInfo" => {
+            "runtime.v1.ImageService"
+        }
+        _ => "runtime.v1.RuntimeService",
+    }
+}
+
+/// gRPC's own names for codes (as Go spells them), which tonic's Debug form mostly matches.
+fn code_name(code: &str) -> String {
+    match code {
+        "Ok" => "OK".to_string(),
+        "Cancelled" => "Canceled".to_string(),
+        other => other.to_string(),
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,7 +106,7 @@ pub struct Metrics {
 
 impl Metrics {
     fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("crius");
+        let mut root = Registry::default();
         let m = Metrics {
             rpcs: Family::default(),
             rpc_seconds: Family::new_with_constructor(latency),
@@ -96,16 +122,17 @@ impl Metrics {
             processes: Family::default(),
             registry: Registry::default(),
         };
-        registry.register(
-            "grpc_requests",
-            "CRI calls by method and gRPC code",
+        root.register(
+            "grpc_server_handled",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
             m.rpcs.clone(),
         );
-        registry.register(
-            "grpc_request_duration_seconds",
-            "CRI call latency by method",
+        root.register(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
             m.rpc_seconds.clone(),
         );
+        let registry = root.sub_registry_with_prefix("crius");
         registry.register("image_pulls", "Image pulls by result", m.pulls.clone());
         registry.register(
             "image_pull_failures",
@@ -144,7 +171,10 @@ impl Metrics {
             "Processes of crius by kind",
             m.processes.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// The registry in the OpenMetrics text format, `# EOF` included.
@@ -155,17 +185,27 @@ impl Metrics {
         out
     }
 
-    /// Counts one CRI call.
+    /// Counts one CRI call; `code` as tonic names it.
     pub fn rpc(&self, method: &str, code: &str, seconds: f64) {
+        let grpc_type = if method == "GetContainerEvents" {
+            "server_stream"
+        } else {
+            "unary"
+        };
+        let grpc_service = service_of(method);
         self.rpcs
             .get_or_create(&Rpc {
-                method: method.to_string(),
-                code: code.to_string(),
+                grpc_type,
+                grpc_service,
+                grpc_method: method.to_string(),
+                grpc_code: code_name(code),
             })
             .inc();
         self.rpc_seconds
             .get_or_create(&Method {
-                method: method.to_string(),
+                grpc_type,
+                grpc_service,
+                grpc_method: method.to_string(),
             })
             .observe(seconds);
     }
@@ -283,7 +323,23 @@ mod tests {
                 .filter(|s| s.metric == name)
                 .collect::<Vec<_>>()
         };
-        assert!(!find("crius_grpc_requests_total").is_empty(), "{text}");
+        let version = find("grpc_server_handled_total")
+            .into_iter()
+            .find(|s| s.labels.get("grpc_method") == Some("Version"))
+            .map(|s| {
+                (
+                    s.labels.get("grpc_service").map(str::to_string),
+                    s.labels.get("grpc_code").map(str::to_string),
+                )
+            });
+        assert_eq!(
+            version,
+            Some((
+                Some("runtime.v1.RuntimeService".to_string()),
+                Some("OK".to_string())
+            )),
+            "{text}"
+        );
         assert!(!find("crius_image_pull_bytes_total").is_empty(), "{text}");
         assert_eq!(find("crius_pods").len(), 2, "{text}");
         let daemon = find("crius_helper_processes")

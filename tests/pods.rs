@@ -1797,11 +1797,14 @@ async fn prometheus_metrics() {
             .sum()
     };
     assert!(
-        value("crius_grpc_requests_total", ("method", "RunPodSandbox")) >= 1.0,
+        value(
+            "grpc_server_handled_total",
+            ("grpc_method", "RunPodSandbox")
+        ) >= 1.0,
         "{text}"
     );
     assert!(
-        value("crius_grpc_requests_total", ("code", "Ok")) >= 4.0,
+        value("grpc_server_handled_total", ("grpc_code", "OK")) >= 4.0,
         "{text}"
     );
     assert!(
@@ -1826,8 +1829,8 @@ async fn prometheus_metrics() {
         scrape
             .samples
             .iter()
-            .any(|s| s.metric == "crius_grpc_request_duration_seconds_bucket"
-                || s.metric == "crius_grpc_request_duration_seconds"),
+            .any(|s| s.metric == "grpc_server_handling_seconds_bucket"
+                || s.metric == "grpc_server_handling_seconds"),
         "{text}"
     );
     assert_eq!(http_get(port, "/other").0, 404);
