@@ -31,6 +31,16 @@ fn nsfs_mounts(env: &PodEnv) -> usize {
 /// Tests here count host-wide things (links, iptables rules): one at a time.
 static HOST: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The host, held for one test, and a bridge network of the test's own; none (after a skip
+/// line) where the CNI plugins are not installed.
+async fn host_net() -> Option<(tokio::sync::MutexGuard<'static, ()>, TestNet)> {
+    if !plugins_present() {
+        return None;
+    }
+    let host = HOST.lock().await;
+    Some((host, TestNet::new()))
+}
+
 fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -106,11 +116,9 @@ async fn wait_http(addr: &str, want: &str) -> String {
 /// of it is left.
 #[tokio::test]
 async fn pods_get_ips_and_reach_each_other() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let rules_before = iptables_rules();
     let mut env = PodEnv::start_with(&net.tables()).await;
     assert!(!network_ready(&env).await.status);
@@ -258,24 +266,16 @@ async fn pods_get_ips_and_reach_each_other() {
 /// allocation, no iptables rule is left, and the half-made pod is stopped at restart.
 #[tokio::test]
 async fn nothing_leaks_over_cycles_and_a_kill_mid_add() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let rules_before = iptables_rules();
     // A plugin that takes its time before the real portmap: the daemon is killed meanwhile.
-    let slow = net.bin.path().join("slow-portmap");
-    std::fs::write(
-        &slow,
-        format!("#!/bin/sh\nsleep 3\nexec {PLUGINS}/portmap\n"),
-    )
-    .unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(
-        &mut std::fs::metadata(&slow).unwrap().permissions(),
-        0o755,
+    script_plugin(
+        &net,
+        "slow-portmap",
+        &format!("sleep 3\nexec {PLUGINS}/portmap\n"),
     );
-    std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut env = PodEnv::start_with(&net.tables()).await;
     let list = env.d.net_dir().join("10-test.conflist");
     std::fs::write(&list, net.conflist(TestNet::portmap())).unwrap();
@@ -359,11 +359,9 @@ async fn nothing_leaks_over_cycles_and_a_kill_mid_add() {
 /// leaves no pod, veth or allocation.
 #[tokio::test]
 async fn broken_lists_and_missing_plugins_are_named() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let env = PodEnv::start_with(&net.tables()).await;
     let list = env.d.net_dir().join("10-test.conflist");
     std::fs::write(&list, "{ not json").unwrap();
@@ -424,11 +422,9 @@ async fn verbose_info(env: &PodEnv, pod: &str) -> std::collections::HashMap<Stri
 /// the failure; the next stop tries again and frees everything.
 #[tokio::test]
 async fn del_uses_the_recorded_list_and_is_retried() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let rules_before = iptables_rules();
     // portmap, except that DEL fails while the marker exists (a fault the real plugin cannot
     // be made to produce).
@@ -489,11 +485,9 @@ async fn del_uses_the_recorded_list_and_is_retried() {
 /// is reported, CHECK is skipped with the reason, and DEL frees the address.
 #[tokio::test]
 async fn pre_0_3_results_give_the_pod_ip() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let env = PodEnv::start_with(&net.tables()).await;
     let list = net.conflist("").replace("\"1.0.0\"", "\"0.2.0\"");
     assert!(list.contains("0.2.0"), "{list}");
@@ -518,11 +512,9 @@ async fn pre_0_3_results_give_the_pod_ip() {
 /// is stopped, so kubelet makes a new one.
 #[tokio::test]
 async fn a_pod_cut_short_before_its_add_is_not_left_ready() {
-    if !plugins_present() {
+    let Some((_host, net)) = host_net().await else {
         return;
-    }
-    let _host = HOST.lock().await;
-    let net = TestNet::new();
+    };
     let mut env = PodEnv::start_with(&net.tables()).await;
     std::fs::write(env.d.net_dir().join("10-test.conflist"), net.conflist("")).unwrap();
     let pod = env.run_pod(&env.sandbox_config("cut")).await.unwrap();
