@@ -447,3 +447,100 @@ server = "https://registry-1.docker.io"
         assert!(e.contains("servr"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A mirror as an operator writes one: scheme, host, port, path, capabilities, TLS and
+    /// path settings.
+    #[derive(Debug, Clone)]
+    struct Mirror {
+        scheme: &'static str,
+        host: String,
+        port: Option<u16>,
+        path: String,
+        caps: Vec<&'static str>,
+        skip_verify: bool,
+        override_path: bool,
+    }
+
+    fn mirror() -> impl Strategy<Value = Mirror> {
+        (
+            prop::sample::select(vec!["http", "https"]),
+            "[a-z]{1,8}(\\.[a-z]{2,4})?",
+            proptest::option::of(1u16..),
+            "(/[a-z]{1,6}){0,2}",
+            prop::sample::subsequence(vec!["pull", "resolve", "push"], 0..=3),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(
+                |(scheme, host, port, path, caps, skip_verify, override_path)| Mirror {
+                    scheme,
+                    host,
+                    port,
+                    path,
+                    caps,
+                    skip_verify,
+                    override_path,
+                },
+            )
+    }
+
+    proptest! {
+        /// Whatever the file holds, reading it ends in hosts or in an error naming the file:
+        /// never a panic.
+        #[test]
+        fn arbitrary_text_is_read_or_refused_by_name(text in "\\PC{0,400}") {
+            let file = Path::new("/etc/crius/certs.d/docker.io/hosts.toml");
+            if let Err(e) = parse(file, Path::new("/etc/crius/certs.d/docker.io"), &text, "docker.io") {
+                prop_assert!(e.to_string().contains("hosts.toml"), "{e}");
+            }
+        }
+
+        /// Mirrors come back in file order, then the server, each with its own settings.
+        #[test]
+        fn mirrors_keep_their_order_and_settings(mirrors in proptest::collection::vec(mirror(), 0..5)) {
+            let mut text = String::from("server = \"https://registry.example\"\n");
+            let mut urls = Vec::new();
+            for (i, m) in mirrors.iter().enumerate() {
+                // Table keys are unique: the index keeps the hosts apart.
+                let host = format!("m{i}{}", m.host);
+                let port = m.port.map(|p| format!(":{p}")).unwrap_or_default();
+                let url = format!("{}://{host}{port}{}", m.scheme, m.path);
+                let caps: Vec<String> = m.caps.iter().map(|c| format!("{c:?}")).collect();
+                text.push_str(&format!(
+                    "[host.\"{url}\"]\ncapabilities = [{}]\nskip_verify = {}\noverride_path = {}\n",
+                    caps.join(", "),
+                    m.skip_verify,
+                    m.override_path
+                ));
+                urls.push(host);
+            }
+            let dir = Path::new("/etc/crius/certs.d/docker.io");
+            let hosts = parse(&dir.join("hosts.toml"), dir, &text, "docker.io").unwrap();
+            prop_assert_eq!(hosts.len(), mirrors.len() + 1);
+            for ((h, m), name) in hosts.iter().zip(&mirrors).zip(&urls) {
+                prop_assert_eq!(h.url.scheme(), m.scheme);
+                prop_assert_eq!(h.url.host_str(), Some(name.as_str()));
+                // A scheme's own port is no port.
+                let default = if m.scheme == "https" { 443 } else { 80 };
+                prop_assert_eq!(h.url.port(), m.port.filter(|p| *p != default));
+                prop_assert_eq!(h.pull, m.caps.contains(&"pull"));
+                prop_assert_eq!(h.resolve, m.caps.contains(&"resolve"));
+                prop_assert_eq!(h.skip_verify, m.skip_verify);
+                let want = if m.override_path || m.path.ends_with("/v2") {
+                    m.path.clone()
+                } else {
+                    format!("{}/v2", m.path)
+                };
+                prop_assert_eq!(&h.path, &want);
+            }
+            let server = hosts.last().unwrap();
+            prop_assert_eq!(server.url.as_str(), "https://registry.example/");
+        }
+    }
+}

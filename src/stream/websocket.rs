@@ -150,17 +150,7 @@ pub(super) fn channel_writer(
     let (out_tx, mut out_rx) = mpsc::channel::<(u8, Vec<u8>)>(64);
     let writer = tokio::spawn(async move {
         while let Some((ch, data)) = out_rx.recv().await {
-            let msg = if base64 {
-                let mut t = String::from(char::from(b'0' + ch));
-                t.push_str(&base64::engine::general_purpose::STANDARD.encode(&data));
-                Message::text(t)
-            } else {
-                let mut b = Vec::with_capacity(data.len() + 1);
-                b.push(ch);
-                b.extend_from_slice(&data);
-                Message::binary(b)
-            };
-            if sink.send(msg).await.is_err() {
+            if sink.send(channel_message(ch, &data, base64)).await.is_err() {
                 return;
             }
         }
@@ -172,6 +162,21 @@ pub(super) fn channel_writer(
             .await;
     });
     (out_tx, writer)
+}
+
+/// One message on channel `ch`: the channel byte then the payload, or with `base64` the
+/// channel's digit then the payload in base64 (channels below 10 only, as the protocol has).
+pub(super) fn channel_message(ch: u8, data: &[u8], base64: bool) -> Message {
+    if base64 {
+        let mut t = String::from(char::from(b'0'.wrapping_add(ch)));
+        t.push_str(&base64::engine::general_purpose::STANDARD.encode(data));
+        Message::text(t)
+    } else {
+        let mut b = Vec::with_capacity(data.len() + 1);
+        b.push(ch);
+        b.extend_from_slice(data);
+        Message::binary(b)
+    }
 }
 
 /// A client message as the channel byte and the rest; none for messages that carry no
@@ -383,5 +388,35 @@ impl AsyncWrite for Tunnel {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.ws.poll_close_unpin(cx).map_err(std::io::Error::other)
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever a client sends as a binary or text message, it is read as a channel and a
+        /// payload or ignored: never a panic.
+        #[test]
+        fn arbitrary_messages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), text in "\\PC{0,100}") {
+            for b64 in [false, true] {
+                let _ = channel_payload(Message::binary(bytes.clone()), b64);
+                let _ = channel_payload(Message::text(text.clone()), b64);
+            }
+        }
+
+        /// What the server sends on a channel is what a client reads back, in both framings.
+        #[test]
+        fn channel_messages_round_trip(ch in 0u8..10, data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            for b64 in [false, true] {
+                let got = channel_payload(channel_message(ch, &data, b64), b64);
+                let mut want = vec![ch];
+                want.extend_from_slice(&data);
+                prop_assert_eq!(got, Some(want));
+            }
+        }
     }
 }
