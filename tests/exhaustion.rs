@@ -1,0 +1,159 @@
+//! Noisy neighbours: a pod whose container writes 100 MB of log as fast as it can (one endless
+//! line, which its monitor cuts into 16 KiB pieces) and whose other container holds 4000 open
+//! descriptors, while another pod's CRI calls are timed and the daemon's memory watched. The
+//! stated bounds: no call for the quiet pod takes over 250 ms while the flood saturates this
+//! 2-core machine, and the daemon's resident memory grows by under 8 MiB (the log goes through
+//! the container's monitor, never through the daemon).
+
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_cri::v1 as cri;
+
+const LONG: &[&str] = &["sleep", "100000"];
+const FLOOD_BYTES: u64 = 100_000_000;
+const CALL_BOUND: Duration = Duration::from_millis(250);
+const RSS_BOUND_KIB: i64 = 8 << 10;
+
+fn rss_kib(pid: u32) -> i64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A round of the calls kubelet makes for a pod: the slowest one's time.
+async fn round(env: &PodEnv, pod: &str, c: &str) -> Duration {
+    let mut rt = env.d.runtime();
+    let mut slowest = Duration::ZERO;
+    let mut time = |t: Instant| slowest = slowest.max(t.elapsed());
+    let t = Instant::now();
+    rt.version(cri::VersionRequest::default()).await.unwrap();
+    time(t);
+    let t = Instant::now();
+    rt.pod_sandbox_status(cri::PodSandboxStatusRequest {
+        pod_sandbox_id: pod.into(),
+        verbose: false,
+    })
+    .await
+    .unwrap();
+    time(t);
+    let t = Instant::now();
+    rt.container_status(cri::ContainerStatusRequest {
+        container_id: c.into(),
+        verbose: false,
+    })
+    .await
+    .unwrap();
+    time(t);
+    let t = Instant::now();
+    rt.list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap();
+    time(t);
+    let t = Instant::now();
+    rt.container_stats(cri::ContainerStatsRequest {
+        container_id: c.into(),
+    })
+    .await
+    .unwrap();
+    time(t);
+    slowest
+}
+
+#[tokio::test]
+async fn noisy_neighbours_do_not_slow_the_daemon() {
+    let env = PodEnv::start().await;
+    let quiet_sb = env.sandbox_config("quiet");
+    let quiet = env.run_pod(&quiet_sb).await.unwrap();
+    let q = env
+        .run(&quiet, &quiet_sb, env.container_config("q", LONG))
+        .await;
+    let pid = env.d.pid().unwrap();
+    let mut calm = Duration::ZERO;
+    for _ in 0..20 {
+        calm = calm.max(round(&env, &quiet, &q).await);
+    }
+    let rss_before = rss_kib(pid);
+
+    let noisy_sb = env.sandbox_config("noisy");
+    let noisy = env.run_pod(&noisy_sb).await.unwrap();
+    // 4000 descriptors held open: busybox tail following /dev/null 4000 times.
+    let fds = env
+        .run(
+            &noisy,
+            &noisy_sb,
+            env.container_config(
+                "fds",
+                &[
+                    "sh",
+                    "-c",
+                    "ulimit -n 8192 2>/dev/null; i=0; while [ $i -lt 4000 ]; do set -- \"$@\" /dev/null; \
+                     i=$((i+1)); done; exec tail -f \"$@\" >/dev/null",
+                ],
+            ),
+        )
+        .await;
+    // It really holds them before the flood starts.
+    let t = Instant::now();
+    let held = loop {
+        let (out, _, _) = env
+            .exec(&fds, &["sh", "-c", "ls /proc/$(pidof tail)/fd | wc -l"], 10)
+            .await
+            .unwrap();
+        let held: usize = out.trim().parse().unwrap_or(0);
+        if held >= 4000 {
+            break held;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the holder has {held} descriptors: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let flood = format!("head -c {FLOOD_BYTES} /dev/zero | tr '\\0' x; exec sleep 100000");
+    env.run(
+        &noisy,
+        &noisy_sb,
+        env.container_config("flood", &["sh", "-c", &flood]),
+    )
+    .await;
+    let log = Path::new(&noisy_sb.log_directory).join("flood.log");
+    let t = Instant::now();
+    let mut worst = Duration::ZERO;
+    let mut rounds = 0;
+    while std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) < FLOOD_BYTES {
+        worst = worst.max(round(&env, &quiet, &q).await);
+        rounds += 1;
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the flood did not finish in 2 minutes"
+        );
+    }
+    let flood_secs = t.elapsed().as_secs_f64();
+    let rss_after = rss_kib(pid);
+    println!(
+        "flood of {FLOOD_BYTES} bytes in {flood_secs:.1} s ({:.0} MB/s); {held} descriptors held; \
+         {rounds} rounds of 5 calls: slowest {worst:?} (calm: {calm:?}); daemon RSS {rss_before} \
+         -> {rss_after} KiB",
+        FLOOD_BYTES as f64 / 1e6 / flood_secs
+    );
+    assert!(rounds > 0);
+    assert!(
+        worst < CALL_BOUND,
+        "a CRI call took {worst:?} during the flood (bound {CALL_BOUND:?})"
+    );
+    assert!(
+        rss_after - rss_before < RSS_BOUND_KIB,
+        "the daemon grew from {rss_before} to {rss_after} KiB"
+    );
+    env.remove_pod(&noisy).await;
+    env.remove_pod(&quiet).await;
+}
