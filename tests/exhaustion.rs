@@ -1,9 +1,10 @@
-//! Noisy neighbours: a pod whose container writes 100 MB of log as fast as it can (one endless
+//! Exhaustion. Noisy neighbours: a pod whose container writes 100 MB of log as fast as it can (one endless
 //! line, which its monitor cuts into 16 KiB pieces) and whose other container holds 4000 open
 //! descriptors, while another pod's CRI calls are timed and the daemon's memory watched. The
 //! stated bounds: no call for the quiet pod takes over 250 ms while the flood saturates this
 //! 2-core machine, and the daemon's resident memory grows by under 8 MiB (the log goes through
-//! the container's monitor, never through the daemon).
+//! the container's monitor, never through the daemon). And a full disk under the daemon's
+//! root.
 
 #![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
 
@@ -156,4 +157,78 @@ async fn noisy_neighbours_do_not_slow_the_daemon() {
     );
     env.remove_pod(&noisy).await;
     env.remove_pod(&quiet).await;
+}
+
+fn used_bytes(dir: &Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(dir).unwrap();
+    (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64
+}
+
+/// The daemon's root on a 6 MiB tmpfs: a pull larger than the disk fails naming ENOSPC and
+/// leaves no partial blob or snapshot behind (the space used is what it was), the daemon goes
+/// on serving (a smaller pull succeeds), and when even a record cannot be written the image
+/// records already there stay whole across a restart.
+#[tokio::test]
+async fn a_full_disk_fails_pulls_cleanly() {
+    let reg = Registry::start(None);
+    let small = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+    reg.push_image("small", "1", &small).await.unwrap();
+    let mut noise = vec![0u8; 8 << 20];
+    getrandom::fill(&mut noise).unwrap();
+    let big = image(
+        vec![layer(
+            &[Entry::File("noise".into(), noise, 0o644)],
+            Compress::None,
+        )],
+        &ImageOpts::default(),
+    );
+    reg.push_image("big", "1", &big).await.unwrap();
+
+    let mut d = Daemon::start("");
+    d.kill9();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &d.root,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=6m"),
+    )
+    .unwrap();
+    d.spawn();
+    let before = used_bytes(&d.root);
+    let err = d.pull(&format!("{}/big:1", reg.host())).await.unwrap_err();
+    assert!(err.message().contains("No space left on device"), "{err:?}");
+    let after = used_bytes(&d.root);
+    assert!(
+        after <= before + (64 << 10),
+        "a failed pull left {} bytes behind",
+        after - before
+    );
+    // Still serving.
+    let small_ref = format!("{}/small:1", reg.host());
+    d.pull(&small_ref).await.unwrap();
+    assert_eq!(d.list_images().await.len(), 1);
+
+    // A disk so full that no record can be written: the new tag fails, the records already
+    // there stay whole.
+    let filler = d.root.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+    drop(f);
+    // The registry's own name for the same image: a record to write, no blob.
+    let again = format!("{}/small:again", reg.host());
+    reg.push_image("small", "again", &small).await.unwrap();
+    let err = d.pull(&again).await.unwrap_err();
+    assert!(err.message().contains("No space left on device"), "{err:?}");
+    std::fs::remove_file(&filler).unwrap();
+    d.kill9();
+    d.spawn();
+    let images = d.list_images().await;
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert!(
+        images[0].repo_tags.iter().any(|t| t == &small_ref),
+        "{images:?}"
+    );
+    d.pull(&again).await.unwrap();
 }
