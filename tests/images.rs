@@ -751,6 +751,131 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<Arc<AtomicU64>>) {
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
+/// A TCP proxy in front of a registry that fails as networks and busy registries do: the
+/// first `busy` HTTP connections are answered 503 with `Retry-After: 1` (TLS hellos, which
+/// crius sends first to a loopback registry, are closed unanswered), and the connection that
+/// carries the `cut_at`th byte from the registry is cut there, once.
+struct FaultyProxy {
+    port: u16,
+    cuts: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultyProxy {
+    fn start(target: u16, busy: u64, cut_at: u64) -> FaultyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU64::new(0));
+        let sent = Arc::new(AtomicU64::new(0));
+        let answered_busy = Arc::new(AtomicU64::new(0));
+        let (s, c) = (stop.clone(), cuts.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut client) = conn else { continue };
+                let mut first = [0u8; 1];
+                if client.peek(&mut first).unwrap_or(0) == 0 || first[0] == 0x16 {
+                    continue; // a TLS hello: crius falls back to plain HTTP
+                }
+                if answered_busy.fetch_add(1, Ordering::Relaxed) < busy {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && client.read(&mut b).unwrap_or(0) == 1 {
+                        head.push(b[0]);
+                    }
+                    let _ = client.write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
+                          Content-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(c2, s2, None));
+                let (sent, cuts) = (sent.clone(), c.clone());
+                std::thread::spawn(move || {
+                    let (mut from, mut to) = (server, client);
+                    let mut buf = vec![0u8; 16 << 10];
+                    loop {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let before = sent.fetch_add(n as u64, Ordering::Relaxed);
+                        if before < cut_at && before + n as u64 >= cut_at {
+                            let keep = (cut_at - before) as usize;
+                            let _ = to.write_all(&buf[..keep]);
+                            cuts.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                    let _ = from.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        FaultyProxy { port, cuts, stop }
+    }
+}
+
+impl Drop for FaultyProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// A busy registry (503 with Retry-After, twice) and a connection cut in the middle of a layer:
+/// the pull waits as asked, resumes the layer from the bytes that came, verifies it, and
+/// succeeds.
+#[tokio::test]
+async fn pulls_wait_for_busy_registries_and_resume_cut_layers() {
+    let reg = Registry::start(None);
+    let big = layer(
+        &[Entry::File("blob.bin".into(), noise(8 << 20, 11), 0o644)],
+        Compress::None,
+    );
+    let img = image(
+        vec![busybox_layer(Compress::Gzip), big.clone()],
+        &ImageOpts::default(),
+    );
+    reg.push_image("faulty", "1", &img).await.unwrap();
+    let proxy = FaultyProxy::start(reg.port, 2, 5 << 20);
+    let d = Daemon::start("");
+    let name = format!("127.0.0.1:{}/faulty:1", proxy.port);
+    let t = Instant::now();
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+    assert!(
+        t.elapsed() >= Duration::from_secs(1),
+        "Retry-After was not honoured"
+    );
+    assert_eq!(
+        proxy.cuts.load(Ordering::Relaxed),
+        1,
+        "the proxy cut a layer"
+    );
+    let log = d.log_text();
+    for want in [
+        "registry busy; retrying",
+        "layer download interrupted; retrying",
+        "resuming layer download",
+    ] {
+        assert!(log.contains(want), "no {want:?} in the daemon log");
+    }
+    let big_hex = big.digest.trim_start_matches("sha256:");
+    let blob = std::fs::read(d.root.join("content/blobs/sha256").join(big_hex)).unwrap();
+    assert_eq!(sha256(&blob), big.digest);
+    assert!(d.ingests().is_empty());
+}
+
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)

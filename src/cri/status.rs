@@ -41,7 +41,9 @@ impl ToStatus for image::Error {
             E::Reference(_) | E::Credentials(_) => Code::InvalidArgument,
             E::NotFound { .. } | E::RegistryNotFound { .. } => Code::NotFound,
             E::Unauthorized { .. } => Code::Unauthenticated,
-            E::Http { .. } | E::Registry { .. } | E::Download { .. } => Code::Unavailable,
+            E::Http { .. } | E::Registry { .. } | E::Download { .. } | E::Network { .. } => {
+                Code::Unavailable
+            }
             E::HostsConfig { .. } | E::AuthFile { .. } => Code::FailedPrecondition,
             E::Manifest { .. } | E::NoPlatform { .. } | E::Unpack { .. } => {
                 Code::FailedPrecondition

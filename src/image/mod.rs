@@ -36,7 +36,10 @@ impl Error {
             Error::Credentials(_) | Error::AuthFile { .. } => "credentials",
             Error::NotFound { .. } | Error::RegistryNotFound { .. } => "not_found",
             Error::Unauthorized { .. } => "unauthorized",
-            Error::Registry { .. } | Error::Http { .. } | Error::Download { .. } => "registry",
+            Error::Registry { .. }
+            | Error::Http { .. }
+            | Error::Download { .. }
+            | Error::Network { .. } => "registry",
             Error::HostsConfig { .. } => "hosts_config",
             Error::Manifest { .. } | Error::NoPlatform { .. } => "manifest",
             Error::DigestMismatch { .. }
@@ -121,6 +124,9 @@ pub enum Error {
     },
     #[error("layer {digest}: download interrupted: {message}")]
     Download { digest: Digest, message: String },
+    /// The connection broke in the middle of a layer: retried, resuming where it stopped.
+    #[error("layer {digest}: download interrupted: {message}")]
+    Network { digest: Digest, message: String },
     #[error(transparent)]
     Content(#[from] content::Error),
     #[error(transparent)]

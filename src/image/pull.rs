@@ -239,6 +239,7 @@ async fn fetch_layer(
             message: "daemon shutting down".into(),
         })?;
     let mut resume = true;
+    let mut retries = 0;
     loop {
         let res = attempt(
             inner,
@@ -251,6 +252,14 @@ async fn fetch_layer(
         )
         .await;
         match res {
+            // A broken connection: again after a pause, from what the ingest file holds.
+            Err(Error::Network { message, .. }) if retries < NETWORK_RETRIES => {
+                retries += 1;
+                let wait = crate::image::registry::backoff(retries);
+                tracing::info!(layer = %layer.digest, error = message, retry = retries, ?wait, "layer download interrupted; retrying");
+                tokio::time::sleep(wait).await;
+                resume = true;
+            }
             // Bytes left by an earlier attempt may not have reached the disk before a crash:
             // a mismatch after resuming is retried once from the start.
             Err(Error::Content(crate::content::Error::DigestMismatch { .. }))
@@ -271,6 +280,9 @@ async fn fetch_layer(
     }
 }
 
+/// How often a layer whose connection broke is tried again (each resuming).
+const NETWORK_RETRIES: u32 = 4;
+
 /// Where a layer's bytes come from inside the unpack thread.
 enum Source {
     /// Already committed (verified) in the content store.
@@ -289,6 +301,8 @@ struct BlobReader {
     progress: Arc<Progress>,
     /// The content store's own error, kept typed for the caller.
     failure: Option<crate::content::Error>,
+    /// The connection's error, if it broke: the unpacker's complaint is only its echo.
+    network: Option<String>,
 }
 
 impl Read for BlobReader {
@@ -329,7 +343,10 @@ impl Read for BlobReader {
                             self.progress.add_bytes(chunk.len() as u64);
                             *cur = chunk;
                         }
-                        Some(Err(e)) => return Err(e),
+                        Some(Err(e)) => {
+                            self.network = Some(e.to_string());
+                            return Err(e);
+                        }
                         None => return Ok(0),
                     }
                 }
@@ -449,6 +466,7 @@ fn unpack_layer_blob(
         source,
         progress,
         failure: None,
+        network: None,
     };
     let outcome = (|| -> io::Result<Result<(unpack::UnpackStats, Digest), unpack::UnpackError>> {
         let mut buf = BufReader::with_capacity(256 << 10, &mut blob);
@@ -488,6 +506,13 @@ fn unpack_layer_blob(
         }
         return Err(e.into());
     }
+    // A broken connection next: the ingest file keeps what came, to resume from.
+    if let Some(message) = blob.network.take() {
+        return Err(Error::Network {
+            digest: layer.digest.clone(),
+            message,
+        });
+    }
     let ingest = match blob.source {
         Source::Remote { ingest, .. } => Some(*ingest),
         Source::Local(_) => None,
@@ -501,7 +526,7 @@ fn unpack_layer_blob(
     match outcome {
         Err(io_err) => {
             // Download error: keep the ingest file to resume from.
-            Err(Error::Download {
+            Err(Error::Network {
                 digest: layer.digest.clone(),
                 message: io_err.to_string(),
             })

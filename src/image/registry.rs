@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{
-    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE, WWW_AUTHENTICATE,
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RANGE, RETRY_AFTER,
+    WWW_AUTHENTICATE,
 };
 use reqwest::{Response, StatusCode, Url};
 
@@ -265,6 +266,7 @@ impl Session<'_> {
             host.url.scheme() == "http" || lock(&self.registry.plain_http).contains(&https_origin);
         let mut url = self.url(host, plain, suffix)?;
         let mut answered_challenge = false;
+        let mut retries = 0;
         loop {
             let mut req = client.get(url.clone()).headers(headers.clone());
             for (k, v) in &host.headers {
@@ -283,6 +285,17 @@ impl Session<'_> {
                     url = self.url(host, plain, suffix)?;
                     continue;
                 }
+                // No answer at all (refused, reset, timed out): again after a pause.
+                Err(e)
+                    if retries < RETRIES
+                        && (e.is_connect() || e.is_timeout() || e.is_request()) =>
+                {
+                    retries += 1;
+                    let wait = backoff(retries);
+                    tracing::info!(url = %url, error = %e, retry = retries, ?wait, "registry request failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
                 Err(e) => {
                     return Err(Error::Http {
                         url: url.to_string(),
@@ -293,6 +306,14 @@ impl Session<'_> {
             let status = resp.status();
             if status.is_success() {
                 return Ok(resp);
+            }
+            // Busy or failing for now: again after the pause the registry asks for, or ours.
+            if retries < RETRIES && retryable(status) {
+                retries += 1;
+                let wait = retry_after(resp.headers()).unwrap_or_else(|| backoff(retries));
+                tracing::info!(url = %url, %status, retry = retries, ?wait, "registry busy; retrying");
+                tokio::time::sleep(wait).await;
+                continue;
             }
             if status == StatusCode::UNAUTHORIZED && !answered_challenge {
                 let challenge = auth::pick_challenge(
@@ -477,6 +498,41 @@ impl Session<'_> {
 }
 
 /// Reads a whole body, refusing more than `max` bytes.
+/// How often a request that got no answer, or a busy one, is tried again.
+const RETRIES: u32 = 4;
+
+/// The longest pause a registry may ask for with Retry-After.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The pause before retry `n` (from 1): 250 ms doubling, at most 4 s.
+pub(crate) fn backoff(n: u32) -> Duration {
+    Duration::from_millis(250u64 << n.saturating_sub(1).min(4))
+}
+
+/// Statuses that say "not now" rather than "no".
+fn retryable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::INTERNAL_SERVER_ERROR
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// A Retry-After given in seconds (the HTTP-date form is taken as no advice), capped.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+}
+
 async fn read_limited(mut resp: Response, max: u64, what: &str) -> Result<Vec<u8>, Error> {
     let url = resp.url().to_string();
     if resp.content_length().is_some_and(|l| l > max) {
