@@ -876,6 +876,120 @@ async fn pulls_wait_for_busy_registries_and_resume_cut_layers() {
     assert!(d.ingests().is_empty());
 }
 
+/// Not a registry: answers `/v2/`, and for manifests what no real registry can be made to
+/// send: an endless chunked body (`endless`), a body of 100 MB (`huge`), a body shorter than
+/// its Content-Length (`short`). TLS hellos are closed unanswered (crius then speaks plain
+/// HTTP to a loopback registry).
+fn hostile_registry() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut first = [0u8; 1];
+                if c.peek(&mut first).unwrap_or(0) == 0 || first[0] == 0x16 {
+                    return;
+                }
+                let _ = c.set_write_timeout(Some(Duration::from_secs(30)));
+                loop {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if c.read(&mut b).unwrap_or(0) != 1 {
+                            return;
+                        }
+                        head.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let chunk = vec![b' '; 64 << 10];
+                    if path == "/v2/" {
+                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+                    } else if path.contains("/endless/") {
+                        let _ = c.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                              Transfer-Encoding: chunked\r\n\r\n",
+                        );
+                        // Bounded only so that a runtime that never stops reading ends the test.
+                        for _ in 0..4096 {
+                            let mut piece = format!("{:x}\r\n", chunk.len()).into_bytes();
+                            piece.extend_from_slice(&chunk);
+                            piece.extend_from_slice(b"\r\n");
+                            if c.write_all(&piece).is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    } else if path.contains("/huge/") {
+                        let _ = c.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                              Content-Length: 104857600\r\n\r\n",
+                        );
+                        for _ in 0..1600 {
+                            if c.write_all(&chunk).is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    } else if path.contains("/short/") {
+                        let _ = c.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                              Content-Length: 100000\r\n\r\n{\"schemaVersion\": 2,",
+                        );
+                        return;
+                    } else {
+                        let _ = c.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Manifests no registry should send: an endless body and a 100 MB one are refused at the
+/// 4 MiB limit, a body cut short of its length is an error naming the registry; each quickly,
+/// without the daemon's memory growing, and the daemon serves on.
+#[tokio::test]
+async fn hostile_manifests_are_refused_with_memory_flat() {
+    let port = hostile_registry();
+    let d = Daemon::start("");
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            .unwrap()
+    };
+    let before = rss();
+    for (name, want) in [
+        ("endless", "larger than the 4194304-byte limit"),
+        ("huge", "larger than the 4194304-byte limit"),
+        ("short", &format!("127.0.0.1:{port}")),
+    ] {
+        let t = Instant::now();
+        let err = d
+            .pull(&format!("127.0.0.1:{port}/{name}:1"))
+            .await
+            .unwrap_err();
+        assert!(err.message().contains(want), "{name}: {err:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{name}: took {:?}",
+            t.elapsed()
+        );
+    }
+    let grown = rss() - before;
+    assert!(grown < 16 << 10, "the daemon grew by {grown} KiB");
+    assert!(d.list_images().await.is_empty());
+    d.runtime()
+        .version(cri::VersionRequest::default())
+        .await
+        .unwrap();
+}
+
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     (0..len)
