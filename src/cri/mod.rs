@@ -6,6 +6,7 @@
 
 mod authority;
 pub mod client;
+mod deadline;
 mod images;
 mod pulls;
 mod runtime;
@@ -73,6 +74,7 @@ pub async fn serve(
     .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let pulls = proto::pulls_server::PullsServer::new(pulls::Pulls::new(services.images));
     tonic::transport::Server::builder()
+        .layer(deadline::DeadlineLayer)
         .add_service(runtime)
         .add_service(images)
         .add_service(pulls)

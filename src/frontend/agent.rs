@@ -133,7 +133,8 @@ const RELIST_EVENTED: Duration = Duration::from_secs(10);
 
 /// Follows the runtime's container events: each asks for a relist at once, and so does every
 /// new subscription (events may have been missed meanwhile). `evented` says whether the stream
-/// is up. A runtime without it (Unimplemented) is left to the periodic relist.
+/// is up. A runtime without it (Unimplemented) is left to the periodic relist and asked again
+/// every minute.
 async fn follow_events(sh: Shared, evented: Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::Ordering;
     let mut rt = sh.rt.clone();
@@ -150,11 +151,15 @@ async fn follow_events(sh: Shared, evented: Arc<std::sync::atomic::AtomicBool>) 
                     let _ = sh.poke.send(());
                 }
                 evented.store(false, Ordering::Relaxed);
+                // A relist now: the periodic one may be in its long sleep.
+                let _ = sh.poke.send(());
                 tracing::debug!("the runtime's event stream ended; relisting every second");
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => {
-                tracing::info!("the runtime has no container events; relisting every second");
-                return;
+                // Asked again now and then: the runtime may be upgraded under the agent.
+                tracing::debug!("the runtime has no container events; relisting every second");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                continue;
             }
             Err(s) => tracing::debug!(error = %s.message(), "subscribing to container events"),
         }

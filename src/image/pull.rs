@@ -391,14 +391,25 @@ async fn attempt(
         if !resume {
             ingest.restart()?;
         }
-        let offset = ingest.existing();
-        let (resp, partial) = session.blob(&layer.digest, offset).await?;
-        if offset > 0 && !partial {
+        if ingest.existing() > layer.size {
             ingest.restart()?;
         }
-        if offset > 0 && partial {
-            tracing::info!(layer = %layer.digest, offset, "resuming layer download");
-        }
+        let offset = ingest.existing();
+        // Every byte already came (the connection broke after the last): nothing to ask for,
+        // the replay is verified and committed.
+        let resp = if offset > 0 && offset == layer.size {
+            tracing::info!(layer = %layer.digest, "the whole layer is already on disk");
+            None
+        } else {
+            let (resp, partial) = session.blob(&layer.digest, offset).await?;
+            if offset > 0 && !partial {
+                ingest.restart()?;
+            }
+            if offset > 0 && partial {
+                tracing::info!(layer = %layer.digest, offset, "resuming layer download");
+            }
+            Some(resp)
+        };
         let replay: Option<Box<dyn Read + Send>> = if ingest.existing() > 0 {
             Some(Box::new(ingest.existing_reader()?))
         } else {
@@ -412,7 +423,8 @@ async fn attempt(
                 rx,
                 cur: Bytes::new(),
             },
-            Some((resp, tx)),
+            // Without a response the sender is dropped: the replay is all there is.
+            resp.map(|r| (r, tx)),
         )
     };
 
@@ -525,8 +537,9 @@ fn unpack_layer_blob(
     };
     match outcome {
         Err(io_err) => {
-            // Download error: keep the ingest file to resume from.
-            Err(Error::Network {
+            // Reading failed for a reason other than the connection (a broken compressed
+            // stream, a local read): keep the ingest file to resume from.
+            Err(Error::Download {
                 digest: layer.digest.clone(),
                 message: io_err.to_string(),
             })

@@ -217,15 +217,18 @@ impl Session<'_> {
         headers: HeaderMap,
     ) -> Result<Response, Error> {
         let mut last: Option<Error> = None;
-        for host in &self.hosts {
-            let able = match need {
-                Need::Resolve => host.resolve,
-                Need::Pull => host.pull,
-            };
-            if !able {
-                continue;
-            }
-            match self.send(host, suffix, &headers).await {
+        let able: Vec<&Host> = self
+            .hosts
+            .iter()
+            .filter(|h| match need {
+                Need::Resolve => h.resolve,
+                Need::Pull => h.pull,
+            })
+            .collect();
+        for (i, host) in able.iter().enumerate() {
+            // A failing mirror gives way to the next host at once; the last one is waited for.
+            let retry = i + 1 == able.len();
+            match self.send(host, suffix, &headers, retry).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     tracing::debug!(host = %host.url, error = %e, "registry host failed; trying the next");
@@ -259,7 +262,9 @@ impl Session<'_> {
         host: &Host,
         suffix: &str,
         headers: &HeaderMap,
+        retry: bool,
     ) -> Result<Response, Error> {
+        let most = if retry { RETRIES } else { 0 };
         let client = self.registry.client(host)?;
         let https_origin = origin(&host.url);
         let mut plain =
@@ -287,8 +292,9 @@ impl Session<'_> {
                 }
                 // No answer at all (refused, reset, timed out): again after a pause.
                 Err(e)
-                    if retries < RETRIES
-                        && (e.is_connect() || e.is_timeout() || e.is_request()) =>
+                    if retries < most
+                        && (e.is_connect() || e.is_timeout() || e.is_request())
+                        && !tls_refused(&e) =>
                 {
                     retries += 1;
                     let wait = backoff(retries);
@@ -308,7 +314,7 @@ impl Session<'_> {
                 return Ok(resp);
             }
             // Busy or failing for now: again after the pause the registry asks for, or ours.
-            if retries < RETRIES && retryable(status) {
+            if retries < most && retryable(status) {
                 retries += 1;
                 let wait = retry_after(resp.headers()).unwrap_or_else(|| backoff(retries));
                 tracing::info!(url = %url, %status, retry = retries, ?wait, "registry busy; retrying");
@@ -507,6 +513,22 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The pause before retry `n` (from 1): 250 ms doubling, at most 4 s.
 pub(crate) fn backoff(n: u32) -> Duration {
     Duration::from_millis(250u64 << n.saturating_sub(1).min(4))
+}
+
+/// Whether TLS itself refused the server (its certificate): asking again changes nothing.
+fn tls_refused(e: &reqwest::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let inner_tls = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some());
+        if inner_tls || err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Statuses that say "not now" rather than "no".

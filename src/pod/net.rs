@@ -130,7 +130,14 @@ impl PodService {
     pub async fn recover(&self) {
         for r in self.sandboxes.records().await {
             let record = self.record(&r.id);
-            let att = network::read(&record).ok().flatten();
+            let att = match network::read(&record) {
+                Ok(att) => att,
+                // Unreadable is not absent: leave the pod as it is, and say so.
+                Err(e) => {
+                    tracing::warn!(sandbox = r.id, error = %e, "reading a pod's network attachment");
+                    continue;
+                }
+            };
             let complete = att.as_ref().is_some_and(|a| a.result.is_some());
             if att.is_some() && !complete {
                 tracing::info!(sandbox = r.id, "undoing a network ADD a killed daemon left");

@@ -18,6 +18,15 @@ use super::Backend;
 use super::session::Activity;
 use super::websocket::{Ws, channel_payload, channel_writer};
 
+/// Most ports one WebSocket may carry: channel numbers are one byte (binary), or one ASCII
+/// character from '0' (base64).
+pub(super) fn max_ports(base64: bool) -> usize {
+    if base64 { 40 } else { 128 }
+}
+
+/// How long the last messages may take to reach a client at the end.
+const FLUSH: Duration = Duration::from_secs(5);
+
 /// Serves `ports` of the pod `sandbox_id` on `ws` until it ends.
 pub(super) async fn serve(
     ws: Ws,
@@ -29,14 +38,11 @@ pub(super) async fn serve(
 ) {
     let activity = Arc::new(Activity::new());
     let (sink, mut incoming) = ws.split();
-    let (out_tx, writer) = channel_writer(sink, base64);
-    let mut inbound = Vec::new();
+    let (out_tx, mut writer) = channel_writer(sink, base64);
+    let mut inbound: Vec<Option<mpsc::Sender<Vec<u8>>>> = Vec::new();
     let mut forwards = tokio::task::JoinSet::new();
-    for (i, &port) in ports.iter().enumerate() {
-        // Channels are one byte: 127 ports at most (the error channel of the last is 255).
-        let Ok(data_ch) = u8::try_from(2 * i) else {
-            break;
-        };
+    for (i, &port) in ports.iter().take(max_ports(base64)).enumerate() {
+        let data_ch = (2 * i) as u8;
         let error_ch = data_ch + 1;
         for ch in [data_ch, error_ch] {
             if out_tx
@@ -61,7 +67,17 @@ pub(super) async fn serve(
     }
     // The writer ends (and closes the WebSocket) once the forwards drop their senders.
     drop(out_tx);
+    // A client message waiting for room in its port's queue: while one waits, no more is read
+    // from the client (its TCP window fills), but the other branches go on.
+    let mut pending: Option<(usize, Vec<u8>)> = None;
     loop {
+        let room = pending
+            .as_ref()
+            .and_then(|(i, _)| inbound.get(*i).cloned().flatten());
+        if pending.is_some() && room.is_none() {
+            // That port's connection is gone: what was for it is dropped.
+            pending = None;
+        }
         tokio::select! {
             done = forwards.join_next() => {
                 if done.is_none() {
@@ -75,7 +91,17 @@ pub(super) async fn serve(
                     break;
                 }
             }
-            msg = incoming.next() => {
+            permit = async { room?.reserve_owned().await.ok() }, if room.is_some() => {
+                if let Some((i, data)) = pending.take() {
+                    match permit {
+                        Some(p) => {
+                            p.send(data);
+                        }
+                        None => inbound[i] = None,
+                    }
+                }
+            }
+            msg = incoming.next(), if pending.is_none() => {
                 activity.touch();
                 let payload = match msg {
                     None | Some(Err(_)) | Some(Ok(Message::Close(_))) => {
@@ -90,23 +116,24 @@ pub(super) async fn serve(
                 let Some((&ch, data)) = payload.split_first() else { continue };
                 // Data for a port's connection; error channels and unknown ones carry nothing
                 // from the client.
-                let slot = inbound.get_mut(usize::from(ch / 2)).filter(|_| ch % 2 == 0);
-                if let Some(slot) = slot
-                    && let Some(tx) = slot.as_ref()
-                    && tx.send(data.to_vec()).await.is_err()
-                {
-                    *slot = None;
+                let port = usize::from(ch / 2);
+                if ch % 2 == 0 && inbound.get(port).is_some_and(Option::is_some) {
+                    pending = Some((port, data.to_vec()));
                 }
             }
         }
     }
     drop(inbound);
     while forwards.join_next().await.is_some() {}
-    let _ = writer.await;
+    // A client that stopped reading does not hold the stream past a short flush.
+    if tokio::time::timeout(FLUSH, &mut writer).await.is_err() {
+        writer.abort();
+    }
 }
 
 /// One port's connection: dialled inside the pod, then bytes both ways until the pod's side
-/// ends (what the client sends after that is dropped).
+/// ends (what the client sends after that is dropped). Both directions live in this task, so
+/// aborting it closes the connection.
 async fn forward(
     backend: Arc<dyn Backend>,
     sandbox_id: String,
@@ -125,7 +152,7 @@ async fn forward(
         }
     };
     let (mut rd, mut wr) = tcp.into_split();
-    let to_pod = tokio::spawn(async move {
+    let to_pod = async {
         while let Some(data) = from_client.recv().await {
             if wr.write_all(&data).await.is_err() {
                 return;
@@ -133,23 +160,29 @@ async fn forward(
         }
         // The client is done sending: the pod's side sees EOF.
         let _ = wr.shutdown().await;
-    });
-    let mut buf = vec![0u8; 32 << 10];
-    loop {
-        match rd.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => {
-                if out.send((data_ch, buf[..n].to_vec())).await.is_err() {
+    };
+    let from_pod = async {
+        let mut buf = vec![0u8; 32 << 10];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    if out.send((data_ch, buf[..n].to_vec())).await.is_err() {
+                        break;
+                    }
+                    activity.touch();
+                }
+                Err(e) => {
+                    let text = format!("error forwarding port {port} to pod {sandbox_id}: {e}");
+                    let _ = out.send((error_ch, text.into_bytes())).await;
                     break;
                 }
-                activity.touch();
-            }
-            Err(e) => {
-                let text = format!("error forwarding port {port} to pod {sandbox_id}: {e}");
-                let _ = out.send((error_ch, text.into_bytes())).await;
-                break;
             }
         }
+    };
+    tokio::select! {
+        _ = from_pod => {}
+        // The client's side finishing does not end the connection; the pod's does.
+        _ = async { to_pod.await; std::future::pending::<()>().await } => {}
     }
-    to_pod.abort();
 }

@@ -243,7 +243,7 @@ async fn serve(
     }
 }
 
-/// How long a TLS handshake may take.
+/// How long a TLS handshake, and a request's head, may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn serve_connection<S>(stream: S, shared: Arc<Shared>)
@@ -255,7 +255,10 @@ where
         async move { Ok::<_, std::convert::Infallible>(route(shared, req).await) }
     });
     let io = hyper_util::rt::TokioIo::new(stream);
+    // A client that connects and then says nothing holds no connection for long.
     let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HANDSHAKE_TIMEOUT)
         .serve_connection(io, service)
         .with_upgrades()
         .await;

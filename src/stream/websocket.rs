@@ -65,13 +65,19 @@ pub(super) fn upgrade(
         );
     };
     if let Request::PortForward { ports, .. } = &request
-        && ports.is_empty()
         && protocol != TUNNEL_PROTOCOL
     {
-        return reply(
-            400,
-            "port forwarding over websocket channels needs the ports in the PortForward call",
-        );
+        let most = super::channel_forward::max_ports(protocol.contains("base64"));
+        if ports.is_empty() || ports.len() > most {
+            return reply(
+                400,
+                &format!(
+                    "port forwarding over websocket channels ({protocol:?}) takes 1 to {most} ports \
+                     from the PortForward call, not {}",
+                    ports.len()
+                ),
+            );
+        }
     }
     let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
         return reply(400, "no Sec-WebSocket-Key");

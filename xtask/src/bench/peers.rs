@@ -206,6 +206,7 @@ impl Peer {
         };
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;
