@@ -460,9 +460,27 @@ async fn kubelet_runs_pods_on_crius() {
 
     // The gRPC probe's server: the test's own, in the pod's network namespace, on every address.
     let t = Instant::now();
+    // The sandbox whose network is attached (one whose RunPodSandbox is still running may yet
+    // fail and be made again).
     let sandbox = loop {
-        if let Some(b) = sandboxes(&env, "web").await.into_iter().next() {
-            break b.id;
+        let mut found = None;
+        for b in sandboxes(&env, "web").await {
+            let st = env
+                .d
+                .runtime()
+                .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                    pod_sandbox_id: b.id.clone(),
+                    verbose: false,
+                })
+                .await
+                .ok()
+                .and_then(|r| r.into_inner().status);
+            if st.is_some_and(|s| s.network.is_some_and(|n| !n.ip.is_empty())) {
+                found = Some(b.id);
+            }
+        }
+        if let Some(id) = found {
+            break id;
         }
         assert!(
             t.elapsed().as_secs() < 240,

@@ -119,6 +119,10 @@ pub struct NetworkService {
     bin_dirs: Vec<PathBuf>,
     /// The last list read, with the file and time it came from.
     loaded: Mutex<Option<(Instant, Result<NetworkList, ConfError>)>>,
+    /// Chains run one pod at a time: plugins race each other otherwise (the firewall plugin of
+    /// Debian 12's containernetworking-plugins 1.1 fails one of two concurrent ADDs creating
+    /// its iptables chain: "CHAIN_USER_ADD failed (File exists)").
+    chain: tokio::sync::Mutex<()>,
 }
 
 /// Reading the directory again more often than this is pointless (kubelet asks every 5 s).
@@ -130,6 +134,7 @@ impl NetworkService {
             conf_dir,
             bin_dirs,
             loaded: Mutex::new(None),
+            chain: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -202,6 +207,7 @@ impl NetworkService {
             source,
         })?;
         let started = Instant::now();
+        let one_at_a_time = self.chain.lock().await;
         let mut prev: Option<Value> = None;
         for (i, p) in list.plugins.iter().enumerate() {
             let conf = plugin::stdin_config(
@@ -221,6 +227,7 @@ impl NetworkService {
                         _ => i + 1,
                     };
                     att.result = prev;
+                    drop(one_at_a_time);
                     if let Err(undo) = self.delete(&att, ran).await {
                         tracing::warn!(sandbox = pod.sandbox_id, error = %undo, "undoing a failed network ADD");
                         return Err(e.into());
@@ -230,6 +237,7 @@ impl NetworkService {
                 }
             }
         }
+        drop(one_at_a_time);
         att.result = prev;
         atomic::write_json(record, &att).map_err(|source| Error::Io {
             path: record.to_path_buf(),
@@ -309,6 +317,7 @@ impl NetworkService {
         };
         let mut first = None;
         let prev = att.result.as_ref().filter(|_| list.del_takes_result());
+        let _one_at_a_time = self.chain.lock().await;
         for p in list.plugins.iter().take(count).rev() {
             let conf =
                 plugin::stdin_config(p, &list.name, &list.cni_version, prev, &att.runtime_config);
