@@ -21,15 +21,6 @@ const FLOOD_BYTES: u64 = 100_000_000;
 const CALL_BOUND: Duration = Duration::from_millis(250);
 const RSS_BOUND_KIB: i64 = 8 << 10;
 
-fn rss_kib(pid: u32) -> i64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// A round of the calls kubelet makes for a pod: the slowest one's time.
 async fn round(env: &PodEnv, pod: &str, c: &str) -> Duration {
     let mut rt = env.d.runtime();

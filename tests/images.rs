@@ -751,6 +751,26 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<Arc<AtomicU64>>) {
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
+/// Whether a new connection starts with HTTP rather than a TLS hello (crius tries TLS first
+/// on a loopback registry, then falls back to plain HTTP when it is closed unanswered).
+fn speaks_http(c: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    c.peek(&mut first).unwrap_or(0) == 1 && first[0] != 0x16
+}
+
+/// A request's head, through its blank line; none when the connection ends first.
+fn request_head(c: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if c.read(&mut b).unwrap_or(0) != 1 {
+            return None;
+        }
+        head.push(b[0]);
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
 /// A TCP proxy in front of a registry that fails as networks and busy registries do: the
 /// first `busy` HTTP connections are answered 503 with `Retry-After: 1` (TLS hellos, which
 /// crius sends first to a loopback registry, are closed unanswered), and the connection that
@@ -776,16 +796,11 @@ impl FaultyProxy {
                     return;
                 }
                 let Ok(mut client) = conn else { continue };
-                let mut first = [0u8; 1];
-                if client.peek(&mut first).unwrap_or(0) == 0 || first[0] == 0x16 {
-                    continue; // a TLS hello: crius falls back to plain HTTP
+                if !speaks_http(&client) {
+                    continue;
                 }
                 if answered_busy.fetch_add(1, Ordering::Relaxed) < busy {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") && client.read(&mut b).unwrap_or(0) == 1 {
-                        head.push(b[0]);
-                    }
+                    let _ = request_head(&mut client);
                     let _ = client.write_all(
                         b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
                           Content-Length: 0\r\nConnection: close\r\n\r\n",
@@ -887,21 +902,14 @@ fn hostile_registry() -> u16 {
         for conn in listener.incoming() {
             let Ok(mut c) = conn else { continue };
             std::thread::spawn(move || {
-                let mut first = [0u8; 1];
-                if c.peek(&mut first).unwrap_or(0) == 0 || first[0] == 0x16 {
+                if !speaks_http(&c) {
                     return;
                 }
                 let _ = c.set_write_timeout(Some(Duration::from_secs(30)));
                 loop {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        if c.read(&mut b).unwrap_or(0) != 1 {
-                            return;
-                        }
-                        head.push(b[0]);
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let Some(head) = request_head(&mut c) else {
+                        return;
+                    };
                     let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
                     let chunk = vec![b' '; 64 << 10];
                     if path == "/v2/" {
@@ -955,14 +963,7 @@ fn hostile_registry() -> u16 {
 async fn hostile_manifests_are_refused_with_memory_flat() {
     let port = hostile_registry();
     let d = Daemon::start("");
-    let rss = || {
-        std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap()))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
-            .unwrap()
-    };
+    let rss = || rss_kib(d.pid().unwrap());
     let before = rss();
     for (name, want) in [
         ("endless", "larger than the 4194304-byte limit"),

@@ -885,51 +885,35 @@ fn openssl(dir: &Path, args: &[&str]) {
 async fn tls_streaming() {
     let certs = tempfile::tempdir().unwrap();
     let dir = certs.path();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let ca = [
-        &["req", "-x509"][..],
-        &ec,
-        &["-keyout", "ca.key", "-out", "ca.crt"],
-    ]
-    .concat();
-    openssl(
-        dir,
-        &[&ca[..], &["-subj", "/CN=test streaming CA", "-days", "2"]].concat(),
+    // An EC P-256 key with a certificate (`x509`) or a signing request.
+    let key_and = |what: &[&str], key: &str, out: &str, subj: &str, extra: &[&str]| {
+        let mut args = vec!["req"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]);
+        args.extend_from_slice(&["-nodes", "-keyout", key, "-out", out, "-subj", subj]);
+        args.extend_from_slice(extra);
+        openssl(dir, &args);
+    };
+    key_and(
+        &["-x509"],
+        "ca.key",
+        "ca.crt",
+        "/CN=test streaming CA",
+        &["-days", "2"],
     );
-    let other = [
-        &["req", "-x509"][..],
-        &ec,
-        &["-keyout", "o.key", "-out", "other.crt"],
-    ]
-    .concat();
-    openssl(
-        dir,
-        &[&other[..], &["-subj", "/CN=someone else", "-days", "2"]].concat(),
+    key_and(
+        &["-x509"],
+        "o.key",
+        "other.crt",
+        "/CN=someone else",
+        &["-days", "2"],
     );
-    let csr = [
-        &["req", "-new"][..],
-        &ec,
-        &["-keyout", "leaf.key", "-out", "leaf.csr"],
-    ]
-    .concat();
-    openssl(
-        dir,
-        &[
-            &csr[..],
-            &[
-                "-subj",
-                "/CN=crius",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1",
-            ],
-        ]
-        .concat(),
+    key_and(
+        &["-new"],
+        "leaf.key",
+        "leaf.csr",
+        "/CN=crius",
+        &["-addext", "subjectAltName=IP:127.0.0.1"],
     );
     openssl(
         dir,

@@ -1441,3 +1441,13 @@ pub async fn channel_forward(url: &str, protocol: &str, request: &[u8]) -> Vec<(
         .expect("the port forward ended");
     got
 }
+
+/// A process's resident memory, in KiB.
+pub fn rss_kib(pid: u32) -> i64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("process status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
