@@ -1,6 +1,6 @@
 //! atomic: state files that are either old or new, never torn. A write goes to a temporary file in
 //! the same directory, is fsynced, renamed over the target, and the directory is fsynced. Used by
-//! every module that keeps state on disk; it uses only `std` and `serde_json`.
+//! every module that keeps state on disk; it uses only `std`, `serde_json` and `fault`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -29,8 +29,11 @@ pub fn write(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
             .open(&tmp)?;
         f.write_all(data)?;
         f.sync_all()?;
+        crate::fault::point("state.write.before");
         fs::rename(&tmp, path)?;
-        sync_dir(dir)
+        sync_dir(dir)?;
+        crate::fault::point("state.write.after");
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -65,6 +68,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// Removes a file, treating "already gone" as success, and makes the removal durable.
 pub fn remove(path: &Path) -> io::Result<()> {
+    crate::fault::point("state.remove.before");
     match fs::remove_file(path) {
         Ok(()) => sync_dir(path.parent().unwrap_or(Path::new("."))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -72,9 +76,55 @@ pub fn remove(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Removes the temporary files of writes a killed process left in `dir` (never those of a
+/// writer that still runs: monitors write their exit records while the daemon restarts).
+/// Returns how many went.
+pub fn sweep(dir: &Path) -> usize {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = temp_writer(&name.to_string_lossy()) else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        if fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The pid of the writer of a temporary file named as `write` names them.
+fn temp_writer(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (_, pid) = rest.rsplit_once(".tmp")?;
+    pid.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sweep_takes_only_dead_writers_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let dead = dir.path().join(".state.json.tmp999999999");
+        let live = dir
+            .path()
+            .join(format!(".other.json.tmp{}", std::process::id()));
+        for p in [&dead, &live] {
+            fs::write(p, b"{").unwrap();
+        }
+        write_json(&dir.path().join("state.json"), &1).unwrap();
+        assert_eq!(sweep(dir.path()), 1);
+        assert!(!dead.exists() && live.exists());
+        assert!(dir.path().join("state.json").exists());
+        assert_eq!(temp_writer(".a.tmp12"), Some(12));
+        assert_eq!(temp_writer("a.tmp12"), None);
+        assert_eq!(temp_writer(".a.tmpx"), None);
+    }
 
     #[test]
     fn write_then_read_json() {

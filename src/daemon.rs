@@ -117,6 +117,7 @@ async fn termination() {
 
 /// Runs the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), Error> {
+    crate::fault::arm();
     make_dir(&cfg.root, 0o711)?;
     make_dir(&cfg.state, 0o711)?;
     let lock_path = cfg.root.join("crius.lock");

@@ -9,7 +9,8 @@
 //! - `content` (blobs by digest), `snapshot` (unpacked layers), `runtime` (the synchronous
 //!   helpers: monitor, pause, init, cgroup, seccomp), `systemd` (the systemd cgroup driver's
 //!   D-Bus side, used by `sandbox` and `container`)
-//! - `config`, `atomic` (state files), `records` (in-memory record index), `sys` (the only `unsafe`)
+//! - `config`, `atomic` (state files), `records` (in-memory record index), `fault` (crash points
+//!   for tests), `sys` (the only `unsafe`)
 
 pub mod atomic;
 pub mod cli;
@@ -18,6 +19,7 @@ pub mod container;
 pub mod content;
 pub mod cri;
 pub mod daemon;
+pub mod fault;
 pub mod frontend;
 pub mod image;
 pub mod metrics;

@@ -276,6 +276,7 @@ impl ContainerService {
         let mount_label = confinement.selinux.as_ref().map(|l| l.mount.as_str());
         runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags, mount_label)
             .map_err(io_err(&rootfs))?;
+        crate::fault::point("rootfs.mount.after");
 
         let sc = config
             .linux

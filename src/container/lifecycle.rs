@@ -22,11 +22,7 @@ impl ContainerService {
             .arg0("crius")
             .arg("monitor")
             .arg(&b.dir)
-            .stdin(if placed.is_some() {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            })
+            .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -54,13 +50,13 @@ impl ContainerService {
                     if let Err(e) = self.place(&r, cg, pid, stdin.as_mut()).await {
                         placement_error = Some(e.to_string());
                     }
-                    stdin = None;
                     continue;
                 }
                 break;
             }
         }
-        drop(stdin);
+        // Told once the record says running; a monitor that is never told ends the container.
+        let keeper = crate::sandbox::Keeper(stdin);
         // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
         drop(child);
         let report: Result<StartReport, String> = serde_json::from_str(line.trim()).map_err(|_| {
@@ -77,6 +73,7 @@ impl ContainerService {
                 start_time,
                 started_at,
             }) => {
+                crate::fault::point("monitor.spawn.after");
                 let init = ProcessId { pid, start_time };
                 r.state = RUNNING;
                 r.init = Some(init);
@@ -84,6 +81,7 @@ impl ContainerService {
                 r.started_at = started_at;
                 r.mnt_ns = init.namespace("mnt").ok();
                 atomic::write_json(&b.record(), &*r).map_err(io_err(&b.record()))?;
+                keeper.keep().await;
                 self.watch(r.id.clone(), monitor.unwrap_or(init));
                 self.inner
                     .events

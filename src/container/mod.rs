@@ -266,6 +266,7 @@ impl ContainerService {
             let entry = entry.map_err(io_err(dir))?;
             let id = entry.file_name().to_string_lossy().into_owned();
             let b = self.bundle(&id);
+            atomic::sweep(&b.dir);
             let record = atomic::read_json::<Record>(&b.record()).ok().flatten();
             let Some(mut r) = record else {
                 tracing::info!(id, "removing an incomplete container");

@@ -156,6 +156,8 @@ impl Store {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
         }
         store.drop_stale_ingests(INGEST_MAX_AGE)?;
+        // Small blobs are written whole (`put`): a killed write leaves its temporary file.
+        atomic::sweep(&store.blobs);
         Ok(store)
     }
 
@@ -400,9 +402,12 @@ impl Ingest {
             return Err(e);
         }
         self.file.sync_all().map_err(io_err(&self.path))?;
+        crate::fault::point("blob.commit.before");
         fs::rename(&self.path, &self.blob).map_err(io_err(&self.blob))?;
         let dir = self.blob.parent().unwrap_or(Path::new("/"));
-        atomic::sync_dir(dir).map_err(io_err(dir))
+        atomic::sync_dir(dir).map_err(io_err(dir))?;
+        crate::fault::point("blob.commit.after");
+        Ok(())
     }
 
     /// Gives up on the blob for good (its bytes were proven wrong).

@@ -152,8 +152,8 @@ impl RuntimeService for Runtime {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
             let id = self
-                .containers
-                .create(&req.pod_sandbox_id, config, req.sandbox_config)
+                .pods
+                .create_container(&req.pod_sandbox_id, config, req.sandbox_config)
                 .await?;
             Ok(cri::CreateContainerResponse { container_id: id })
         })

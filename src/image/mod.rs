@@ -208,7 +208,7 @@ pub(crate) struct Inner {
     layer_locks: Mutex<HashMap<Digest, Weak<tokio::sync::Mutex<()>>>>,
     /// Pulls hold it shared; garbage collection exclusively, so it never removes what a pull
     /// has committed but not yet recorded.
-    gc: tokio::sync::RwLock<()>,
+    gc: Arc<tokio::sync::RwLock<()>>,
     /// Snapshot chains in use by containers, with a count per chain.
     holds: Mutex<HashMap<Digest, usize>>,
     progress: progress::Board,
@@ -266,7 +266,7 @@ impl ImageService {
             },
             downloads: tokio::sync::Semaphore::new(cfg.max_concurrent_downloads),
             layer_locks: Mutex::new(HashMap::new()),
-            gc: tokio::sync::RwLock::new(()),
+            gc: Arc::default(),
             holds: Mutex::new(HashMap::new()),
             progress: progress::Board::default(),
         };
@@ -279,6 +279,7 @@ impl ImageService {
 
     fn load(&self) -> Result<(), Error> {
         let dir = &self.inner.dir;
+        atomic::sweep(dir);
         let mut records: Vec<Record> = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|source| Error::Io {
             path: dir.clone(),
@@ -354,12 +355,12 @@ impl ImageService {
         let key = reference.to_string();
         let progress = self.inner.progress.start(&key);
         let result = {
+            // Until the image is in the catalog: a collection before that would take its blobs.
             let _pulling = self.inner.gc.read().await;
-            pull::pull(&self.inner, &reference, creds, &progress).await
-        };
-        let result = match result {
-            Ok((record, config)) => self.add(record, config),
-            Err(e) => Err(e),
+            match pull::pull(&self.inner, &reference, creds, &progress).await {
+                Ok((record, config)) => self.add(record, config),
+                Err(e) => Err(e),
+            }
         };
         self.inner.progress.finish(
             &key,
@@ -481,24 +482,31 @@ impl ImageService {
             catalog.images.remove(&img.record.id);
             catalog.names.retain(|_, id| id != &img.record.id);
         }
-        match self.inner.gc.try_write() {
+        match self.inner.gc.clone().try_write_owned() {
             Ok(guard) => {
                 let me = self.clone();
-                tokio::task::spawn_blocking(move || me.collect())
-                    .await
-                    .map_err(|e| Error::Io {
-                        path: self.inner.dir.clone(),
-                        source: std::io::Error::other(e),
-                    })??;
-                drop(guard);
+                // The guard goes with the collection: it holds even if this call is dropped.
+                tokio::task::spawn_blocking(move || {
+                    let _guard = guard;
+                    me.collect()
+                })
+                .await
+                .map_err(|e| Error::Io {
+                    path: self.inner.dir.clone(),
+                    source: std::io::Error::other(e),
+                })??;
             }
             Err(_) => {
                 // A pull is running: collect once it is done, without holding up the caller.
                 let me = self.clone();
                 tokio::spawn(async move {
-                    let _g = me.inner.gc.write().await;
+                    let guard = me.inner.gc.clone().write_owned().await;
                     let me2 = me.clone();
-                    match tokio::task::spawn_blocking(move || me2.collect()).await {
+                    let collect = move || {
+                        let _guard = guard;
+                        me2.collect()
+                    };
+                    match tokio::task::spawn_blocking(collect).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => tracing::warn!(error = %e, "image garbage collection failed"),
                         Err(e) => tracing::warn!(error = %e, "image garbage collection panicked"),

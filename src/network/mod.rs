@@ -318,10 +318,17 @@ impl NetworkService {
         let mut first = None;
         let prev = att.result.as_ref().filter(|_| list.del_takes_result());
         let _one_at_a_time = self.chain.lock().await;
+        let mut call = self.call(att, Op::Del);
+        // A namespace already taken down (by a removal that ran alongside, or one a crash cut
+        // short) is passed as none, as the spec allows for DEL: the plugins then release what
+        // they hold outside it (addresses, rules) instead of failing on the file left behind.
+        if !holds_namespace(&att.netns) {
+            call.netns = Path::new("");
+        }
         for p in list.plugins.iter().take(count).rev() {
             let conf =
                 plugin::stdin_config(p, &list.name, &list.cni_version, prev, &att.runtime_config);
-            if let Err(e) = plugin::run(&self.call(att, Op::Del), &conf).await {
+            if let Err(e) = plugin::run(&call, &conf).await {
                 tracing::warn!(sandbox = att.container_id, error = %e, "network DEL");
                 first.get_or_insert(e);
             }
@@ -343,6 +350,12 @@ impl NetworkService {
             timeout: PLUGIN_TIMEOUT,
         }
     }
+}
+
+/// Whether `path` is a namespace handle (a mounted nsfs file), not what is left of one.
+fn holds_namespace(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }
 
 /// The attachment recorded in `record`, if any.

@@ -137,6 +137,11 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
     let cni_path = std::env::join_paths(call.bin_dirs)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
+    match call.op {
+        Op::Add => crate::fault::point("cni.add.before"),
+        Op::Del => crate::fault::point("cni.del.before"),
+        Op::Check => {}
+    }
     let started = std::time::Instant::now();
     let mut child = tokio::process::Command::new(&path)
         .env_clear()
@@ -210,6 +215,11 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
             operation: call.op.word().to_ascii_lowercase(),
         })
         .observe(elapsed.as_secs_f64());
+    match call.op {
+        Op::Add => crate::fault::point("cni.add.after"),
+        Op::Del => crate::fault::point("cni.del.after"),
+        Op::Check => {}
+    }
     if !status.success() {
         return Err(failed(error_message(&out, &err, status.code())));
     }

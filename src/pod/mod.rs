@@ -10,6 +10,7 @@
 
 mod net;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_cri::v1 as cri;
@@ -45,6 +46,10 @@ pub struct PodService {
     network: Arc<NetworkService>,
     /// kubelet's pod CIDR (UpdateRuntimeConfig), for the `ipRanges` capability.
     pod_cidr: Arc<Mutex<String>>,
+    /// One stop or removal of a pod at a time (a removal must not take the namespace away
+    /// under a stop's network DEL), and none while a container is being created in it (the
+    /// removal would miss it and leave it without a pod).
+    teardowns: Arc<Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>>,
 }
 
 impl PodService {
@@ -60,7 +65,40 @@ impl PodService {
             containers,
             network,
             pod_cidr: Arc::new(Mutex::new(String::new())),
+            teardowns: Arc::default(),
         }
+    }
+
+    fn teardown_lock(&self, id: &str) -> Arc<tokio::sync::RwLock<()>> {
+        self.teardowns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Holds the pod against everything else (see `teardowns`).
+    async fn teardown(&self, id: &str) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.teardown_lock(id).write_owned().await
+    }
+
+    /// CreateContainer, with no teardown of its pod running meanwhile.
+    pub async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: cri::ContainerConfig,
+        sandbox_config: Option<cri::PodSandboxConfig>,
+    ) -> Result<String, Error> {
+        let _pod = match self.sandboxes.resolve(sandbox_id) {
+            Ok(id) => Some(self.teardown_lock(&id).read_owned().await),
+            // The container service names the missing pod.
+            Err(_) => None,
+        };
+        Ok(self
+            .containers
+            .create(sandbox_id, config, sandbox_config)
+            .await?)
     }
 
     /// StopPodSandbox: every container is killed, then the pause process stops.
@@ -70,6 +108,7 @@ impl PodService {
             Err(sandbox::Error::NotFound { .. }) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
+        let _one = self.teardown(&id).await;
         let stops = self.containers.in_sandbox(&id).await.into_iter().map(|c| {
             let me = self.clone();
             async move { me.containers.stop(&c, 0).await }
@@ -77,6 +116,9 @@ impl PodService {
         for r in futures_util::future::join_all(stops).await {
             r?;
         }
+        // Not ready before the network goes: a crash in between leaves a pod that says it is
+        // going, which start-up finishes, never a ready pod without its network.
+        self.sandboxes.retire(&id).await?;
         self.detach(&id).await?;
         Ok(self.sandboxes.stop(&id).await?)
     }
@@ -88,6 +130,7 @@ impl PodService {
             Err(sandbox::Error::NotFound { .. }) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
+        let _one = self.teardown(&id).await;
         for c in self.containers.in_sandbox(&id).await {
             self.containers.remove(&c).await?;
         }
@@ -102,6 +145,10 @@ impl PodService {
         if let Some(c) = &chain {
             self.images.release(c);
         }
+        self.teardowns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         Ok(())
     }
 

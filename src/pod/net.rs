@@ -139,6 +139,17 @@ impl PodService {
                 }
             };
             let complete = att.as_ref().is_some_and(|a| a.result.is_some());
+            if att.is_some() && !r.ready {
+                // Stopped, or stopping when the daemon died: the network goes as stop would.
+                tracing::info!(
+                    sandbox = r.id,
+                    "detaching the network of a pod that is not ready"
+                );
+                if let Err(e) = self.detach(&r.id).await {
+                    tracing::warn!(sandbox = r.id, error = %e, "detaching a stopped pod's network");
+                }
+                continue;
+            }
             if att.is_some() && !complete {
                 tracing::info!(sandbox = r.id, "undoing a network ADD a killed daemon left");
                 if let Err(e) = self.detach(&r.id).await {

@@ -110,6 +110,7 @@ impl Cgroup {
                 Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", cur.display()))),
             }
         }
+        crate::fault::point("cgroup.create.after");
         Ok(())
     }
 
@@ -122,6 +123,7 @@ impl Cgroup {
     }
 
     pub fn set(&self, name: &str, value: &str) -> io::Result<()> {
+        crate::fault::point("cgroup.write.before");
         write(&self.file(name), value)
     }
 

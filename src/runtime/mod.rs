@@ -242,15 +242,31 @@ pub fn short_socket_path(
     Ok((fd, path))
 }
 
-/// Waits for the daemon's word that systemd has put a process in its scope: a line `go` on
-/// stdin (anything else, or the daemon going away, means it could not). Stdin is /dev/null after.
-pub fn await_placement() -> Result<(), step::StepError> {
+/// What the daemon writes on a helper's stdin once its record of the pod or container the
+/// helper started is durable.
+pub const KEPT: &[u8] = b"kept\n";
+
+/// Waits, after the start report, for the daemon's word that a record now owns what this helper
+/// started (`KEPT`). End of file instead means the daemon died before writing that record: no
+/// one would ever stop this pod or container, so the helper must end it. Stdin is /dev/null
+/// after.
+pub fn await_kept() -> bool {
     use std::io::BufRead;
     let mut line = String::new();
     let read = std::io::stdin().lock().read_line(&mut line);
     if let Ok(null) = std::fs::File::open("/dev/null") {
         let _ = crate::sys::dup_to(&null, 0, false);
     }
+    read.is_ok() && line.as_bytes() == KEPT
+}
+
+/// Waits for the daemon's word that systemd has put a process in its scope: a line `go` on
+/// stdin (anything else, or the daemon going away, means it could not). The daemon's word that
+/// it recorded the helper (`await_kept`) comes on stdin after it.
+pub fn await_placement() -> Result<(), step::StepError> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    let read = std::io::stdin().lock().read_line(&mut line);
     match (read, line.trim()) {
         (Ok(_), "go") => Ok(()),
         (Err(e), _) => Err(step::StepError::new(

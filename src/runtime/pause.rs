@@ -2,9 +2,11 @@
 //! (network with loopback up, IPC, UTS with the pod's hostname, and PID when the pod shares one,
 //! in which case it forks and the child is the pod's PID 1), applies the pod's sysctls inside
 //! them, reports `Ready` with the holder's pid on stdout, then sleeps: reaping zombies when it is
-//! PID 1 and exiting on SIGTERM or SIGINT. No image, no registry. When the operator configured a
-//! pause image, the holder instead moves into the image's root filesystem (its own mount
-//! namespace, pivot_root), becomes the image's user without capabilities, and execs its command.
+//! PID 1 and exiting on SIGTERM or SIGINT. Between the report and the sleep (or exec) it waits
+//! for the daemon's word that the pod's record is written, and ends without it (`await_kept`).
+//! No image, no registry. When the operator configured a pause image, the holder instead moves
+//! into the image's root filesystem (its own mount namespace, pivot_root), becomes the image's
+//! user without capabilities, and execs its command.
 
 use std::io::Write;
 
@@ -29,6 +31,9 @@ pub fn main(config: &str) -> i32 {
             match ProcessId::of(std::process::id() as i32) {
                 Ok(id) => ready(id),
                 Err(e) => return fail(StepError::new("own identity", e)),
+            }
+            if !super::await_kept() {
+                return 1;
             }
         }
         sleep_until_stopped(&signals)
@@ -62,6 +67,10 @@ pub fn main(config: &str) -> i32 {
             Err(e) => fail(StepError::new("fork", e)),
             Ok(ForkResult::Child) => {
                 drop(failed_r);
+                // The daemon's word is for the holder (our parent) to read.
+                if let Ok(null) = std::fs::File::open("/dev/null") {
+                    let _ = sys::dup_to(&null, 0, false);
+                }
                 let label = cfg.selinux_label.as_deref();
                 match &cfg.image {
                     // The pod's PID 1: its own loop, reaping orphans of every container.
@@ -97,6 +106,12 @@ pub fn main(config: &str) -> i32 {
                     return fail("pid 1 of the pod vanished");
                 };
                 ready(id);
+                if !super::await_kept() {
+                    // No record owns the pod: its PID 1 (and so its namespace) goes with us.
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    let _ = waitpid(child, None);
+                    return 1;
+                }
                 // Stay the parent of the pod's PID 1: forward stop signals, leave when it does.
                 holder_loop(&signals, child)
             }
@@ -123,6 +138,9 @@ pub fn main(config: &str) -> i32 {
             Err(e) => return fail(e),
         };
         ready(id);
+        if !super::await_kept() {
+            return 1;
+        }
         match command {
             Some(c) => {
                 let e = c.exec();

@@ -312,7 +312,7 @@ impl SandboxService {
             uid_map: userns.iter().map(|u| u.uids).collect(),
             gid_map: userns.iter().map(|u| u.gids).collect(),
         };
-        let pause = spawn_pause(&pause_cfg, placement).await?;
+        let (pause, keeper) = spawn_pause(&pause_cfg, placement).await?;
         let mut namespaces = Vec::new();
         for (kind, created) in [
             ("user", userns.is_some()),
@@ -362,7 +362,24 @@ impl SandboxService {
             let _ = pause.signal(libc::SIGKILL);
             return Err(io_err(&paths.state())(e));
         }
+        keeper.keep().await;
         Ok(record)
+    }
+
+    /// Marks the pod not ready (it is being stopped). Idempotent.
+    pub async fn retire(&self, id: &str) -> Result<(), Error> {
+        let entry = match self.entry(id) {
+            Ok(e) => e,
+            Err(Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut r = entry.lock().await;
+        if r.ready {
+            r.ready = false;
+            let path = self.paths(&r.id).state();
+            atomic::write_json(&path, &*r).map_err(io_err(&path))?;
+        }
+        Ok(())
     }
 
     /// Stops the pause process (its containers must be stopped first). Idempotent.

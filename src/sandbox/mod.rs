@@ -30,6 +30,7 @@ mod userns;
 
 pub use cgroups::{Placement, remove_cgroup, resources};
 use files::{default_hosts, remove_files, resolv_conf, sysctls, write_file};
+pub(crate) use pause::Keeper;
 pub use pause::SandboxImage;
 use pause::{mount_pause_image, spawn_pause};
 pub use userns::UserNs;
@@ -272,11 +273,17 @@ impl SandboxService {
         for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
             let paths = Paths { dir: entry.path() };
+            atomic::sweep(&paths.dir);
             match atomic::read_json::<Record>(&paths.state()) {
                 Ok(Some(mut r)) => {
                     if r.ready && !r.pause.is_some_and(|p| p.alive()) {
                         r.ready = false;
                         let _ = atomic::write_json(&paths.state(), &r);
+                    }
+                    // A stop the daemon did not live to finish: its pause process goes now.
+                    if let Some(p) = r.pause.filter(|p| !r.ready && p.alive()) {
+                        tracing::info!(sandbox = r.id, "finishing the stop of a pod");
+                        let _ = p.signal(libc::SIGKILL);
                     }
                     let _ = self.inner.records.reserve(&r.name_key(), &r.id);
                     if let Some(u) = &r.userns {

@@ -40,10 +40,12 @@ impl SandboxImage {
     }
 }
 
+/// Starts the pause process and waits for its report. It then waits for `keep` to be called,
+/// once the pod's record is written, and ends if that never comes.
 pub(super) async fn spawn_pause(
     cfg: &PauseConfig,
     placement: Option<Placement>,
-) -> Result<ProcessId, Error> {
+) -> Result<(ProcessId, Keeper), Error> {
     let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
         message: e.to_string(),
     })?;
@@ -51,11 +53,7 @@ pub(super) async fn spawn_pause(
         .arg0("crius")
         .arg("pause")
         .arg(json)
-        .stdin(if placement.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        })
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn();
@@ -65,12 +63,11 @@ pub(super) async fn spawn_pause(
     let stdout = child.stdout.take().ok_or_else(|| Error::Pause {
         message: "no stdout".into(),
     })?;
+    let mut stdin = child.stdin.take();
     if let Some(p) = placement {
-        let mut stdin = child.stdin.take();
         let pid = child.id().unwrap_or(0) as i32;
         let placed = p.start(pid, &[]).await;
         Placement::answer(stdin.as_mut(), &placed).await;
-        drop(stdin);
         if let Err(e) = placed {
             let _ = child.start_kill();
             return Err(e.into());
@@ -98,7 +95,10 @@ pub(super) async fn spawn_pause(
         Ok(Ok(_)) => {}
     }
     match serde_json::from_str::<PauseReport>(line.trim()) {
-        Ok(PauseReport::Ready { pid, start_time }) => Ok(ProcessId { pid, start_time }),
+        Ok(PauseReport::Ready { pid, start_time }) => {
+            crate::fault::point("pause.spawn.after");
+            Ok((ProcessId { pid, start_time }, Keeper(stdin)))
+        }
         Ok(PauseReport::Failed { message }) => Err(Error::Pause { message }),
         Err(_) => Err(Error::Pause {
             message: format!("unexpected answer {:?}", line.trim()),
@@ -131,4 +131,16 @@ pub(super) fn mount_pause_image(
         gid,
         cwd: image.cwd.clone(),
     })
+}
+
+/// The way to tell a helper (pause or monitor) that a record now owns what it started; a
+/// helper whose keeper is dropped without `keep` ends (`runtime::await_kept`).
+pub(crate) struct Keeper(pub(crate) Option<tokio::process::ChildStdin>);
+
+impl Keeper {
+    pub(crate) async fn keep(mut self) {
+        if let Some(s) = self.0.as_mut() {
+            let _ = tokio::io::AsyncWriteExt::write_all(s, runtime::KEPT).await;
+        }
+    }
 }

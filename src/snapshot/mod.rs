@@ -128,9 +128,12 @@ impl Snapshotter {
             // A directory without meta.json is not a snapshot: a leftover we may replace.
             fs::remove_dir_all(&target).map_err(io_err(&target))?;
         }
+        crate::fault::point("snapshot.commit.before");
         fs::rename(&prepared.dir, &target).map_err(io_err(&target))?;
         prepared.committed = true;
-        atomic::sync_dir(&self.root).map_err(io_err(&self.root))
+        atomic::sync_dir(&self.root).map_err(io_err(&self.root))?;
+        crate::fault::point("snapshot.commit.after");
+        Ok(())
     }
 
     pub fn meta(&self, chain_id: &Digest) -> Result<Meta, Error> {

@@ -567,6 +567,8 @@ pub struct Daemon {
     pub state: PathBuf,
     pub socket: PathBuf,
     pub config: PathBuf,
+    /// Extra environment for the daemon's next spawn (the chaos test's `CRIUS_FAULT`).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -641,6 +643,7 @@ impl Daemon {
             socket,
             config: cfg,
             dir,
+            env: Vec::new(),
             child: None,
         };
         d.spawn();
@@ -681,6 +684,7 @@ impl Daemon {
             .arg(&self.socket)
             .arg("--log-level")
             .arg(std::env::var("CRIUS_TEST_LOG").unwrap_or_else(|_| "info,crius=debug".into()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -702,6 +706,13 @@ impl Daemon {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Whether the daemon has ended (reaped when it has).
+    pub fn ended(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
     /// SIGKILL, as a crash would.

@@ -1,5 +1,5 @@
 //! Project tasks: `cargo xtask lint | unit | integration | conformance | test | test-vm |
-//! test-kubelet | ci | bench | dist | deb`.
+//! test-kubelet | chaos | ci | bench | dist | deb`.
 
 mod bench;
 mod deb;
@@ -94,8 +94,10 @@ fn conformance() -> Result<()> {
 /// its OOM and AppArmor specs must pass (its table is printed, so `--nocapture`). The package's
 /// test installs what `cargo xtask deb` built and runs its unit under systemd. The kubelet
 /// tier runs an upstream kubelet against crius twice: cgroupfs with a shell as PID 1, and the
-/// systemd driver with systemd as PID 1.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 10] = [
+/// systemd driver with systemd as PID 1. The crash-anywhere test can run there too
+/// (`cargo xtask test-vm chaos`), where pods have cgroups and its cgroup fault points are in
+/// reach; it is not part of the default set yet (see `VM_OPT_IN`).
+const VM_SUITES: [(&str, &[&str], Option<&str>); 11] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
@@ -106,7 +108,16 @@ const VM_SUITES: [(&str, &[&str], Option<&str>); 10] = [
     ("package", &["package_unit_keeps_pods"], Some("-S")),
     ("kubelet", &["--nocapture"], None),
     ("kubelet", &["--nocapture"], Some("-S")),
+    (
+        "chaos",
+        &["--nocapture", "crash_anywhere_with_cgroups"],
+        None,
+    ),
 ];
+
+/// Suites the VM tier runs only when named: the crash-anywhere test in the VM passed one run of
+/// two; in the other, 2 of 60 restarted daemons stopped answering, cause not yet found.
+const VM_OPT_IN: &[&str] = &["chaos"];
 
 /// The kubelet tier: an upstream kubelet driving crius, once per cgroup driver.
 const KUBELET_SUITE: &str = "kubelet";
@@ -119,7 +130,13 @@ fn test_vm(only: &[&str]) -> Result<()> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--no-run", "--message-format=json"]);
-    let wanted = |s: &str| only.is_empty() || only.contains(&s);
+    let wanted = |s: &str| {
+        if only.is_empty() {
+            !VM_OPT_IN.contains(&s)
+        } else {
+            only.contains(&s)
+        }
+    };
     let runs: Vec<_> = VM_SUITES.iter().filter(|(s, ..)| wanted(s)).collect();
     let mut suites: Vec<&str> = runs.iter().map(|(s, ..)| *s).collect();
     suites.sort();
@@ -229,6 +246,28 @@ fn bench(args: &[String]) -> Result<()> {
     rt.block_on(bench::run(opts))
 }
 
+/// The crash-anywhere test alone, as long as asked: `--iterations N` (the CI run does 200),
+/// `--seed S` to repeat a run's choices.
+fn chaos(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the chaos test needs root (it runs a crius daemon and kills it)");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--test", "chaos", "--", "--nocapture", "--exact"])
+        .arg("crash_anywhere");
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let var = match a.as_str() {
+            "--iterations" => "CRIUS_CHAOS_ITERATIONS",
+            "--seed" => "CRIUS_CHAOS_SEED",
+            _ => bail!("chaos: unknown argument {a:?} (--iterations N, --seed S)"),
+        };
+        let v = it.next().with_context(|| format!("{a} needs a value"))?;
+        cmd.env(var, v);
+    }
+    run(&mut cmd)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().cloned().unwrap_or_default();
@@ -254,9 +293,10 @@ fn main() -> Result<()> {
             leftovers::Inventory::take().check_since(&before, "the VM tier and the benchmark")
         }
         "conformance" => conformance(),
-        "test-vm" => test_vm(&[]),
+        "test-vm" => test_vm(&args[1..].iter().map(String::as_str).collect::<Vec<_>>()),
         "test-kubelet" => test_vm(&[KUBELET_SUITE]),
         "bench" => bench(&args[1..]),
+        "chaos" => chaos(&args[1..]),
         "dist" => dist().map(drop),
         "deb" => deb::build(&dist()?).map(drop),
         _ => {
@@ -273,6 +313,7 @@ fn main() -> Result<()> {
             eprintln!(
                 "  test-vm      cgroup v2, swap and noswap tests (and the runtime suite) in a qemu VM"
             );
+            eprintln!("               [SUITE...] (only these suites, e.g. chaos)");
             eprintln!(
                 "  test-kubelet an upstream kubelet driving crius in the VM (both cgroup drivers)"
             );
@@ -289,6 +330,7 @@ fn main() -> Result<()> {
                 "               [--large-mb MB] [--concurrent N] [--idle-seconds S] [--out FILE]"
             );
             eprintln!("               [--probed-pods N] [--probe-seconds S]");
+            eprintln!("  chaos        the crash-anywhere test alone [--iterations N] [--seed S]");
             eprintln!("  ci           everything CI runs (the benchmark as a smoke run)");
             bail!("unknown task {task:?}")
         }

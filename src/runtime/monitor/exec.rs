@@ -99,7 +99,12 @@ impl Monitor {
             }
         };
         let (err_r, err_w) = cloexec_pipe()?;
-        match sys::fork().map_err(step("fork"))? {
+        let forked = sys::fork().map_err(|e| match e.raw_os_error() {
+            // The kernel's answer for a PID namespace whose PID 1 is gone.
+            Some(libc::ENOMEM) => StepError::new("fork", "the container's PID 1 has ended"),
+            _ => step("fork")(e),
+        });
+        match forked? {
             ForkResult::Child => {
                 drop(err_r);
                 let e = match self.exec_child(&req, stdio) {

@@ -67,6 +67,10 @@ pub fn main(bundle: &Path) -> i32 {
             if let Ok(null) = std::fs::File::open("/dev/null") {
                 let _ = sys::dup_to(&null, 1, false);
             }
+            if !super::await_kept() {
+                monitor.abandon();
+                return 1;
+            }
             monitor.run()
         }
     }
@@ -404,6 +408,16 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
 }
 
 impl Monitor {
+    /// Ends the container at once and records nothing: the daemon died before it recorded
+    /// the start, so its record still says created and nothing else would ever stop it.
+    fn abandon(self) {
+        if let Some(cg) = &self.cgroup {
+            let _ = std::fs::write(cg.join("cgroup.kill"), "1");
+        }
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGKILL);
+        let _ = waitpid(self.child, None);
+    }
+
     fn run(mut self) -> i32 {
         let mut status: Option<(i32, Option<i32>)> = None;
         let mut exited_at: Option<Instant> = None;
