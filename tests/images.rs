@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileTypeExt;
 use std::sync::Arc;
@@ -12,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use common::wire::*;
 use common::*;
 use k8s_cri::v1 as cri;
 use tonic::Code;
@@ -731,278 +731,6 @@ impl Drop for SlowProxy {
     }
 }
 
-fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<Arc<AtomicU64>>) {
-    let mut buf = vec![0u8; 16 << 10];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        if let Some(r) = &rate {
-            let bps = r.load(Ordering::Relaxed);
-            if bps > 0 {
-                std::thread::sleep(Duration::from_secs_f64(n as f64 / bps as f64));
-            }
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Both);
-}
-
-/// Whether a new connection starts with HTTP rather than a TLS hello (crius tries TLS first
-/// on a loopback registry, then falls back to plain HTTP when it is closed unanswered).
-fn speaks_http(c: &TcpStream) -> bool {
-    let mut first = [0u8; 1];
-    c.peek(&mut first).unwrap_or(0) == 1 && first[0] != 0x16
-}
-
-/// A request's head, through its blank line; none when the connection ends first.
-fn request_head(c: &mut TcpStream) -> Option<String> {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if c.read(&mut b).unwrap_or(0) != 1 {
-            return None;
-        }
-        head.push(b[0]);
-    }
-    Some(String::from_utf8_lossy(&head).into_owned())
-}
-
-/// A TCP proxy in front of a registry that fails as networks and busy registries do: the
-/// first `busy` HTTP connections are answered 503 with `Retry-After: 1` (TLS hellos, which
-/// crius sends first to a loopback registry, are closed unanswered), and the connection that
-/// carries the `cut_at`th byte from the registry is cut there, once.
-struct FaultyProxy {
-    port: u16,
-    cuts: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-}
-
-impl FaultyProxy {
-    fn start(target: u16, busy: u64, cut_at: u64) -> FaultyProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
-        let cuts = Arc::new(AtomicU64::new(0));
-        let sent = Arc::new(AtomicU64::new(0));
-        let answered_busy = Arc::new(AtomicU64::new(0));
-        let (s, c) = (stop.clone(), cuts.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Ok(mut client) = conn else { continue };
-                if !speaks_http(&client) {
-                    continue;
-                }
-                if answered_busy.fetch_add(1, Ordering::Relaxed) < busy {
-                    let _ = request_head(&mut client);
-                    let _ = client.write_all(
-                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n\
-                          Content-Length: 0\r\nConnection: close\r\n\r\n",
-                    );
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || pipe(c2, s2, None));
-                let (sent, cuts) = (sent.clone(), c.clone());
-                std::thread::spawn(move || {
-                    let (mut from, mut to) = (server, client);
-                    let mut buf = vec![0u8; 16 << 10];
-                    loop {
-                        let n = match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        let before = sent.fetch_add(n as u64, Ordering::Relaxed);
-                        if before < cut_at && before + n as u64 >= cut_at {
-                            let keep = (cut_at - before) as usize;
-                            let _ = to.write_all(&buf[..keep]);
-                            cuts.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                        if to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                    let _ = from.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        });
-        FaultyProxy { port, cuts, stop }
-    }
-}
-
-impl Drop for FaultyProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-/// A busy registry (503 with Retry-After, twice) and a connection cut in the middle of a layer:
-/// the pull waits as asked, resumes the layer from the bytes that came, verifies it, and
-/// succeeds.
-#[tokio::test]
-async fn pulls_wait_for_busy_registries_and_resume_cut_layers() {
-    let reg = Registry::start(None);
-    let big = layer(
-        &[Entry::File("blob.bin".into(), noise(8 << 20, 11), 0o644)],
-        Compress::None,
-    );
-    let img = image(
-        vec![busybox_layer(Compress::Gzip), big.clone()],
-        &ImageOpts::default(),
-    );
-    reg.push_image("faulty", "1", &img).await.unwrap();
-    let proxy = FaultyProxy::start(reg.port, 2, 5 << 20);
-    let d = Daemon::start("");
-    let name = format!("127.0.0.1:{}/faulty:1", proxy.port);
-    let t = Instant::now();
-    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
-    assert!(
-        t.elapsed() >= Duration::from_secs(1),
-        "Retry-After was not honoured"
-    );
-    assert_eq!(
-        proxy.cuts.load(Ordering::Relaxed),
-        1,
-        "the proxy cut a layer"
-    );
-    let log = d.log_text();
-    for want in [
-        "registry busy; retrying",
-        "layer download interrupted; retrying",
-        "resuming layer download",
-    ] {
-        assert!(log.contains(want), "no {want:?} in the daemon log");
-    }
-    let big_hex = big.digest.trim_start_matches("sha256:");
-    let blob = std::fs::read(d.root.join("content/blobs/sha256").join(big_hex)).unwrap();
-    assert_eq!(sha256(&blob), big.digest);
-    assert!(d.ingests().is_empty());
-}
-
-/// Not a registry: answers `/v2/`, and for manifests what no real registry can be made to
-/// send: an endless chunked body (`endless`), a body of 100 MB (`huge`), a body shorter than
-/// its Content-Length (`short`). TLS hellos are closed unanswered (crius then speaks plain
-/// HTTP to a loopback registry).
-fn hostile_registry() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut c) = conn else { continue };
-            std::thread::spawn(move || {
-                if !speaks_http(&c) {
-                    return;
-                }
-                let _ = c.set_write_timeout(Some(Duration::from_secs(30)));
-                loop {
-                    let Some(head) = request_head(&mut c) else {
-                        return;
-                    };
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-                    let chunk = vec![b' '; 64 << 10];
-                    if path == "/v2/" {
-                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
-                    } else if path.contains("/endless/") {
-                        let _ = c.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
-                              Transfer-Encoding: chunked\r\n\r\n",
-                        );
-                        // Bounded only so that a runtime that never stops reading ends the test.
-                        for _ in 0..4096 {
-                            let mut piece = format!("{:x}\r\n", chunk.len()).into_bytes();
-                            piece.extend_from_slice(&chunk);
-                            piece.extend_from_slice(b"\r\n");
-                            if c.write_all(&piece).is_err() {
-                                return;
-                            }
-                        }
-                        return;
-                    } else if path.contains("/huge/") {
-                        let _ = c.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
-                              Content-Length: 104857600\r\n\r\n",
-                        );
-                        for _ in 0..1600 {
-                            if c.write_all(&chunk).is_err() {
-                                return;
-                            }
-                        }
-                        return;
-                    } else if path.contains("/short/") {
-                        let _ = c.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
-                              Content-Length: 100000\r\n\r\n{\"schemaVersion\": 2,",
-                        );
-                        return;
-                    } else {
-                        let _ = c.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// Manifests no registry should send: an endless body and a 100 MB one are refused at the
-/// 4 MiB limit, a body cut short of its length is an error naming the registry; each quickly,
-/// without the daemon's memory growing, and the daemon serves on.
-#[tokio::test]
-async fn hostile_manifests_are_refused_with_memory_flat() {
-    let port = hostile_registry();
-    let d = Daemon::start("");
-    let rss = || rss_kib(d.pid().unwrap());
-    let before = rss();
-    for (name, want) in [
-        ("endless", "larger than the 4194304-byte limit"),
-        ("huge", "larger than the 4194304-byte limit"),
-        ("short", &format!("127.0.0.1:{port}")),
-    ] {
-        let t = Instant::now();
-        let err = d
-            .pull(&format!("127.0.0.1:{port}/{name}:1"))
-            .await
-            .unwrap_err();
-        assert!(err.message().contains(want), "{name}: {err:?}");
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{name}: took {:?}",
-            t.elapsed()
-        );
-    }
-    let grown = rss() - before;
-    assert!(grown < 16 << 10, "the daemon grew by {grown} KiB");
-    assert!(d.list_images().await.is_empty());
-    d.runtime()
-        .version(cri::VersionRequest::default())
-        .await
-        .unwrap();
-}
-
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn killed_mid_pull_resumes_after_restart() {
     let reg = Registry::start(None);
@@ -1175,6 +903,24 @@ async fn bearer_token_registry() {
         .issued
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(after, issued, "the token is reused until it expires");
+    // A busy token server is waited for as a busy registry is.
+    let fresh = Daemon::start("");
+    let token = reg.token.as_ref().unwrap();
+    token.busy.store(2, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        fresh.pull_with(&name, Some(right_again())).await.unwrap(),
+        img.config_digest
+    );
+    assert_eq!(token.busy.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(fresh.log_text().contains("token server busy; retrying"));
+}
+
+fn right_again() -> cri::AuthConfig {
+    cri::AuthConfig {
+        username: "tok".into(),
+        password: "en".into(),
+        ..Default::default()
+    }
 }
 
 #[tokio::test]

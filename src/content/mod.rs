@@ -377,6 +377,11 @@ impl Ingest {
         self.hashed
     }
 
+    /// The blob's size, as its descriptor gives it.
+    pub fn expected(&self) -> u64 {
+        self.size
+    }
+
     /// Checks size and digest and, if both match, makes the blob durable under its digest.
     /// On a mismatch the ingest file is removed: its bytes can never become this blob.
     pub fn commit(self) -> Result<(), Error> {

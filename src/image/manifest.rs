@@ -127,13 +127,39 @@ pub enum ManifestError {
     #[error("unsupported manifest media type {0:?}")]
     MediaType(String),
     #[error("invalid index: {0}")]
-    Index(serde_json::Error),
+    Index(Invalid),
     #[error("invalid manifest: {0}")]
-    Manifest(serde_json::Error),
+    Manifest(Invalid),
     #[error("invalid image config: {0}")]
-    Config(serde_json::Error),
+    Config(Invalid),
     #[error("unsupported rootfs type {0:?}")]
     RootfsType(String),
+}
+
+/// A document that does not decode, and the field where it fails (`layers[2].size`).
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", at(path))]
+pub struct Invalid {
+    pub path: String,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+fn at(path: &str) -> String {
+    if path == "." || path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+/// Decodes `data`, naming the field a failure is at.
+fn decode<T: serde::de::DeserializeOwned>(data: &[u8]) -> Result<T, Invalid> {
+    let mut de = serde_json::Deserializer::from_slice(data);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| Invalid {
+        path: e.path().to_string(),
+        source: e.into_inner(),
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,10 +199,10 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Parsed, Manifest
         other => return Err(ManifestError::MediaType(other.to_string())),
     };
     if is_index {
-        let index: Index = serde_json::from_slice(data).map_err(ManifestError::Index)?;
+        let index: Index = decode(data).map_err(ManifestError::Index)?;
         Ok(Parsed::Index(index))
     } else {
-        let m: Manifest = serde_json::from_slice(data).map_err(ManifestError::Manifest)?;
+        let m: Manifest = decode(data).map_err(ManifestError::Manifest)?;
         Ok(Parsed::Manifest(m))
     }
 }
@@ -255,7 +281,7 @@ pub struct RootFs {
 }
 
 pub fn parse_config(data: &[u8]) -> Result<ImageConfig, ManifestError> {
-    let c: ImageConfig = serde_json::from_slice(data).map_err(ManifestError::Config)?;
+    let c: ImageConfig = decode(data).map_err(ManifestError::Config)?;
     if !c.rootfs.kind.is_empty() && c.rootfs.kind != "layers" {
         return Err(ManifestError::RootfsType(c.rootfs.kind));
     }
@@ -401,5 +427,129 @@ mod tests {
             Compression::Zstd
         );
         assert_eq!(Compression::sniff(b"usr/"), Compression::None);
+    }
+}
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn platform() -> impl Strategy<Value = Platform> {
+        (
+            prop::sample::select(vec!["amd64", "arm64", "arm", "s390x"]),
+            prop::option::of(prop::sample::select(vec!["v1", "v3", "v6", "v7", "v8"])),
+        )
+            .prop_map(|(a, v)| Platform {
+                architecture: a.into(),
+                os: "linux".into(),
+                variant: v.map(Into::into),
+            })
+    }
+
+    fn descriptor(with_platform: bool) -> impl Strategy<Value = Descriptor> {
+        (
+            any::<[u8; 4]>(),
+            0u64..(1 << 40),
+            prop::sample::select(vec![
+                OCI_MANIFEST,
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+            ]),
+            platform(),
+        )
+            .prop_map(move |(b, size, media_type, p)| Descriptor {
+                media_type: media_type.into(),
+                digest: Digest::of(&b),
+                size,
+                platform: with_platform.then_some(p),
+            })
+    }
+
+    fn manifest_json(config: &Descriptor, layers: &[Descriptor], named: bool) -> Value {
+        let mut m = json!({
+            "schemaVersion": 2,
+            "config": config,
+            "layers": layers,
+            // Fields crius does not use are ignored.
+            "annotations": {"org.opencontainers.image.created": "now"},
+        });
+        if named {
+            m["mediaType"] = json!(OCI_MANIFEST);
+        }
+        m
+    }
+
+    proptest! {
+        /// Any bytes, with any Content-Type, are parsed or refused: never a panic.
+        #[test]
+        fn any_bytes_are_parsed_or_refused(
+            data in prop::collection::vec(any::<u8>(), 0..512),
+            content_type in prop::option::of("[a-z/.+;= 0-9-]{0,60}"),
+        ) {
+            let _ = parse(&data, content_type.as_deref());
+            let _ = parse_config(&data);
+        }
+
+        /// A manifest of generated descriptors parses back to them, whether it names its
+        /// media type or is told apart by its shape.
+        #[test]
+        fn manifests_parse_back(
+            config in descriptor(false),
+            layers in prop::collection::vec(descriptor(false), 0..8),
+            named in any::<bool>(),
+        ) {
+            let data = serde_json::to_vec(&manifest_json(&config, &layers, named)).unwrap();
+            let Ok(Parsed::Manifest(m)) = parse(&data, None) else {
+                return Err(TestCaseError::fail("not parsed as a manifest"));
+            };
+            prop_assert_eq!(m.config, config);
+            prop_assert_eq!(m.layers, layers);
+        }
+
+        /// An index picks a manifest that runs on the platform asked for, one whenever any
+        /// does, and the exact variant when one has it.
+        #[test]
+        fn index_selection(
+            manifests in prop::collection::vec(descriptor(true), 0..8),
+            want in platform(),
+        ) {
+            let data = serde_json::to_vec(&json!({
+                "schemaVersion": 2,
+                "mediaType": OCI_INDEX,
+                "manifests": manifests,
+            })).unwrap();
+            let Ok(Parsed::Index(index)) = parse(&data, None) else {
+                return Err(TestCaseError::fail("not parsed as an index"));
+            };
+            let runs = |d: &Descriptor| d.platform.as_ref().is_some_and(|p| want.runs(p));
+            match index.select(&want) {
+                Some(d) => {
+                    prop_assert!(runs(d));
+                    let exact = manifests.iter().any(|m| runs(m) && m.platform.as_ref().unwrap().variant == want.variant);
+                    if exact {
+                        prop_assert_eq!(&d.platform.as_ref().unwrap().variant, &want.variant);
+                    }
+                }
+                None => prop_assert!(!manifests.iter().any(runs)),
+            }
+        }
+
+        /// A field of the wrong kind anywhere in the layers is refused, naming where.
+        #[test]
+        fn broken_fields_are_named(
+            config in descriptor(false),
+            layers in prop::collection::vec(descriptor(false), 1..6),
+            which in any::<prop::sample::Index>(),
+            field in prop::sample::select(vec!["size", "digest"]),
+        ) {
+            let mut m = manifest_json(&config, &layers, true);
+            let i = which.index(layers.len());
+            m["layers"][i][field] = if field == "size" { json!("big") } else { json!("sha256:nothex") };
+            let err = parse(&serde_json::to_vec(&m).unwrap(), None).err().map(|e| e.to_string());
+            let want = format!("layers[{i}].{field}");
+            prop_assert!(err.as_ref().is_some_and(|e| e.contains(&want)), "{:?} does not name {}", err, want);
+        }
     }
 }

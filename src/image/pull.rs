@@ -8,6 +8,7 @@
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Buf, Bytes};
 use sha2::{Digest as _, Sha256};
@@ -230,27 +231,33 @@ async fn fetch_layer(
         progress.layer_done();
         return Ok(());
     }
-    let _slot = inner
-        .downloads
-        .acquire()
-        .await
-        .map_err(|_| Error::Download {
-            digest: layer.digest.clone(),
-            message: "daemon shutting down".into(),
-        })?;
     let mut resume = true;
     let mut retries = 0;
+    let counted = LayerProgress {
+        pull: progress.clone(),
+        counted: Arc::new(AtomicU64::new(0)),
+    };
     loop {
+        // A download slot per attempt: a layer waiting to retry does not hold one.
+        let slot = inner
+            .downloads
+            .acquire()
+            .await
+            .map_err(|_| Error::Download {
+                digest: layer.digest.clone(),
+                message: "daemon shutting down".into(),
+            })?;
         let res = attempt(
             inner,
             session,
             layer,
             parent.clone(),
-            progress,
+            &counted,
             resume,
             landed.clone(),
         )
         .await;
+        drop(slot);
         match res {
             // A broken connection: again after a pause, from what the ingest file holds.
             Err(Error::Network { message, .. }) if retries < NETWORK_RETRIES => {
@@ -296,13 +303,34 @@ enum Source {
     },
 }
 
+/// A layer's share of the pull's progress: each byte counted once, however many attempts
+/// deliver it (a resumed attempt replays what the ingest file holds).
+#[derive(Clone)]
+struct LayerProgress {
+    pull: Arc<Progress>,
+    counted: Arc<AtomicU64>,
+}
+
 struct BlobReader {
     source: Source,
-    progress: Arc<Progress>,
+    progress: LayerProgress,
+    /// Bytes this attempt delivered.
+    delivered: u64,
     /// The content store's own error, kept typed for the caller.
     failure: Option<crate::content::Error>,
     /// The connection's error, if it broke: the unpacker's complaint is only its echo.
     network: Option<String>,
+}
+
+impl LayerProgress {
+    /// `n` more bytes delivered by an attempt that had delivered `delivered`.
+    fn advance(&self, delivered: &mut u64, n: usize) {
+        *delivered += n as u64;
+        let before = self.counted.fetch_max(*delivered, Ordering::Relaxed);
+        if *delivered > before {
+            self.pull.add_bytes(*delivered - before);
+        }
+    }
 }
 
 impl Read for BlobReader {
@@ -310,7 +338,7 @@ impl Read for BlobReader {
         match &mut self.source {
             Source::Local(f) => {
                 let n = f.read(buf)?;
-                self.progress.add_bytes(n as u64);
+                self.progress.advance(&mut self.delivered, n);
                 Ok(n)
             }
             Source::Remote {
@@ -327,7 +355,7 @@ impl Read for BlobReader {
                             self.failure = Some(e);
                             return Err(io::Error::other(msg));
                         }
-                        self.progress.add_bytes(n as u64);
+                        self.progress.advance(&mut self.delivered, n);
                         return Ok(n);
                     }
                     *replay = None;
@@ -340,12 +368,24 @@ impl Read for BlobReader {
                                 self.failure = Some(e);
                                 return Err(io::Error::other(msg));
                             }
-                            self.progress.add_bytes(chunk.len() as u64);
+                            let n = chunk.len();
                             *cur = chunk;
+                            self.progress.advance(&mut self.delivered, n);
                         }
                         Some(Err(e)) => {
                             self.network = Some(e.to_string());
                             return Err(e);
+                        }
+                        // An answer shorter than the blob (a Content-Length that was wrong, a
+                        // proxy that cut it) is a broken transfer, resumed like one.
+                        None if ingest.written() < ingest.expected() => {
+                            let message = format!(
+                                "the registry's answer ended after {} of {} bytes",
+                                ingest.written(),
+                                ingest.expected()
+                            );
+                            self.network = Some(message.clone());
+                            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
                         }
                         None => return Ok(0),
                     }
@@ -378,7 +418,7 @@ async fn attempt(
     session: &Session<'_>,
     layer: &Layer,
     parent: Option<Digest>,
-    progress: &Arc<Progress>,
+    progress: &LayerProgress,
     resume: bool,
     landed: Arc<Landed>,
 ) -> Result<(), Error> {
@@ -470,13 +510,14 @@ fn unpack_layer_blob(
     layer: &Layer,
     parent: Option<Digest>,
     source: Source,
-    progress: Arc<Progress>,
+    progress: LayerProgress,
     landed: &Landed,
 ) -> Result<(), Error> {
     let prepared = inner.snapshots.prepare()?;
     let mut blob = BlobReader {
         source,
         progress,
+        delivered: 0,
         failure: None,
         network: None,
     };

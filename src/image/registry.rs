@@ -474,10 +474,41 @@ impl Session<'_> {
                 r
             }
         };
-        let resp = req.send().await.map_err(|e| Error::Http {
-            url: realm.to_string(),
-            source: e,
-        })?;
+        // The token server fails as registries do: retried as they are.
+        let mut retries = 0;
+        let resp = loop {
+            let Some(attempt) = req.try_clone() else {
+                break req.send().await.map_err(|e| Error::Http {
+                    url: realm.to_string(),
+                    source: e,
+                })?;
+            };
+            match attempt.send().await {
+                Ok(r) if retryable(r.status()) && retries < RETRIES => {
+                    retries += 1;
+                    let wait = retry_after(r.headers()).unwrap_or_else(|| backoff(retries));
+                    tracing::info!(realm, status = %r.status(), retry = retries, ?wait, "token server busy; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(r) => break r,
+                Err(e)
+                    if retries < RETRIES
+                        && (e.is_connect() || e.is_timeout() || e.is_request())
+                        && !tls_refused(&e) =>
+                {
+                    retries += 1;
+                    let wait = backoff(retries);
+                    tracing::info!(realm, error = %e, retry = retries, ?wait, "token server unreachable; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => {
+                    return Err(Error::Http {
+                        url: realm.to_string(),
+                        source: e,
+                    });
+                }
+            }
+        };
         if !resp.status().is_success() {
             let status = resp.status();
             let message = error_message(resp).await;
@@ -503,7 +534,6 @@ impl Session<'_> {
     }
 }
 
-/// Reads a whole body, refusing more than `max` bytes.
 /// How often a request that got no answer, or a busy one, is tried again.
 const RETRIES: u32 = 4;
 
@@ -555,6 +585,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
 }
 
+/// Reads a whole body, refusing more than `max` bytes.
 async fn read_limited(mut resp: Response, max: u64, what: &str) -> Result<Vec<u8>, Error> {
     let url = resp.url().to_string();
     if resp.content_length().is_some_and(|l| l > max) {

@@ -588,6 +588,7 @@ async fn crash_anywhere_for(default_iterations: u64) {
         };
         c.env.d.stop();
         let log_before = c.env.d.log_text().len();
+        c.env.d.note(&format!("iteration {i}: {kill:?}"));
         c.env.d.spawn();
         let pid = c.env.d.pid().unwrap();
         // The workload: two clients at once, a bounded number of steps each.
@@ -656,7 +657,9 @@ async fn crash_anywhere_for(default_iterations: u64) {
         }
         // Restart, then judge.
         c.env.d.env = vec![run_env.clone()];
+        c.env.d.note(&format!("iteration {i}: killed; restarting"));
         c.env.d.spawn();
+        c.env.d.note(&format!("iteration {i}: checking"));
         for v in c.check().await {
             violations.push(format!("iteration {i} after {kill:?}: {v}"));
         }

@@ -16,8 +16,10 @@ use flate2::Compression as GzLevel;
 use k8s_cri::v1 as cri;
 use tonic::transport::Channel;
 
+pub mod agent;
 pub mod net;
 pub mod push;
+pub mod wire;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -704,6 +706,13 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// A line of the test's own in the daemon's log, to read it by.
+    pub fn note(&self, line: &str) {
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.log) {
+            let _ = writeln!(f, "---- test: {line}");
+        }
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
@@ -1202,6 +1211,8 @@ pub struct TokenIssuer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// How many tokens were handed out through the realm.
     pub issued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// While above zero, requests are answered 503 with `Retry-After: 1` (and it counts down).
+    pub busy: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn b64url(data: &[u8]) -> String {
@@ -1279,7 +1290,9 @@ impl TokenIssuer {
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
             )
         };
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (stop2, issued2, key2, der2) = (stop.clone(), issued.clone(), key.clone(), der.clone());
+        let busy2 = busy.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if stop2.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1309,6 +1322,20 @@ impl TokenIssuer {
                             .replace("%2C", ",")
                     })
                     .unwrap_or_default();
+                let was_busy = busy2
+                    .fetch_update(
+                        std::sync::atomic::Ordering::SeqCst,
+                        std::sync::atomic::Ordering::SeqCst,
+                        |b| b.checked_sub(1),
+                    )
+                    .is_ok();
+                if was_busy {
+                    let _ = std::io::Write::write_all(
+                        &mut conn,
+                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                    continue;
+                }
                 let (status, body) = if authorized {
                     // scope = repository:NAME:ACTIONS; readers get pull only
                     let name = scope.split(':').nth(1).unwrap_or("").to_string();
@@ -1338,6 +1365,7 @@ impl TokenIssuer {
             der,
             stop,
             issued,
+            busy,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Project tasks: `cargo xtask lint | unit | integration | conformance | test | test-vm |
-//! test-kubelet | chaos | ci | bench | dist | deb`.
+//! test-kubelet | chaos | soak | ci | bench | dist | deb`.
 
 mod bench;
 mod deb;
@@ -268,6 +268,30 @@ fn chaos(args: &[String]) -> Result<()> {
     run(&mut cmd)
 }
 
+/// The soak test alone, as large and as long as asked: `--pods N` (CI: 40), `--minutes M`
+/// (CI: one), `--churn C` (pods replaced a minute, 10).
+fn soak(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the soak test needs root (it runs a crius daemon and the agent)");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--test", "soak", "--", "--nocapture"]);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().with_context(|| format!("{a} needs a value"))?;
+        match a.as_str() {
+            "--pods" => cmd.env("CRIUS_SOAK_PODS", v),
+            "--churn" => cmd.env("CRIUS_SOAK_CHURN", v),
+            "--minutes" => {
+                let m: u64 = v.parse().context("--minutes takes a whole number")?;
+                cmd.env("CRIUS_SOAK_SECONDS", (m * 60).to_string())
+            }
+            _ => bail!("soak: unknown argument {a:?} (--pods N, --minutes M, --churn C)"),
+        };
+    }
+    run(&mut cmd)
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().cloned().unwrap_or_default();
@@ -297,6 +321,7 @@ fn main() -> Result<()> {
         "test-kubelet" => test_vm(&[KUBELET_SUITE]),
         "bench" => bench(&args[1..]),
         "chaos" => chaos(&args[1..]),
+        "soak" => soak(&args[1..]),
         "dist" => dist().map(drop),
         "deb" => deb::build(&dist()?).map(drop),
         _ => {
@@ -331,6 +356,9 @@ fn main() -> Result<()> {
             );
             eprintln!("               [--probed-pods N] [--probe-seconds S]");
             eprintln!("  chaos        the crash-anywhere test alone [--iterations N] [--seed S]");
+            eprintln!(
+                "  soak         many probed pods with churn [--pods N] [--minutes M] [--churn C]"
+            );
             eprintln!("  ci           everything CI runs (the benchmark as a smoke run)");
             bail!("unknown task {task:?}")
         }
