@@ -344,10 +344,19 @@ async fn bind(socket: &Path) -> Result<UnixListener, Error> {
         make_dir(dir, 0o711)?;
     }
     if socket.exists() {
-        if UnixStream::connect(socket).await.is_ok() {
-            return Err(Error::SocketInUse {
-                socket: socket.to_path_buf(),
-            });
+        // A crashed daemon's listener lives on in a helper it was starting when it died,
+        // until that helper's exec closes it (long on a slow disk): give it a few seconds.
+        // Another crius cannot be serving from this root (the lock says so); another runtime
+        // on this path keeps accepting.
+        let mut tries = 0;
+        while UnixStream::connect(socket).await.is_ok() {
+            tries += 1;
+            if tries > 10 {
+                return Err(Error::SocketInUse {
+                    socket: socket.to_path_buf(),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
         fs::remove_file(socket).map_err(io_err(socket))?;
     }

@@ -69,6 +69,58 @@ pub struct Call<'a> {
     pub timeout: Duration,
 }
 
+/// Plugin processes running for `container_id` (their `CNI_CONTAINERID`): those a killed
+/// daemon started are still running after it, and a DEL must not race them (an ADD that ends
+/// after the DEL holds an address no one owns).
+fn running_for(container_id: &str) -> Vec<nix::unistd::Pid> {
+    let want = format!("CNI_CONTAINERID={container_id}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+            out.push(nix::unistd::Pid::from_raw(pid));
+        }
+    }
+    out
+}
+
+/// Waits, up to `limit`, for the plugins a killed daemon left running for `container_id` to
+/// end, then kills those that have not.
+pub async fn settle_orphans(container_id: &str, limit: Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let id = container_id.to_string();
+        let left = tokio::task::spawn_blocking(move || running_for(&id))
+            .await
+            .unwrap_or_default();
+        if left.is_empty() {
+            return;
+        }
+        if started.elapsed() >= limit {
+            tracing::warn!(
+                container = container_id,
+                plugins = left.len(),
+                "killing CNI plugins a killed daemon left running"
+            );
+            for pid in left {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            return;
+        }
+        tracing::info!(
+            container = container_id,
+            plugins = left.len(),
+            "waiting for CNI plugins a killed daemon left running"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The executable of plugin `kind` in the first directory that has it.
 pub fn find(kind: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
     dirs.iter()

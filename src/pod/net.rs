@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 
@@ -139,6 +140,10 @@ impl PodService {
                 }
             };
             let complete = att.as_ref().is_some_and(|a| a.result.is_some());
+            if att.is_some() && (!r.ready || !complete) {
+                // The killed daemon's plugins for this pod may still run: not alongside a DEL.
+                network::plugin::settle_orphans(&r.id, Duration::from_secs(30)).await;
+            }
             if att.is_some() && !r.ready {
                 // Stopped, or stopping when the daemon died: the network goes as stop would.
                 tracing::info!(

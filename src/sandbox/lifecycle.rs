@@ -30,7 +30,9 @@ impl SandboxService {
             sc.apparmor.as_ref(),
             "",
             sc.privileged,
-            &self.inner.dir,
+            // The state root, not the sandboxes' directory (where start-up would take the
+            // profile's directory for a pod that never finished starting).
+            self.inner.dir.parent().unwrap_or(&self.inner.dir),
             FIELD,
         )?;
         // A privileged pod keeps the runtime's label, as with containerd.

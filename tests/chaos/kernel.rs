@@ -117,3 +117,50 @@ pub fn state_files(d: &Daemon) -> Vec<PathBuf> {
     add(&d.root.join("content/blobs/sha256"));
     out
 }
+
+/// The processes holding the listening socket bound at `path` (pid and command line).
+pub fn socket_holders(path: &Path) -> Vec<String> {
+    let want = path.display().to_string();
+    let inodes: Vec<String> = std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(7) == Some(want.as_str()))
+        .filter_map(|l| l.split_whitespace().nth(6).map(|i| format!("socket:[{i}]")))
+        .collect();
+    let mut out: Vec<String> = std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.ends_with(want.as_str()))
+        .map(|l| format!("/proc/net/unix: {l}"))
+        .collect();
+    let ss = std::process::Command::new("ss").args(["-xlpn"]).output();
+    if let Ok(o) = ss {
+        out.extend(
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.contains(want.as_str()))
+                .map(|l| format!("ss: {l}")),
+        );
+    }
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        for fd in std::fs::read_dir(e.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let link = std::fs::read_link(fd.path()).unwrap_or_default();
+            if inodes.iter().any(|i| link.as_os_str() == i.as_str()) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                out.push(format!(
+                    "{pid} {}",
+                    cmd.chars().take(120).collect::<String>()
+                ));
+            }
+        }
+    }
+    out
+}

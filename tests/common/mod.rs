@@ -666,6 +666,10 @@ impl Daemon {
     }
 
     pub fn spawn(&mut self) {
+        // None of this test's daemons runs now: a listener still at the path is a killed
+        // daemon's, alive in a helper it was starting (until the helper's exec ends), and must
+        // not be taken for the new daemon's.
+        let _ = std::fs::remove_file(&self.socket);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
