@@ -74,6 +74,7 @@ async fn exec_with_kubestream_both_transports() {
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
     let fds_before = daemon_fds(&env);
+    let links_before = fd_links(&env);
     let threads_before = daemon_threads(&env);
     for transport in ["spdy", "websocket"] {
         // Output and the exit code.
@@ -128,8 +129,10 @@ async fn exec_with_kubestream_both_transports() {
     while daemon_fds(&env) > fds_before {
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "the daemon holds {} descriptors, {fds_before} before the streams",
-            daemon_fds(&env)
+            "the daemon holds {} descriptors, {fds_before} before the streams: {:?}, before {:?}",
+            daemon_fds(&env),
+            fd_links(&env),
+            links_before
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -157,6 +160,21 @@ fn daemon_threads(env: &PodEnv) -> usize {
 }
 
 /// How many descriptors the daemon holds.
+/// What the daemon's descriptors point at.
+fn fd_links(env: &PodEnv) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", env.d.pid().unwrap()))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!("{}->{}", e.file_name().to_string_lossy(), target.display())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 fn daemon_fds(env: &PodEnv) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", env.d.pid().unwrap()))
         .map(|d| d.count())

@@ -373,8 +373,18 @@ impl ContainerService {
     /// Records the exit as soon as the monitor (or, without one, the init) ends.
     fn watch(&self, id: String, process: ProcessId) {
         let me = self.clone();
+        // Opened before returning: a container reported started is already watched.
+        let exit = process
+            .pidfd()
+            .ok()
+            .and_then(|fd| crate::sys::async_fd(fd, tokio::io::Interest::READABLE).ok());
         tokio::spawn(async move {
-            while !wait_for_exit(process, Duration::from_secs(3600)).await {}
+            match exit {
+                Some(fd) => {
+                    let _ = fd.readable().await;
+                }
+                None => while !wait_for_exit(process, Duration::from_secs(3600)).await {},
+            }
             if let Ok(entry) = me.entry(&id) {
                 let mut r = entry.lock().await;
                 me.sync_exit(&mut r);
