@@ -175,16 +175,7 @@ async fn pods_get_ips_and_reach_each_other() {
 
     // A host-network pod sees the host's interfaces and gets no attachment.
     let mut sh = env.sandbox_config("hostnet");
-    sh.linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap()
-        .network = cri::NamespaceMode::Node as i32;
+    namespace_options(&mut sh).network = cri::NamespaceMode::Node as i32;
     let h = env.run_pod(&sh).await.unwrap();
     assert_eq!(pod_ip(&env, &h).await, "");
     let ch = env.run(&h, &sh, env.container_config("c", LONG)).await;

@@ -1566,17 +1566,7 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
     // A pod with its own user namespace (crius picks the IDs): the image's process runs as the
     // image's user inside it, which is no user of the host's.
     let mut userns = env.sandbox_config("userns");
-    userns
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap()
-        .userns_options = Some(cri::UserNamespace {
+    namespace_options(&mut userns).userns_options = Some(cri::UserNamespace {
         mode: cri::NamespaceMode::Pod as i32,
         ..Default::default()
     });

@@ -143,17 +143,7 @@ impl Chaos {
                 cfg.metadata.as_mut().unwrap().uid = uid.clone();
                 let host_network = self.net.is_none() || rng.below(3) == 0;
                 if host_network {
-                    let ns = cfg
-                        .linux
-                        .as_mut()
-                        .unwrap()
-                        .security_context
-                        .as_mut()
-                        .unwrap()
-                        .namespace_options
-                        .as_mut()
-                        .unwrap();
-                    ns.network = cri::NamespaceMode::Node as i32;
+                    namespace_options(&mut cfg).network = cri::NamespaceMode::Node as i32;
                 }
                 self.configs.lock().unwrap().insert(uid, cfg.clone());
                 self.env.run_pod(&cfg).await.map(drop)

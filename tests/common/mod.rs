@@ -967,6 +967,16 @@ pub fn unmount_under(dirs: &[&Path]) {
     }
 }
 
+/// A pod config's namespace modes (kubelet always sends them), to change one.
+pub fn namespace_options(cfg: &mut cri::PodSandboxConfig) -> &mut cri::NamespaceOption {
+    cfg.linux
+        .get_or_insert_default()
+        .security_context
+        .get_or_insert_default()
+        .namespace_options
+        .get_or_insert_default()
+}
+
 pub fn spec(image: &str) -> cri::ImageSpec {
     cri::ImageSpec {
         image: image.to_string(),
