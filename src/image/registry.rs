@@ -291,11 +291,7 @@ impl Session<'_> {
                     continue;
                 }
                 // No answer at all (refused, reset, timed out): again after a pause.
-                Err(e)
-                    if retries < most
-                        && (e.is_connect() || e.is_timeout() || e.is_request())
-                        && !tls_refused(&e) =>
-                {
+                Err(e) if retries < most && unanswered(&e) => {
                     retries += 1;
                     let wait = backoff(retries);
                     tracing::info!(url = %url, error = %e, retry = retries, ?wait, "registry request failed; retrying");
@@ -491,11 +487,7 @@ impl Session<'_> {
                     tokio::time::sleep(wait).await;
                 }
                 Ok(r) => break r,
-                Err(e)
-                    if retries < RETRIES
-                        && (e.is_connect() || e.is_timeout() || e.is_request())
-                        && !tls_refused(&e) =>
-                {
+                Err(e) if retries < RETRIES && unanswered(&e) => {
                     retries += 1;
                     let wait = backoff(retries);
                     tracing::info!(realm, error = %e, retry = retries, ?wait, "token server unreachable; retrying");
@@ -543,6 +535,12 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// The pause before retry `n` (from 1): 250 ms doubling, at most 4 s.
 pub(crate) fn backoff(n: u32) -> Duration {
     Duration::from_millis(250u64 << n.saturating_sub(1).min(4))
+}
+
+/// A request that got no answer at all (refused, reset, timed out), which asking again may
+/// change; not one TLS refused.
+fn unanswered(e: &reqwest::Error) -> bool {
+    (e.is_connect() || e.is_timeout() || e.is_request()) && !tls_refused(e)
 }
 
 /// Whether TLS itself refused the server (its certificate): asking again changes nothing.

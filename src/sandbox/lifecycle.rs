@@ -376,6 +376,10 @@ impl SandboxService {
             Err(e) => return Err(e),
         };
         let mut r = entry.lock().await;
+        self.mark_not_ready(&mut r)
+    }
+
+    fn mark_not_ready(&self, r: &mut Record) -> Result<(), Error> {
         if r.ready {
             r.ready = false;
             let path = self.paths(&r.id).state();
@@ -399,12 +403,7 @@ impl SandboxService {
                 wait_for_exit(p, Duration::from_secs(5)).await;
             }
         }
-        if r.ready {
-            r.ready = false;
-            let path = self.paths(&r.id).state();
-            atomic::write_json(&path, &*r).map_err(io_err(&path))?;
-        }
-        Ok(())
+        self.mark_not_ready(&mut r)
     }
 
     /// Removes everything the sandbox left: namespace handles, the shm mount, files, the record.

@@ -38,16 +38,7 @@ pub fn processes(marker: u64, state: &Path) -> Procs {
             continue;
         };
         // Zombies are reaped by whoever owns them; only the living count.
-        let zombie = std::fs::read_to_string(e.path().join("stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true);
-        if zombie {
+        if !running(pid as u32) {
             continue;
         }
         let cmd = String::from_utf8_lossy(&cmd)

@@ -330,14 +330,16 @@ impl Chaos {
             .runtime()
             .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
             .await;
-        if let Err(e) = listed {
-            return vec![format!(
-                "the restarted daemon does not answer: {} {}",
-                e.code(),
-                e.message()
-            )];
-        }
-        let pods = self.pods().await;
+        let pods = match listed {
+            Ok(r) => r.into_inner().items,
+            Err(e) => {
+                return vec![format!(
+                    "the restarted daemon does not answer: {} {}",
+                    e.code(),
+                    e.message()
+                )];
+            }
+        };
         let containers = self.containers().await;
         let mut ids: BTreeSet<String> = BTreeSet::new();
         let procs = processes(self.marker, &d.state);
