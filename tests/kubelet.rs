@@ -498,6 +498,12 @@ async fn kubelet_runs_pods_on_crius() {
     let ip = web["status"]["podIP"].as_str().unwrap_or("").to_string();
     assert!(ip.starts_with(prefix), "pod IP {ip:?}: {web}");
     let started = Instant::now();
+    if let Some(web) = container_status(&web, "web")
+        && web["restartCount"].as_u64() > Some(0)
+    {
+        // Not a failure by itself (a slow VM can miss a liveness deadline), but say why.
+        eprintln!("note: web restarted before Ready: {}", web["lastState"]);
+    }
 
     // No churn: one sandbox, attempt 0, for as long as this test looks.
     let boxes = sandboxes(&env, "web").await;
@@ -520,12 +526,34 @@ async fn kubelet_runs_pods_on_crius() {
         .unwrap()
         .into_inner()
         .containers;
-    let web_ctr = status
+    let webs: Vec<_> = status
         .iter()
-        .find(|c| c.metadata.as_ref().is_some_and(|m| m.name == "web"))
-        .unwrap()
-        .id
-        .clone();
+        .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == "web"))
+        .map(|c| (c.metadata.as_ref().unwrap().attempt, c.state, c.id.as_str()))
+        .collect();
+    if webs.len() > 1 {
+        eprintln!(
+            "note: crius holds {} web containers (attempt, state, id): {webs:?}",
+            webs.len()
+        );
+    }
+    // The running one: a restart (kubelet's liveness probe) leaves an exited one beside it.
+    let Some(web_ctr) = status
+        .iter()
+        .find(|c| {
+            c.metadata.as_ref().is_some_and(|m| m.name == "web")
+                && c.state == cri::ContainerState::ContainerRunning as i32
+        })
+        .map(|c| c.id.clone())
+    else {
+        panic!(
+            "no running web container: crius lists {status:?}\nkubelet sees {}\n---- kubelet log ----\n{}",
+            pod("web")
+                .map(|p| serde_json::to_string_pretty(&p["status"]).unwrap())
+                .unwrap_or_else(|| "nothing".into()),
+            k.log_tail()
+        );
+    };
     let info = env.d.container_info(&web_ctr).await;
     let pid = info["pid"].as_u64().unwrap() as u32;
     let cg = cgroup_of(pid);
