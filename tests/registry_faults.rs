@@ -1,6 +1,7 @@
 //! Pulls from registries that misbehave: busy (503 with Retry-After) and cut mid-layer, hostile
 //! manifests (endless, huge, short of their length), blobs redirected to another host, and
-//! answers whose Content-Length is not the blob's size.
+//! answers whose Content-Length is not the blob's size; and a client that gives up on a pull
+//! mid-layer.
 
 #![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
 
@@ -424,4 +425,86 @@ async fn blobs_redirected_elsewhere_and_answers_of_the_wrong_length() {
             }
         }
     }
+}
+
+/// A client that gives up on a pull (its deadline, a cancelled request) while a layer is still
+/// unpacking, and pulls again at once: the first unpacker runs to its end alone (the second pull
+/// waits for it, then finds the layer landed) instead of a second writer opening the same
+/// download under it, which failed one of them ('content store ...: No such file').
+#[tokio::test]
+async fn a_pull_given_up_mid_unpack_and_pulled_again() {
+    let reg = Registry::start(None);
+    // Small to download, long to write out: the unpacker is busy well after the last byte.
+    let big = layer(
+        &[Entry::File("zeros.bin".into(), vec![0; 192 << 20], 0o644)],
+        Compress::Gzip,
+    );
+    let img = image(
+        vec![busybox_layer(Compress::Gzip), big.clone()],
+        &ImageOpts::default(),
+    );
+    reg.push_image("zeros", "1", &img).await.unwrap();
+    let d = Daemon::start("");
+    let name = format!("{}/zeros:1", reg.host());
+
+    let first = {
+        let mut images = d.images();
+        let name = name.clone();
+        tokio::spawn(async move {
+            images
+                .pull_image(cri::PullImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image: name,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+        })
+    };
+    // Give up once the big layer is being written out.
+    let ingest = d.root.join("snapshots/ingest");
+    let written = || -> u64 {
+        walk(&ingest)
+            .iter()
+            .filter_map(|p| std::fs::symlink_metadata(p).ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
+    };
+    let start = Instant::now();
+    while written() < (16 << 20) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60) && !first.is_finished(),
+            "the big layer never started unpacking"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.abort();
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+
+    let big_hex = big.digest.trim_start_matches("sha256:");
+    let blob = std::fs::read(d.root.join("content/blobs/sha256").join(big_hex)).unwrap();
+    assert_eq!(sha256(&blob), big.digest);
+    assert_eq!(d.snapshots().len(), 2, "one snapshot per layer");
+    assert!(d.ingests().is_empty());
+    assert_eq!(written(), 0, "no half-unpacked layer remains");
+    assert_eq!(
+        reg.requests("GET", &format!("/v2/zeros/blobs/{}", big.digest)),
+        1,
+        "the second pull used what the first one landed"
+    );
+}
+
+/// Every path under `dir`, depth first.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
 }

@@ -356,8 +356,10 @@ impl ImageService {
         let progress = self.inner.progress.start(&key);
         let result = {
             // Until the image is in the catalog: a collection before that would take its blobs.
-            let _pulling = self.inner.gc.read().await;
-            match pull::pull(&self.inner, &reference, creds, &progress).await {
+            // Shared with the pull's unpackers: a cancelled pull's unpacker still running keeps
+            // the collection off what it is writing.
+            let pulling = Arc::new(self.inner.gc.clone().read_owned().await);
+            match pull::pull(&self.inner, &reference, creds, &progress, &pulling).await {
                 Ok((record, config)) => self.add(record, config),
                 Err(e) => Err(e),
             }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Buf, Bytes};
 use sha2::{Digest as _, Sha256};
+use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard};
 
 use super::manifest::{self, Compression, Parsed, Platform};
 use super::progress::Progress;
@@ -26,6 +27,7 @@ pub(super) async fn pull(
     reference: &Reference,
     creds: Option<Credentials>,
     progress: &Arc<Progress>,
+    pulling: &Arc<OwnedRwLockReadGuard<()>>,
 ) -> Result<(Record, ImageConfig), Error> {
     let session = inner.registry.session(reference, creds)?;
     let shown = reference.to_string();
@@ -162,7 +164,7 @@ pub(super) async fn pull(
     let landed = Arc::new(Landed::default());
     let jobs = layers.iter().enumerate().map(|(i, l)| {
         let parent = i.checked_sub(1).map(|p| layers[p].chain_id.clone());
-        fetch_layer(inner, &session, l, parent, progress, &landed)
+        fetch_layer(inner, &session, l, parent, progress, &landed, pulling)
     });
     futures_util::future::try_join_all(jobs).await?;
 
@@ -217,14 +219,21 @@ async fn fetch_layer(
     parent: Option<Digest>,
     progress: &Arc<Progress>,
     landed: &Arc<Landed>,
+    pulling: &Arc<OwnedRwLockReadGuard<()>>,
 ) -> Result<(), Error> {
     let mut landing = Landing {
         landed: landed.clone(),
         chain: layer.chain_id.clone(),
         ok: false,
     };
-    let lock = inner.layer_lock(&layer.digest);
-    let _one_at_a_time = lock.lock().await;
+    // One writer per layer, until its unpacker ends: when this pull is cancelled (the
+    // client went away) the unpacker may still be committing, and the next pull of the layer
+    // must not open the same ingest file under it.
+    let held = Held {
+        _layer: Arc::new(inner.layer_lock(&layer.digest).lock_owned().await),
+        _pulling: pulling.clone(),
+        landed: landed.clone(),
+    };
     if inner.snapshots.exists(&layer.chain_id) {
         landing.ok = true;
         progress.add_bytes(layer.size);
@@ -254,7 +263,7 @@ async fn fetch_layer(
             parent.clone(),
             &counted,
             resume,
-            landed.clone(),
+            held.clone(),
         )
         .await;
         drop(slot);
@@ -285,6 +294,16 @@ async fn fetch_layer(
             }
         }
     }
+}
+
+/// What a layer's unpacker holds until it ends, even if the pull that started it is dropped:
+/// the layer's lock (one writer per ingest file) and the pull's share of the collection lock;
+/// and where it tells the pull's other layers that it landed.
+#[derive(Clone)]
+struct Held {
+    _layer: Arc<OwnedMutexGuard<()>>,
+    _pulling: Arc<OwnedRwLockReadGuard<()>>,
+    landed: Arc<Landed>,
 }
 
 /// How often a layer whose connection broke is tried again (each resuming).
@@ -420,7 +439,7 @@ async fn attempt(
     parent: Option<Digest>,
     progress: &LayerProgress,
     resume: bool,
-    landed: Arc<Landed>,
+    held: Held,
 ) -> Result<(), Error> {
     let (source, download) = if inner.content.contains(&layer.digest) {
         let path = inner.content.blob_path(&layer.digest);
@@ -472,13 +491,15 @@ async fn attempt(
     let unpack_layer = layer.clone();
     let unpack_progress = progress.clone();
     let unpacker = tokio::task::spawn_blocking(move || {
+        // All of it, not only the field used below (closures capture fields apart).
+        let held = held;
         unpack_layer_blob(
             &unpack_inner,
             &unpack_layer,
             parent,
             source,
             unpack_progress,
-            &landed,
+            &held.landed,
         )
     });
 
