@@ -245,6 +245,49 @@ async fn exec_sync_output_exit_codes_and_timeout() {
     env.remove_pod(&pod).await;
 }
 
+/// Execs racing a container's end (its PID 1 exits on its own while they keep coming): each
+/// one runs or is refused for the container's state, FailedPrecondition as kubelet's prober
+/// expects, never as the daemon's internal error (a fork in a PID namespace whose PID 1 is
+/// gone, or a monitor going with its container, were answered Internal). A start in a stopped
+/// pod is refused the same way.
+#[tokio::test]
+async fn execs_racing_the_containers_end_are_refused_for_its_state() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("race");
+    let pod = env.run_pod(&sb).await.unwrap();
+    for i in 0..12 {
+        let c = env
+            .run(
+                &pod,
+                &sb,
+                env.container_config(&format!("c{i}"), &["sleep", "0.3"]),
+            )
+            .await;
+        let start = Instant::now();
+        let refused = loop {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "execs kept running after the container ended"
+            );
+            match env.exec(&c, &["true"], 10).await {
+                Ok((_, _, code)) => assert!(code == 0 || code == 137, "exit {code}"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    }
+    // Nor does a container start in a pod that was stopped after it was created.
+    let late = env
+        .create(&pod, &sb, env.container_config("late", LONG))
+        .await
+        .unwrap();
+    env.stop_pod(&pod).await;
+    let err = env.start_container(&late).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("not ready"), "{err:?}");
+    env.remove_pod(&pod).await;
+}
+
 async fn stop(env: &PodEnv, id: &str, timeout: i64) -> Duration {
     let start = Instant::now();
     env.d

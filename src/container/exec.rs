@@ -16,6 +16,45 @@ impl ContainerService {
         cmd: Vec<String>,
         timeout: i64,
     ) -> Result<(Vec<u8>, Vec<u8>, i32), Error> {
+        match self.run_exec_sync(id, cmd, timeout).await {
+            Err(e) => Err(self.ended_under(id, e).await),
+            ok => ok,
+        }
+    }
+
+    /// An exec that failed because the container ended under it (its PID 1 exited, or its
+    /// monitor went with it, as a stop does) is refused for the container's state, as one
+    /// asked a moment later would be, not reported as the daemon's own failure.
+    pub(super) async fn ended_under(&self, id: &str, e: Error) -> Error {
+        if !matches!(e, Error::Exec { .. }) {
+            return e;
+        }
+        let Ok(entry) = self.entry(id) else {
+            return e;
+        };
+        let mut r = entry.lock().await;
+        self.sync_exit(&mut r);
+        match (r.state, r.init) {
+            (RUNNING, Some(init)) if init.alive() => e,
+            (RUNNING, _) => Error::WrongState {
+                id: r.id.clone(),
+                state: "exiting",
+                want: "running",
+            },
+            (s, _) => Error::WrongState {
+                id: r.id.clone(),
+                state: state_name(s),
+                want: "running",
+            },
+        }
+    }
+
+    async fn run_exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: i64,
+    ) -> Result<(Vec<u8>, Vec<u8>, i32), Error> {
         if cmd.is_empty() {
             return Err(invalid("cmd", "is required"));
         }

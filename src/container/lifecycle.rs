@@ -14,6 +14,8 @@ impl ContainerService {
                 want: "created",
             });
         }
+        // A pod stopped or being removed has no namespaces left to start in.
+        self.pod_ready(&r.sandbox_id).await?;
         let b = self.bundle(&r.id);
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
         // Under systemd the monitor reports the forked init and waits for it to be placed.
@@ -104,11 +106,23 @@ impl ContainerService {
                 self.inner
                     .events
                     .emit(notice(&r, events::STOPPED, r.finished_at));
+                // The pod stopped under the start: that, not the failed join, is the answer.
+                self.pod_ready(&r.sandbox_id).await?;
                 Err(Error::Start {
                     id: r.id.clone(),
                     message,
                 })
             }
+        }
+    }
+
+    /// Refuses work in a pod that is not ready (FailedPrecondition, as for CreateContainer).
+    async fn pod_ready(&self, sandbox_id: &str) -> Result<(), Error> {
+        let sandbox = self.inner.sandboxes.get(sandbox_id).await?;
+        if sandbox.ready {
+            Ok(())
+        } else {
+            Err(sandbox::Error::NotReady { id: sandbox.id }.into())
         }
     }
 

@@ -136,6 +136,18 @@ impl ContainerService {
         cmd: Vec<String>,
         opts: StreamOpts,
     ) -> Result<StreamSession, Error> {
+        match self.start_exec_stream(id, cmd, opts).await {
+            Err(e) => Err(self.ended_under(id, e).await),
+            ok => ok,
+        }
+    }
+
+    async fn start_exec_stream(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        opts: StreamOpts,
+    ) -> Result<StreamSession, Error> {
         if cmd.is_empty() {
             return Err(invalid("cmd", "is required"));
         }
