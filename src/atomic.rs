@@ -6,6 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -16,9 +17,16 @@ pub fn write(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    // One name per write, not per process: two writes of the same file at once (two pulls
+    // storing the same manifest) must not share, truncate and rename each other's file.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
+    tmp_name.push(format!(
+        ".tmp{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
     let tmp = dir.join(tmp_name);
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -96,10 +104,16 @@ pub fn sweep(dir: &Path) -> usize {
     removed
 }
 
-/// The pid of the writer of a temporary file named as `write` names them.
+/// The pid of the writer of a temporary file named as `write` names them (`.NAME.tmpPID-N`,
+/// or `.NAME.tmpPID` as earlier versions did).
 fn temp_writer(name: &str) -> Option<u32> {
     let rest = name.strip_prefix('.')?;
-    let (_, pid) = rest.rsplit_once(".tmp")?;
+    let (_, tail) = rest.rsplit_once(".tmp")?;
+    let pid = match tail.split_once('-') {
+        Some((pid, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => pid,
+        Some(_) => return None,
+        None => tail,
+    };
     pid.parse().ok()
 }
 
@@ -122,8 +136,34 @@ mod tests {
         assert!(!dead.exists() && live.exists());
         assert!(dir.path().join("state.json").exists());
         assert_eq!(temp_writer(".a.tmp12"), Some(12));
+        assert_eq!(temp_writer(".a.tmp12-7"), Some(12));
+        assert_eq!(temp_writer(".a.tmp12-"), None);
+        assert_eq!(temp_writer(".a.tmp12-x"), None);
         assert_eq!(temp_writer("a.tmp12"), None);
         assert_eq!(temp_writer(".a.tmpx"), None);
+    }
+
+    #[test]
+    fn concurrent_writes_of_one_file_each_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        std::thread::scope(|s| {
+            for t in 0..8u8 {
+                let path = &path;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        write(path, &[t; 4096], 0o644).unwrap();
+                    }
+                });
+            }
+        });
+        let data = fs::read(&path).unwrap();
+        assert!(data.len() == 4096 && data.iter().all(|b| *b == data[0]));
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! starts again and the invariants are checked against the kernel: every pod and container it
 //! lists matches the processes, mounts and IP allocations that exist; nothing exists that no
 //! record owns; no state file is torn or half-written; every blob matches its digest; and
-//! every operation can then be carried to success. The report counts iterations and the fault
+//! every operation can then be carried to success; while the daemon runs, no call is answered
+//! Internal (a refusal names a state or an absence a client can act on). The report counts iterations and the fault
 //! points covered. `CRIUS_CHAOS_ITERATIONS` (200 by default; `cargo xtask chaos` runs more)
 //! and `CRIUS_CHAOS_SEED` (printed) make a run repeatable in its choices.
 
@@ -698,6 +699,13 @@ async fn crash_anywhere_for(default_iterations: u64) {
     }
     for v in c.check().await {
         violations.push(format!("at the end: {v}"));
+    }
+    // A refusal is fine, the daemon's own failure is not: each answer must be one a client can
+    // act on (state, absence, its own deadline), never Internal.
+    for (why, n) in c.refusals.lock().unwrap().iter() {
+        if why.contains(": Internal: ") {
+            violations.push(format!("{n} x answered Internal: {why}"));
+        }
     }
     let covered = fired.len();
     println!(
