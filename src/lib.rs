@@ -23,6 +23,7 @@ pub mod fault;
 pub mod frontend;
 pub mod image;
 pub mod metrics;
+pub mod mounttable;
 pub mod network;
 pub mod pod;
 pub mod preflight;

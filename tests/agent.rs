@@ -559,7 +559,7 @@ spec:
         .join("volumes")
         .join("secret");
     assert!(
-        crius::runtime::tmpfs::is_noswap(&pod_dir),
+        crius::frontend::node::is_noswap(&pod_dir),
         "the secret tmpfs is noswap"
     );
     // emptyDir: shared, with subPath; the memory one holds its size limit.

@@ -560,8 +560,8 @@ async fn cgroups_are_made_and_removed_with_pods() {
 #[tokio::test]
 async fn secret_tmpfs_is_noswap() {
     let dir = tempfile::tempdir().unwrap();
-    let noswap = crius::runtime::tmpfs::mount_tmpfs(dir.path(), 1 << 20, 0o700, true).unwrap();
-    let shown = crius::runtime::tmpfs::is_noswap(dir.path());
+    let noswap = crius::frontend::node::mount_tmpfs(dir.path(), 1 << 20, 0o700, true).unwrap();
+    let shown = crius::frontend::node::is_noswap(dir.path());
     nix::mount::umount(dir.path()).unwrap();
     let release = nix::sys::utsname::uname()
         .unwrap()

@@ -294,7 +294,7 @@ pub(super) async fn discard_files(b: Bundle) {
 pub(super) fn remove_files(b: &Bundle) {
     // The rootfs and any idmapped layers are unmounted first; a tree that keeps a mount is left.
     for d in [&b.layer, &b.dir] {
-        if let Err(e) = runtime::mounts::remove_tree(d) {
+        if let Err(e) = crate::mounttable::remove_tree(d) {
             tracing::warn!(dir = %d.display(), error = %e, "removing container files");
         }
     }

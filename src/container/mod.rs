@@ -314,7 +314,7 @@ impl ContainerService {
             let id = entry.file_name().to_string_lossy().into_owned();
             if !known.contains(&id) {
                 tracing::info!(id, "removing the writable layer of a forgotten container");
-                if let Err(e) = runtime::mounts::remove_tree(&entry.path()) {
+                if let Err(e) = crate::mounttable::remove_tree(&entry.path()) {
                     tracing::warn!(id, error = %e, "removing the writable layer");
                 }
             }

@@ -13,7 +13,7 @@ use std::path::{Component, Path, PathBuf};
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Volume};
 
 use super::convert::{self, PodContext};
-use crate::runtime::tmpfs;
+use super::node as tmpfs;
 
 #[derive(Debug, thiserror::Error)]
 #[error("volume {volume:?}: {reason}")]
@@ -507,7 +507,7 @@ fn host_path(volume: &str, path: &Path, kind: &str) -> Result<(), VolumeError> {
 
 /// Unmounts and removes everything of a pod's directory.
 pub fn cleanup(pod_dir: &Path) -> std::io::Result<()> {
-    crate::runtime::mounts::remove_tree(pod_dir)
+    crate::mounttable::remove_tree(pod_dir)
 }
 
 #[cfg(test)]

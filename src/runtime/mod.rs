@@ -19,7 +19,6 @@ pub mod process;
 pub mod seccomp;
 pub mod selinux;
 pub mod step;
-pub mod tmpfs;
 
 use std::path::PathBuf;
 

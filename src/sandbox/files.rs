@@ -84,7 +84,7 @@ pub(super) fn remove_files(paths: &Paths) {
         let _ = umount2(&shm, MntFlags::MNT_DETACH);
     }
     // The pause image's rootfs, if any, is detached with whatever else is mounted below.
-    if let Err(e) = runtime::mounts::remove_tree(&paths.dir) {
+    if let Err(e) = crate::mounttable::remove_tree(&paths.dir) {
         tracing::warn!(dir = %paths.dir.display(), error = %e, "removing sandbox directory");
     }
 }

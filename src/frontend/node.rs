@@ -1,7 +1,8 @@
-//! tmpfs mounts for volumes that must stay in memory: secret and configMap data, emptyDir with
-//! `medium: Memory`. Secrets must never reach a swap device, so they are mounted `noswap` where
-//! the kernel has it (6.4 and later); on an older kernel crius warns, once, that swapped secrets
-//! may reach the disk.
+//! node: what the agent does on the node itself, as kubelet does, rather than through CRI:
+//! tmpfs mounts for volumes that must stay in memory (secret and configMap data, emptyDir with
+//! `medium: Memory`). Secrets must never reach a swap device, so they are mounted `noswap`
+//! where the kernel has it (6.4 and later); on an older kernel crius warns, once, that swapped
+//! secrets may reach the disk. Uses `nix` only.
 
 use std::io;
 use std::path::Path;
