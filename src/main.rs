@@ -313,7 +313,7 @@ fn client_config(path: &std::path::Path) -> Result<Config> {
 
 /// Exits with a remote command's code, or 1 after printing why it failed. Exiting here, not
 /// returning, matters: a read of stdin may still be blocked, and returning would wait for it.
-fn exit_with(code: anyhow::Result<i32>) -> ! {
+fn exit_with(code: cli::Result<i32>) -> ! {
     match code {
         Ok(c) => std::process::exit(c.clamp(0, 255)),
         Err(e) => {
@@ -405,25 +405,25 @@ fn run(args: Args) -> Result<()> {
             image,
             creds,
             quiet,
-        } => rt.block_on(cli::pull(&socket, &image, creds.as_deref(), quiet)),
+        } => Ok(rt.block_on(cli::pull(&socket, &image, creds.as_deref(), quiet))?),
         Command::Images {
             image,
             quiet,
             output,
-        } => rt.block_on(cli::images(&socket, image.as_deref(), quiet, output)),
-        Command::Rmi { images } => rt.block_on(cli::remove_images(&socket, &images)),
-        Command::Inspecti { image } => rt.block_on(cli::inspect_image(&socket, &image)),
+        } => Ok(rt.block_on(cli::images(&socket, image.as_deref(), quiet, output))?),
+        Command::Rmi { images } => Ok(rt.block_on(cli::remove_images(&socket, &images))?),
+        Command::Inspecti { image } => Ok(rt.block_on(cli::inspect_image(&socket, &image))?),
         Command::Pods {
             name,
             quiet,
             output,
-        } => rt.block_on(cli::pods(&socket, name.as_deref(), quiet, output)),
+        } => Ok(rt.block_on(cli::pods(&socket, name.as_deref(), quiet, output))?),
         Command::Ps {
             all,
             pod,
             quiet,
             output,
-        } => rt.block_on(cli::ps(&socket, all, pod.as_deref(), quiet, output)),
+        } => Ok(rt.block_on(cli::ps(&socket, all, pod.as_deref(), quiet, output))?),
         Command::Exec {
             timeout,
             stdin,
@@ -443,43 +443,49 @@ fn run(args: Args) -> Result<()> {
             tty,
             container,
         } => exit_with(rt.block_on(cli::attach(&socket, &container, stdin, tty))),
-        Command::PortForward { pod, ports } => rt.block_on(cli::forward(&socket, &pod, &ports)),
+        Command::PortForward { pod, ports } => {
+            Ok(rt.block_on(cli::forward(&socket, &pod, &ports))?)
+        }
         Command::Logs {
             follow,
             tail,
             timestamps,
             container,
-        } => rt.block_on(cli::logs(&socket, &container, follow, tail, timestamps)),
+        } => Ok(rt.block_on(cli::logs(&socket, &container, follow, tail, timestamps))?),
         Command::Stop {
             timeout,
             containers,
-        } => rt.block_on(cli::stop(&socket, &containers, timeout)),
-        Command::Rm { force, containers } => rt.block_on(cli::rm(&socket, &containers, force)),
-        Command::Stopp { pods } => rt.block_on(cli::stop_pods(&socket, &pods)),
-        Command::Rmp { pods } => rt.block_on(cli::rm_pods(&socket, &pods)),
-        Command::Inspect { container } => rt.block_on(cli::inspect(&socket, &container)),
-        Command::Inspectp { pod } => rt.block_on(cli::inspect_pod(&socket, &pod)),
-        Command::Runp { runtime, config } => rt.block_on(cli::runp(&socket, &config, &runtime)),
+        } => Ok(rt.block_on(cli::stop(&socket, &containers, timeout))?),
+        Command::Rm { force, containers } => {
+            Ok(rt.block_on(cli::rm(&socket, &containers, force))?)
+        }
+        Command::Stopp { pods } => Ok(rt.block_on(cli::stop_pods(&socket, &pods))?),
+        Command::Rmp { pods } => Ok(rt.block_on(cli::rm_pods(&socket, &pods))?),
+        Command::Inspect { container } => Ok(rt.block_on(cli::inspect(&socket, &container))?),
+        Command::Inspectp { pod } => Ok(rt.block_on(cli::inspect_pod(&socket, &pod))?),
+        Command::Runp { runtime, config } => {
+            Ok(rt.block_on(cli::runp(&socket, &config, &runtime))?)
+        }
         Command::Create {
             no_pull,
             pod,
             container_config,
             pod_config,
-        } => rt.block_on(cli::create(
+        } => Ok(rt.block_on(cli::create(
             &socket,
             &pod,
             &container_config,
             &pod_config,
             no_pull,
-        )),
-        Command::Start { containers } => rt.block_on(cli::start(&socket, &containers)),
+        ))?),
+        Command::Start { containers } => Ok(rt.block_on(cli::start(&socket, &containers))?),
         Command::Stats {
             pod,
             output,
             containers,
-        } => rt.block_on(cli::stats(&socket, &containers, pod.as_deref(), output)),
-        Command::Statsp { output, pods } => rt.block_on(cli::statsp(&socket, &pods, output)),
-        Command::Imagefsinfo { output } => rt.block_on(cli::imagefsinfo(&socket, output)),
+        } => Ok(rt.block_on(cli::stats(&socket, &containers, pod.as_deref(), output))?),
+        Command::Statsp { output, pods } => Ok(rt.block_on(cli::statsp(&socket, &pods, output))?),
+        Command::Imagefsinfo { output } => Ok(rt.block_on(cli::imagefsinfo(&socket, output))?),
         Command::Version => rt.block_on(version(&socket)),
         Command::Check {
             config: path,
@@ -488,7 +494,7 @@ fn run(args: Args) -> Result<()> {
             let cfg = client_config(&path)?;
             std::process::exit(cli::check(&cfg, output));
         }
-        Command::Info => rt.block_on(cli::info(&socket)),
+        Command::Info => Ok(rt.block_on(cli::info(&socket))?),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Args::command(), "crius", &mut std::io::stdout());
@@ -546,7 +552,10 @@ fn run(args: Args) -> Result<()> {
             files,
         } => {
             let cfg = client_config(&path)?;
-            cli::agent::run(&manifests.unwrap_or(cfg.agent.manifests), &files)
+            Ok(cli::agent::run(
+                &manifests.unwrap_or(cfg.agent.manifests),
+                &files,
+            )?)
         }
         Command::Get {
             kind: _,
@@ -562,7 +571,11 @@ fn run(args: Args) -> Result<()> {
             } else {
                 Some(namespace.unwrap_or_else(|| "default".into()))
             };
-            cli::agent::get_pods(&state.unwrap_or(cfg.agent.state), ns.as_deref(), output)
+            Ok(cli::agent::get_pods(
+                &state.unwrap_or(cfg.agent.state),
+                ns.as_deref(),
+                output,
+            )?)
         }
         Command::Describe {
             kind: _,
@@ -572,7 +585,11 @@ fn run(args: Args) -> Result<()> {
             state,
         } => {
             let cfg = client_config(&path)?;
-            cli::agent::describe_pod(&state.unwrap_or(cfg.agent.state), &namespace, &name)
+            Ok(cli::agent::describe_pod(
+                &state.unwrap_or(cfg.agent.state),
+                &namespace,
+                &name,
+            )?)
         }
         Command::Delete {
             files,
@@ -592,7 +609,11 @@ fn run(args: Args) -> Result<()> {
             if files.is_empty() && pod.is_none() {
                 anyhow::bail!("delete takes -f FILE or `pod NAME`");
             }
-            cli::agent::delete(&manifests.unwrap_or(cfg.agent.manifests), &files, pod)
+            Ok(cli::agent::delete(
+                &manifests.unwrap_or(cfg.agent.manifests),
+                &files,
+                pod,
+            )?)
         }
     }
 }

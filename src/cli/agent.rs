@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use super::{Doing, OrRefuse, Result, refuse};
 
 use super::{Output, print_table};
 use crate::frontend::manifest::{self, Object};
@@ -13,14 +13,13 @@ use crate::frontend::status::{self, PodRecord, State, age, now};
 pub fn run(manifests: &Path, files: &[PathBuf]) -> Result<()> {
     let mut loaded = Vec::new();
     for f in files {
-        let objs = manifest::load_file(f).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let objs = manifest::load_file(f)?;
         if objs.is_empty() {
-            bail!("{}: no objects in it", f.display());
+            refuse!("{}: no objects in it", f.display());
         }
         loaded.push((f, objs));
     }
-    std::fs::create_dir_all(manifests)
-        .with_context(|| format!("creating {}", manifests.display()))?;
+    std::fs::create_dir_all(manifests).doing(|| format!("creating {}", manifests.display()))?;
     for (f, objs) in loaded {
         for o in &objs {
             for w in &o.warnings {
@@ -29,9 +28,9 @@ pub fn run(manifests: &Path, files: &[PathBuf]) -> Result<()> {
         }
         let target = crate::frontend::agent::manifest_target(manifests, f);
         let existed = target.exists();
-        let text = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        let text = std::fs::read(f).doing(|| format!("reading {}", f.display()))?;
         crate::atomic::write(&target, &text, 0o600)
-            .with_context(|| format!("writing {}", target.display()))?;
+            .doing(|| format!("writing {}", target.display()))?;
         for o in &objs {
             let verb = if existed { "configured" } else { "created" };
             println!(
@@ -49,14 +48,14 @@ pub fn delete(manifests: &Path, files: &[PathBuf], pod: Option<(&str, &str)>) ->
     for f in files {
         let target = crate::frontend::agent::manifest_target(manifests, f);
         std::fs::remove_file(&target)
-            .with_context(|| format!("{} is not in {}", f.display(), manifests.display()))?;
+            .doing(|| format!("{} is not in {}", f.display(), manifests.display()))?;
         println!("{} deleted", target.display());
     }
     if let Some((ns, name)) = pod {
         let key = format!("{ns}/{name}");
         let mut found = false;
         for e in std::fs::read_dir(manifests)
-            .with_context(|| format!("reading {}", manifests.display()))?
+            .doing(|| format!("reading {}", manifests.display()))?
             .flatten()
         {
             let Ok(objs) = manifest::load_file(&e.path()) else {
@@ -69,17 +68,17 @@ pub fn delete(manifests: &Path, files: &[PathBuf], pod: Option<(&str, &str)>) ->
                 continue;
             }
             if objs.len() > 1 {
-                bail!(
+                refuse!(
                     "pod {key} is in {} with other objects: edit the file, or delete it with -f",
                     e.path().display()
                 );
             }
-            std::fs::remove_file(e.path())?;
+            std::fs::remove_file(e.path()).doing(|| format!("removing {}", e.path().display()))?;
             println!("pod/{key} deleted");
             found = true;
         }
         if !found {
-            bail!("pod {key} is in no manifest of {}", manifests.display());
+            refuse!("pod {key} is in no manifest of {}", manifests.display());
         }
     }
     Ok(())
@@ -89,7 +88,7 @@ fn find<'a>(records: &'a [PodRecord], namespace: &str, name: &str) -> Result<&'a
     records
         .iter()
         .find(|r| r.namespace == namespace && r.name == name)
-        .ok_or_else(|| anyhow::anyhow!("pod {namespace}/{name} not found"))
+        .or_refuse(|| format!("pod {namespace}/{name} not found"))
 }
 
 /// `kubectl get pods`: name, ready, status, restarts, age.

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use super::{OrRefuse, Result, refuse};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_cri::v1 as cri;
 
@@ -23,7 +23,9 @@ pub async fn pull(socket: &Path, image: &str, creds: Option<&str>, quiet: bool) 
     let ch = connect(socket)?;
     let auth = match creds {
         Some(c) => {
-            let (user, pass) = c.split_once(':').context("--creds must be USER:PASSWORD")?;
+            let (user, pass) = c
+                .split_once(':')
+                .or_refuse(|| "--creds must be USER:PASSWORD".into())?;
             Some(cri::AuthConfig {
                 username: user.to_string(),
                 password: pass.to_string(),
@@ -193,7 +195,7 @@ pub async fn remove_images(socket: &Path, names: &[String]) -> Result<()> {
         println!("Deleted: {}", img.id);
     }
     if failed {
-        bail!("some images were not found");
+        refuse!("some images were not found");
     }
     Ok(())
 }
@@ -209,7 +211,7 @@ pub async fn inspect_image(socket: &Path, name: &str) -> Result<()> {
         .map_err(|s| rpc_error(&format!("inspecting {name}"), socket, s))?
         .into_inner();
     let Some(img) = status.image else {
-        bail!("no such image: {name}");
+        refuse!("no such image: {name}");
     };
     let info: serde_json::Value = status
         .info
@@ -217,7 +219,7 @@ pub async fn inspect_image(socket: &Path, name: &str) -> Result<()> {
         .and_then(|i| serde_json::from_str(i).ok())
         .unwrap_or(serde_json::Value::Null);
     let out = serde_json::json!({ "status": img, "info": info });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    println!("{}", super::json_text(&out)?);
     Ok(())
 }
 

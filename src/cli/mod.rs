@@ -2,7 +2,8 @@
 //! on the socket (`--socket` or `CRIUS_SOCKET`), so they work against containerd too; crius's own
 //! `crius.v1.Pulls` adds a progress bar where the runtime offers it; `exec -it`, `attach` and
 //! `port-forward` speak SPDY to the runtime's streaming server (`stream`). Output is a table,
-//! or JSON or YAML with `-o json|yaml`. `logs` reads the log file kubelet-style, so it runs on the node. Uses
+//! or JSON or YAML with `-o json|yaml`. `logs` reads the log file kubelet-style, so it runs on
+//! the node. Failures are `Error`s saying what was being done (`main` prints them). Uses
 //! `cri::client`, and the pod agent's manifests and records (`frontend`) for its commands.
 
 pub mod agent;
@@ -13,9 +14,8 @@ mod run;
 mod stats;
 pub mod stream;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
 use tonic::transport::Channel;
 
 pub use images::{images, inspect_image, pull, remove_images};
@@ -27,6 +27,78 @@ pub use stream::{attach, forward};
 
 /// `crius exec -i/-t`.
 pub use stream::exec as exec_stream;
+
+/// Why a client command failed, each saying what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("connecting to {socket}: {source}")]
+    Connect {
+        socket: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("{what}: no runtime answers on {socket} ({message})")]
+    NoRuntime {
+        what: String,
+        socket: PathBuf,
+        message: String,
+    },
+    #[error("{what}: {message} ({code:?})")]
+    Rpc {
+        what: String,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    /// What was asked cannot be done, in words (a file's field, a missing pod, a bad flag).
+    #[error("{0}")]
+    Refused(String),
+    #[error("printing {format}: {message}")]
+    Print {
+        format: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Manifest(#[from] crate::frontend::manifest::ManifestError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Ends the command with [`Error::Refused`], worded as `format!` words it.
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err($crate::cli::Error::Refused(format!($($arg)*)))
+    };
+}
+pub(crate) use refuse;
+
+/// An I/O error with what was being done (`.doing(|| format!("reading {}", path))`).
+pub(crate) trait Doing<T> {
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Doing<T> for std::io::Result<T> {
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            what: what(),
+            source,
+        })
+    }
+}
+
+/// What a missing value means, as a refusal (`.or_refuse(|| "...".into())`).
+pub(crate) trait OrRefuse<T> {
+    fn or_refuse(self, why: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> OrRefuse<T> for Option<T> {
+    fn or_refuse(self, why: impl FnOnce() -> String) -> Result<T> {
+        self.ok_or_else(|| Error::Refused(why()))
+    }
+}
 
 /// Output format of listing commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -42,27 +114,57 @@ pub enum Output {
 pub fn print_structured(v: &impl serde::Serialize, output: Output) -> Result<bool> {
     match output {
         Output::Table | Output::Wide => return Ok(false),
-        Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-        Output::Yaml => print!("{}", serde_saphyr::to_string(v)?),
+        Output::Json => println!("{}", json_text(v)?),
+        Output::Yaml => print!(
+            "{}",
+            serde_saphyr::to_string(v).map_err(|e| Error::Print {
+                format: "YAML",
+                message: e.to_string(),
+            })?
+        ),
     }
     Ok(true)
 }
 
+/// `v` as a JSON value.
+pub fn json_value(v: &impl serde::Serialize) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| Error::Print {
+        format: "JSON",
+        message: e.to_string(),
+    })
+}
+
+/// `v` as indented JSON.
+pub fn json_text(v: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::Print {
+        format: "JSON",
+        message: e.to_string(),
+    })
+}
+
 pub fn connect(socket: &Path) -> Result<Channel> {
-    crate::cri::client::channel(socket)
-        .with_context(|| format!("connecting to {}", socket.display()))
+    crate::cri::client::channel(socket).map_err(|source| Error::Connect {
+        socket: socket.to_path_buf(),
+        source,
+    })
 }
 
 /// A status from the runtime, as a readable error.
-pub fn rpc_error(what: &str, socket: &Path, s: tonic::Status) -> anyhow::Error {
-    if s.code() == tonic::Code::Unavailable && s.message().contains("connect") {
-        return anyhow::anyhow!(
-            "{what}: no runtime answers on {} ({})",
-            socket.display(),
-            s.message()
-        );
+pub fn rpc_error(what: &str, socket: &Path, s: tonic::Status) -> Error {
+    // The transport's own answers (no socket, nothing listening), not a runtime's Unavailable.
+    let unreachable = ["connect", "No such file or directory", "Connection refused"];
+    if s.code() == tonic::Code::Unavailable && unreachable.iter().any(|m| s.message().contains(m)) {
+        return Error::NoRuntime {
+            what: what.into(),
+            socket: socket.to_path_buf(),
+            message: s.message().into(),
+        };
     }
-    anyhow::anyhow!("{what}: {} ({:?})", s.message(), s.code())
+    Error::Rpc {
+        what: what.into(),
+        code: s.code(),
+        message: s.message().into(),
+    }
 }
 
 /// Prints rows as left-aligned columns, the first row being the header.
@@ -123,5 +225,24 @@ mod tests {
         assert_eq!(human_size(1_000), "1kB");
         assert_eq!(human_size(1_234_567), "1.235MB");
         assert_eq!(short_id("sha256:0123456789abcdef0123"), "0123456789abc");
+    }
+
+    #[test]
+    fn statuses_read_as_what_went_wrong() {
+        let socket = Path::new("/run/crius/crius.sock");
+        let gone = tonic::Status::unavailable("No such file or directory (os error 2)");
+        assert_eq!(
+            rpc_error("listing pods", socket, gone).to_string(),
+            "listing pods: no runtime answers on /run/crius/crius.sock \
+             (No such file or directory (os error 2))"
+        );
+        // The runtime's own Unavailable (a registry it could not reach) is its answer.
+        let busy = tonic::Status::unavailable("registry 127.0.0.1:5000 is busy");
+        assert_eq!(
+            rpc_error("pulling x", socket, busy).to_string(),
+            "pulling x: registry 127.0.0.1:5000 is busy (Unavailable)"
+        );
+        let none: Result<u8> = None.or_refuse(|| "pod a/b not found".into());
+        assert_eq!(none.unwrap_err().to_string(), "pod a/b not found");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use super::Result;
 
 use super::{Output, connect, print_table, rpc_error};
 use crate::config::Config;
@@ -88,6 +88,6 @@ pub async fn info(socket: &Path) -> Result<()> {
     for (k, v) in st.info {
         out[k] = serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v));
     }
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    println!("{}", super::json_text(&out)?);
     Ok(())
 }

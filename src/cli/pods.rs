@@ -4,10 +4,12 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use super::{Doing, OrRefuse, Result, refuse};
 use k8s_cri::v1 as cri;
 
-use super::{Output, connect, print_structured, print_table, rpc_error, short_id};
+use super::{
+    Output, connect, json_text, json_value, print_structured, print_table, rpc_error, short_id,
+};
 use crate::cri::client;
 
 /// "3 minutes ago" for a Unix time in nanoseconds.
@@ -177,8 +179,12 @@ pub async fn exec(socket: &Path, container: &str, cmd: &[String], timeout: i64) 
         .await
         .map_err(|s| rpc_error(&format!("exec in {container}"), socket, s))?
         .into_inner();
-    std::io::stdout().write_all(&resp.stdout)?;
-    std::io::stderr().write_all(&resp.stderr)?;
+    std::io::stdout()
+        .write_all(&resp.stdout)
+        .doing(|| "writing the command's output".into())?;
+    std::io::stderr()
+        .write_all(&resp.stderr)
+        .doing(|| "writing the command's errors".into())?;
     Ok(resp.exit_code)
 }
 
@@ -192,7 +198,7 @@ async fn container_status(socket: &Path, id: &str) -> Result<cri::ContainerStatu
         .map_err(|s| rpc_error(&format!("container {id}"), socket, s))?
         .into_inner()
         .status
-        .context("the runtime returned no status")
+        .or_refuse(|| format!("container {id}: the runtime returned no status"))
 }
 
 /// Prints CRI log lines: partial pieces are joined, each line goes to stdout or stderr as it
@@ -219,13 +225,14 @@ fn print_log(data: &[u8], timestamps: bool, partial: &mut Vec<u8>) -> Result<usi
         }
         text.append(partial);
         text.push(b'\n');
+        let printing = || "printing the log".to_string();
         if stream == b"stderr" {
-            err.write_all(&text)?
+            err.write_all(&text).doing(printing)?
         } else {
-            out.write_all(&text)?
+            out.write_all(&text).doing(printing)?
         }
     }
-    out.flush()?;
+    out.flush().doing(|| "printing the log".into())?;
     Ok(used)
 }
 
@@ -238,13 +245,13 @@ pub async fn logs(
 ) -> Result<()> {
     let status = container_status(socket, container).await?;
     if status.log_path.is_empty() {
-        bail!("container {container} has no log file");
+        refuse!("container {container} has no log file");
     }
     let path = std::path::PathBuf::from(&status.log_path);
-    let mut file =
-        std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file = std::fs::File::open(&path).doing(|| format!("opening {}", path.display()))?;
     let mut data = Vec::new();
-    file.read_to_end(&mut data)?;
+    let reading = || format!("reading {}", path.display());
+    file.read_to_end(&mut data).doing(reading)?;
     if let Some(n) = tail {
         let lines: Vec<&[u8]> = data.split_inclusive(|&b| b == b'\n').collect();
         let keep = lines.len().saturating_sub(n);
@@ -256,12 +263,12 @@ pub async fn logs(
     if !follow {
         return Ok(());
     }
-    let mut inode = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
-    let mut pos = file.stream_position()?;
+    let mut inode = std::os::unix::fs::MetadataExt::ino(&file.metadata().doing(reading)?);
+    let mut pos = file.stream_position().doing(reading)?;
     loop {
         let mut chunk = Vec::new();
-        file.seek(SeekFrom::Start(pos))?;
-        file.read_to_end(&mut chunk)?;
+        file.seek(SeekFrom::Start(pos)).doing(reading)?;
+        file.read_to_end(&mut chunk).doing(reading)?;
         pos += chunk.len() as u64;
         if !chunk.is_empty() {
             pending.extend_from_slice(&chunk);
@@ -273,7 +280,7 @@ pub async fn logs(
         if let Ok(m) = std::fs::metadata(&path)
             && std::os::unix::fs::MetadataExt::ino(&m) != inode
         {
-            file = std::fs::File::open(&path)?;
+            file = std::fs::File::open(&path).doing(|| format!("opening {}", path.display()))?;
             inode = std::os::unix::fs::MetadataExt::ino(&m);
             pos = 0;
             continue;
@@ -306,7 +313,7 @@ pub async fn rm(socket: &Path, ids: &[String], force: bool) -> Result<()> {
         if !force {
             let st = container_status(socket, id).await?;
             if st.state == cri::ContainerState::ContainerRunning as i32 {
-                bail!("container {id} is running: stop it first or use --force");
+                refuse!("container {id} is running: stop it first or use --force");
             }
         }
         rt.remove_container(cri::RemoveContainerRequest {
@@ -375,7 +382,7 @@ pub async fn inspect(socket: &Path, id: &str) -> Result<()> {
         .into_inner();
     println!(
         "{}",
-        serde_json::to_string_pretty(&with_info(serde_json::to_value(&r.status)?, &r.info))?
+        json_text(&with_info(json_value(&r.status)?, &r.info))?
     );
     Ok(())
 }
@@ -391,7 +398,7 @@ pub async fn inspect_pod(socket: &Path, id: &str) -> Result<()> {
         .into_inner();
     println!(
         "{}",
-        serde_json::to_string_pretty(&with_info(serde_json::to_value(&r.status)?, &r.info))?
+        json_text(&with_info(json_value(&r.status)?, &r.info))?
     );
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use super::{Doing, Error, OrRefuse, Result, refuse};
 use serde::de::DeserializeOwned;
 
 use super::{connect, rpc_error};
@@ -14,19 +14,25 @@ use k8s_cri::v1 as cri;
 
 /// Reads a CRI message from a JSON or YAML file.
 pub fn load_config<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).doing(|| format!("reading {}", path.display()))?;
     let yaml = matches!(
         path.extension().and_then(|e| e.to_str()),
         Some("yaml" | "yml")
     );
     let value: serde_json::Value = if yaml {
-        serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        serde_saphyr::from_str(&text)
+            .map_err(|e| Error::Refused(format!("{}: {e}", path.display())))?
     } else {
-        serde_json::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{}:{}:{}: {e}", path.display(), e.line(), e.column()))?
+        serde_json::from_str(&text).map_err(|e| {
+            Error::Refused(format!(
+                "{}:{}:{}: {e}",
+                path.display(),
+                e.line(),
+                e.column()
+            ))
+        })?
     };
-    from_partial(value).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    from_partial(value).map_err(|e| Error::Refused(format!("{}: {e}", path.display())))
 }
 
 /// The zero values a left-out field may take, tried in turn: the message types only say which
@@ -48,7 +54,7 @@ pub fn from_partial<T: DeserializeOwned>(mut value: serde_json::Value) -> Result
             Ok(t) => return Ok(t),
             Err(e) => match missing_field(&e) {
                 Some(found) => found,
-                None => bail!("{e}"),
+                None => refuse!("{e}"),
             },
         };
         let mut filled = false;
@@ -68,10 +74,10 @@ pub fn from_partial<T: DeserializeOwned>(mut value: serde_json::Value) -> Result
             }
         }
         if !filled {
-            bail!("{}: cannot be left out", join(&path, &field));
+            refuse!("{}: cannot be left out", join(&path, &field));
         }
     }
-    bail!("too many fields left out")
+    refuse!("too many fields left out")
 }
 
 fn try_from<T: DeserializeOwned>(
@@ -155,7 +161,7 @@ fn join(path: &[Seg], field: &str) -> String {
 pub async fn runp(socket: &Path, config: &Path, runtime_handler: &str) -> Result<()> {
     let config: cri::PodSandboxConfig = load_config(config)?;
     if config.metadata.as_ref().is_none_or(|m| m.name.is_empty()) {
-        bail!("the pod config needs metadata.name");
+        refuse!("the pod config needs metadata.name");
     }
     let id = client::runtime(connect(socket)?)
         .run_pod_sandbox(cri::RunPodSandboxRequest {
@@ -186,7 +192,7 @@ pub async fn create(
         .as_ref()
         .map(|i| i.image.clone())
         .filter(|i| !i.is_empty())
-        .with_context(|| format!("{}: image.image is required", container.display()))?;
+        .or_refuse(|| format!("{}: image.image is required", container.display()))?;
     let channel = connect(socket)?;
     if !no_pull {
         let mut images = client::images(channel.clone());

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use super::Result;
 
 use super::{Output, connect, human_size, print_structured, print_table, rpc_error};
 use crate::cri::client;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result, bail};
+use super::{Doing, Error, Result, refuse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -30,12 +30,12 @@ async fn dial(url: &str) -> Result<(String, String, Box<dyn Io>)> {
     let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
         (Some(rest), _) => (true, rest),
         (None, Some(rest)) => (false, rest),
-        _ => bail!("streaming URL {url}: neither http:// nor https://"),
+        _ => refuse!("streaming URL {url}: neither http:// nor https://"),
     };
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let tcp = tokio::net::TcpStream::connect(host)
         .await
-        .with_context(|| format!("connecting to the streaming server at {host}"))?;
+        .doing(|| format!("connecting to the streaming server at {host}"))?;
     let _ = tcp.set_nodelay(true);
     if !tls {
         return Ok((host.to_string(), path.to_string(), Box::new(tcp)));
@@ -43,20 +43,21 @@ async fn dial(url: &str) -> Result<(String, String, Box<dyn Io>)> {
     // The URL came over the CRI socket (root only) and its token is single-use, so, as crictl,
     // the server's certificate is verified only against CRIUS_STREAM_CA when that is set.
     let config = match std::env::var_os("CRIUS_STREAM_CA") {
-        Some(ca) => crate::tls::client_trusting(std::path::Path::new(&ca))?,
-        None => crate::tls::unverified_client()?,
-    };
+        Some(ca) => crate::tls::client_trusting(std::path::Path::new(&ca)),
+        None => crate::tls::unverified_client(),
+    }
+    .map_err(|e| Error::Refused(format!("TLS for the streaming server: {e}")))?;
     let name = host
         .rsplit_once(':')
         .map_or(host, |(h, _)| h)
         .trim_start_matches('[')
         .trim_end_matches(']');
     let name = rustls::pki_types::ServerName::try_from(name.to_string())
-        .with_context(|| format!("streaming server name {name:?}"))?;
+        .map_err(|e| Error::Refused(format!("streaming server name {name:?}: {e}")))?;
     let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .with_context(|| format!("TLS with the streaming server at {host}"))?;
+        .doing(|| format!("TLS with the streaming server at {host}"))?;
     Ok((host.to_string(), path.to_string(), Box::new(stream)))
 }
 
@@ -67,7 +68,8 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
          X-Stream-Protocol-Version: {protocol}\r\nContent-Length: 0\r\n\r\n"
     );
-    tcp.write_all(request.as_bytes()).await?;
+    let talking = || format!("talking to the streaming server at {host}");
+    tcp.write_all(request.as_bytes()).await.doing(talking)?;
     // The response head; what follows it is already SPDY.
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -76,11 +78,11 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
             break p + 4;
         }
         if buf.len() > 64 << 10 {
-            bail!("the streaming server's answer has no end of headers");
+            refuse!("the streaming server's answer has no end of headers");
         }
-        let n = tcp.read(&mut chunk).await?;
+        let n = tcp.read(&mut chunk).await.doing(talking)?;
         if n == 0 {
-            bail!("the streaming server closed the connection");
+            refuse!("the streaming server closed the connection");
         }
         buf.extend_from_slice(&chunk[..n]);
     };
@@ -88,7 +90,7 @@ async fn connect(url: &str, protocol: &str) -> Result<Conn> {
     let status = head.split_whitespace().nth(1).unwrap_or("");
     if status != "101" {
         let body = String::from_utf8_lossy(&buf[head_end..]);
-        bail!(
+        refuse!(
             "the streaming server refused the stream: {} {}",
             head.lines().next().unwrap_or(""),
             body.trim()
@@ -183,7 +185,7 @@ impl Conn {
                 headers,
             })
             .await
-            .context("the streaming connection closed")?;
+            .map_err(|_| Error::Refused("the streaming connection closed".into()))?;
         Ok((id, rx))
     }
 }
@@ -230,13 +232,13 @@ async fn receive_all(mut from: mpsc::UnboundedReceiver<Vec<u8>>, mut to: impl As
 /// means the connection was lost.
 fn exit_code(status: &[u8]) -> Result<i32> {
     if status.is_empty() {
-        bail!("the streaming connection ended without an exit status");
+        refuse!("the streaming connection ended without an exit status");
     }
-    let v: serde_json::Value = serde_json::from_slice(status).with_context(|| {
-        format!(
+    let v: serde_json::Value = serde_json::from_slice(status).map_err(|_| {
+        Error::Refused(format!(
             "the error stream said: {}",
             String::from_utf8_lossy(status).trim()
-        )
+        ))
     })?;
     if v["status"] == "Success" {
         return Ok(0);
@@ -252,7 +254,7 @@ fn exit_code(status: &[u8]) -> Result<i32> {
     {
         return Ok(code);
     }
-    bail!("{}", v["message"].as_str().unwrap_or("the stream failed"))
+    refuse!("{}", v["message"].as_str().unwrap_or("the stream failed"))
 }
 
 /// The local terminal in raw mode while it lives; restored on drop.
@@ -360,7 +362,7 @@ pub async fn port_forward(
     for &(local, remote) in ports {
         let l = tokio::net::TcpListener::bind(("127.0.0.1", local))
             .await
-            .with_context(|| format!("listening on 127.0.0.1:{local}"))?;
+            .doing(|| format!("listening on 127.0.0.1:{local}"))?;
         println!(
             "Forwarding from {} -> {remote}",
             l.local_addr().map(|a| a.to_string()).unwrap_or_default()
@@ -483,7 +485,7 @@ pub async fn forward(socket: &std::path::Path, pod: &str, specs: &[String]) -> R
     for s in specs {
         let parse = |p: &str| {
             p.parse::<u16>()
-                .with_context(|| format!("port {s:?}: {p:?} is not a port number"))
+                .map_err(|_| Error::Refused(format!("port {s:?}: {p:?} is not a port number")))
         };
         ports.push(match s.split_once(':') {
             Some((l, r)) => (parse(l)?, parse(r)?),
