@@ -187,7 +187,8 @@ pub struct Handler {}
 pub struct Registry {
     /// containerd-style per-registry directories holding `hosts.toml`.
     pub config_path: PathBuf,
-    /// A docker `config.json` whose `auths` supply credentials when a request carries none.
+    /// A docker `config.json` that supplies credentials when a request carries none: the
+    /// credential helper it names for the registry (`credHelpers`, `credsStore`), else `auths`.
     pub auth_file: PathBuf,
     /// Layers downloaded and unpacked at the same time, per pull.
     pub max_concurrent_downloads: usize,

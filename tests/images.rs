@@ -381,7 +381,7 @@ async fn basic_auth_registry() {
     let reg = Registry::start(Some(("alice", "wonderland")));
     let img = busybox_image(Compress::Gzip);
     reg.push_image("private/app", "1", &img).await.unwrap();
-    let d = Daemon::start("");
+    let mut d = Daemon::start("");
     let name = format!("{}/private/app:1", reg.host());
 
     let err = d.pull(&name).await.unwrap_err();
@@ -425,6 +425,31 @@ async fn basic_auth_registry() {
         format!(r#"{{"auths":{{"{}":{{"auth":"{auth}"}}}}}}"#, reg.host()),
     )
     .unwrap();
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+
+    // a credential helper the config names for the registry, found in the daemon's PATH
+    d.remove_image(&name).await.unwrap();
+    let helpers = tempfile::tempdir().unwrap();
+    let script = helpers.path().join("docker-credential-test");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$1\" = get ] || exit 3\nread -r server\n\
+         printf '{\"ServerURL\":\"%s\",\"Username\":\"alice\",\"Secret\":\"wonderland\"}' \"$server\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        d.auth_file(),
+        format!(r#"{{"credHelpers":{{"{}":"test"}}}}"#, reg.host()),
+    )
+    .unwrap();
+    d.kill9();
+    let path = std::env::var("PATH").unwrap_or_default();
+    d.env.push((
+        "PATH".into(),
+        format!("{}:{path}", helpers.path().display()),
+    ));
+    d.spawn();
     assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
 
     // the CLI's --creds

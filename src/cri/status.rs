@@ -44,7 +44,9 @@ impl ToStatus for image::Error {
             E::Http { .. } | E::Registry { .. } | E::Download { .. } | E::Network { .. } => {
                 Code::Unavailable
             }
-            E::HostsConfig { .. } | E::AuthFile { .. } => Code::FailedPrecondition,
+            E::HostsConfig { .. } | E::AuthFile { .. } | E::CredentialHelper { .. } => {
+                Code::FailedPrecondition
+            }
             E::Manifest { .. } | E::NoPlatform { .. } | E::Unpack { .. } => {
                 Code::FailedPrecondition
             }

@@ -1,16 +1,19 @@
-//! Registry credentials and challenges: the CRI `AuthConfig` of a request, else the docker
-//! `config.json` entry that applies to the image (`dockercfg`); `WWW-Authenticate` challenges (`Basic`, and
+//! Registry credentials and challenges: the CRI `AuthConfig` of a request, else what the
+//! docker `config.json` gives for the image (its credential helper, run as docker runs one, or
+//! the `auths` entry that applies: `dockercfg`); `WWW-Authenticate` challenges (`Basic`, and
 //! `Bearer realm,service,scope` answered with a token from the realm).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
 use super::Error;
-use super::dockercfg::DockerConfig;
+use super::dockercfg::{self, DockerConfig};
 
 /// What a pull may authenticate with.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -74,9 +77,10 @@ fn decode_auth(auth: &str) -> Result<(String, String), String> {
     Ok((u.to_string(), p.to_string()))
 }
 
-/// Credentials for repository `path` on `domain` from a docker config file, by kubelet's
-/// matching rules (`dockercfg`); none if the file or a matching entry is missing.
-pub fn from_docker_config(
+/// Credentials for repository `path` on `domain` from a docker config file: from the
+/// credential helper it names for the registry, as docker asks one, else from its `auths` by
+/// kubelet's matching rules (`dockercfg`); none if the file or anything that applies is missing.
+pub async fn from_docker_config(
     file: &Path,
     domain: &str,
     path: &str,
@@ -96,6 +100,17 @@ pub fn from_docker_config(
         reason,
     };
     let cfg = DockerConfig::parse(&data).map_err(bad)?;
+    if let Some(helper) = cfg.helper_for(domain) {
+        let found = from_helper(
+            helper,
+            &PathBuf::from(format!("docker-credential-{helper}")),
+            &dockercfg::helper_server(domain),
+        )
+        .await?;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
     for (key, a) in cfg.matching(domain, path) {
         let c = Credentials::from_cri(
             &a.username,
@@ -110,6 +125,99 @@ pub fn from_docker_config(
         }
     }
     Ok(None)
+}
+
+/// How long a credential helper may take (a cloud helper asks its metadata service).
+const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a credential helper may print; more is not an answer.
+const HELPER_OUTPUT_LIMIT: usize = 1 << 20;
+
+/// What `docker-credential-NAME get` answers.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct HelperAnswer {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    secret: String,
+}
+
+/// Asks credential helper `helper` (the program `program`, found in PATH when it has no
+/// slash) for `server`'s credentials, as docker does: `get`, the server on stdin, JSON
+/// `{"Username", "Secret"}` on stdout, `<token>` as the user for an identity token. "Not found"
+/// (docker's "credentials not found in native keychain") is none; anything else is an error
+/// naming the helper.
+pub async fn from_helper(
+    helper: &str,
+    program: &Path,
+    server: &str,
+) -> Result<Option<Credentials>, Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fail = |reason: String| Error::CredentialHelper {
+        helper: helper.to_string(),
+        server: server.to_string(),
+        reason,
+    };
+    let mut child = tokio::process::Command::new(program)
+        .arg("get")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| fail(format!("cannot run it: {e}")))?;
+    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(fail("no pipes to it".into()));
+    };
+    let talk = async {
+        // A helper that does not read its input still answers: a failed write is not fatal.
+        let _ = stdin.write_all(server.as_bytes()).await;
+        drop(stdin);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let limit = HELPER_OUTPUT_LIMIT as u64;
+        let (mut stdout, mut stderr) = (stdout.take(limit + 1), stderr.take(limit + 1));
+        let (o, e) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        o.and(e)
+            .map_err(|e| fail(format!("reading its answer: {e}")))?;
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| fail(format!("waiting for it: {e}")))?;
+        Ok::<_, Error>((status, out, err))
+    };
+    let (status, out, err) = tokio::time::timeout(HELPER_TIMEOUT, talk)
+        .await
+        .map_err(|_| fail(format!("no answer in {} s", HELPER_TIMEOUT.as_secs())))??;
+    if out.len() > HELPER_OUTPUT_LIMIT {
+        return Err(fail("its answer is over 1 MiB".into()));
+    }
+    if !status.success() {
+        let said = String::from_utf8_lossy(if out.is_empty() { &err } else { &out })
+            .trim()
+            .to_string();
+        if said.contains("credentials not found") {
+            return Ok(None);
+        }
+        return Err(fail(format!("{status}: {said}")));
+    }
+    let answer: HelperAnswer = serde_json::from_slice(&out)
+        .map_err(|e| fail(format!("its answer is not credentials JSON: {e}")))?;
+    let creds = if answer.username == "<token>" {
+        Credentials {
+            identity_token: answer.secret,
+            ..Default::default()
+        }
+    } else {
+        Credentials {
+            username: answer.username,
+            password: answer.secret,
+            ..Default::default()
+        }
+    };
+    Ok((!creds.is_empty()).then_some(creds))
 }
 
 /// A parsed `WWW-Authenticate` challenge.
@@ -271,8 +379,8 @@ mod tests {
         assert!(!format!("{c:?}").contains("s3:cret"));
     }
 
-    #[test]
-    fn docker_config_lookup() {
+    #[tokio::test]
+    async fn docker_config_lookup() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("config.json");
         std::fs::write(
@@ -285,6 +393,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             from_docker_config(&p, "docker.io", "library/busybox")
+                .await
                 .unwrap()
                 .unwrap()
                 .username,
@@ -292,24 +401,98 @@ mod tests {
         );
         assert_eq!(
             from_docker_config(&p, "my-registry:5000", "app")
+                .await
                 .unwrap()
                 .unwrap()
                 .password,
             "p"
         );
-        assert!(from_docker_config(&p, "quay.io", "app").unwrap().is_none());
+        assert!(
+            from_docker_config(&p, "quay.io", "app")
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(
             from_docker_config(&dir.path().join("none.json"), "x", "a")
+                .await
                 .unwrap()
                 .is_none()
         );
         std::fs::write(&p, "{").unwrap();
         assert!(
             from_docker_config(&p, "x", "a")
+                .await
                 .unwrap_err()
                 .to_string()
                 .contains("config.json")
         );
+    }
+
+    /// A credential helper as an operator would install one, here a shell script.
+    fn helper(dir: &Path, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(format!("docker-credential-{name}"));
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[tokio::test]
+    async fn credential_helpers_as_docker_runs_them() {
+        let dir = tempfile::tempdir().unwrap();
+        // Answers for the server it was asked about, only to `get`.
+        let good = helper(
+            dir.path(),
+            "good",
+            r#"[ "$1" = get ] || exit 3
+read -r server
+printf '{"ServerURL":"%s","Username":"u-%s","Secret":"s3cret"}' "$server" "$server""#,
+        );
+        let c = from_helper("good", &good, "reg.test:5000")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("u-reg.test:5000", "s3cret")
+        );
+        let token = helper(
+            dir.path(),
+            "token",
+            r#"echo '{"Username":"<token>","Secret":"refresh"}'"#,
+        );
+        let c = from_helper("token", &token, "r").await.unwrap().unwrap();
+        assert_eq!(c.identity_token, "refresh");
+        assert!(c.username.is_empty());
+        // Docker's "not found" is no credentials, not an error.
+        let none = helper(
+            dir.path(),
+            "none",
+            "echo 'credentials not found in native keychain'; exit 1",
+        );
+        assert!(from_helper("none", &none, "r").await.unwrap().is_none());
+        // Anything else names the helper and what it said.
+        let broken = helper(dir.path(), "broken", "echo 'vault sealed' >&2; exit 2");
+        let e = from_helper("broken", &broken, "r")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("docker-credential-broken") && e.contains("vault sealed"),
+            "{e}"
+        );
+        let garbled = helper(dir.path(), "garbled", "echo 'not json'");
+        let e = from_helper("garbled", &garbled, "r")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not credentials JSON"), "{e}");
+        let e = from_helper("absent", &dir.path().join("docker-credential-absent"), "r")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot run it"), "{e}");
     }
 
     #[test]

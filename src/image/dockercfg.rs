@@ -1,8 +1,10 @@
 //! Docker config credentials (a `config.json`'s `auths`, a pull secret's `.dockerconfigjson`, or
 //! the legacy `.dockercfg` map) and kubelet's rules for which entries apply to an image: the
 //! key's host matches the image's (each label may be a glob, `*.example.com`), its port matches,
-//! and its path is a prefix of the repository's; the most specific key first. Used by pulls (the
-//! daemon's auth file) and by the agent (its pods' pull secrets). Pure parsing: no I/O.
+//! and its path is a prefix of the repository's; the most specific key first. Also which
+//! credential helper a `config.json` names for a registry (`credHelpers` by host, else
+//! `credsStore`), as docker chooses. Used by pulls (the daemon's auth file) and by the agent (its
+//! pods' pull secrets). Pure parsing: no I/O.
 
 use serde::Deserialize;
 
@@ -30,10 +32,14 @@ impl std::fmt::Debug for Entry {
     }
 }
 
-/// The entries of a docker config, by their keys as written.
+/// The entries of a docker config, by their keys as written, and its credential helpers.
 #[derive(Debug, Default)]
 pub struct DockerConfig {
     entries: Vec<(String, Entry)>,
+    /// `credHelpers`: registry host (with its port, if any) to helper name.
+    helpers: Vec<(String, String)>,
+    /// `credsStore`: the helper for every other registry.
+    store: Option<String>,
 }
 
 /// A key taken apart: host (lowercase, Docker Hub's aliases as `docker.io`), port, path.
@@ -48,6 +54,17 @@ fn docker_hub(host: &str) -> String {
     match host {
         "index.docker.io" | "registry-1.docker.io" | "docker.io" => "docker.io".into(),
         h => h.to_string(),
+    }
+}
+
+/// The server a credential helper is asked about for `domain`, as docker names it (Docker
+/// Hub by its legacy index URL, every other registry by `host[:port]`).
+pub fn helper_server(domain: &str) -> String {
+    let (host, _) = split_port(domain);
+    if docker_hub(&host.to_ascii_lowercase()) == "docker.io" {
+        "https://index.docker.io/v1/".into()
+    } else {
+        domain.to_string()
     }
 }
 
@@ -113,7 +130,7 @@ impl DockerConfig {
             None if v.get("credHelpers").is_some() || v.get("credsStore").is_some() => {
                 serde_json::Value::Object(Default::default())
             }
-            None => v,
+            None => v.clone(),
         };
         let serde_json::Value::Object(map) = auths else {
             return Err("\"auths\" is not an object".into());
@@ -124,7 +141,55 @@ impl DockerConfig {
                 serde_json::from_value(entry).map_err(|e| format!("auths[{key:?}]: {e}"))?;
             entries.push((key, e));
         }
-        Ok(DockerConfig { entries })
+        let helper_name = |field: String, v: &serde_json::Value| -> Result<String, String> {
+            match v.as_str() {
+                // It becomes part of a program's name: nothing that could leave PATH.
+                Some(n)
+                    if !n.is_empty()
+                        && n.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+                {
+                    Ok(n.to_string())
+                }
+                _ => Err(format!("{field}: not a credential helper name")),
+            }
+        };
+        let mut helpers = Vec::new();
+        if let Some(h) = v.get("credHelpers") {
+            let serde_json::Value::Object(h) = h else {
+                return Err("\"credHelpers\" is not an object".into());
+            };
+            for (host, name) in h {
+                helpers.push((
+                    host.clone(),
+                    helper_name(format!("credHelpers[{host:?}]"), name)?,
+                ));
+            }
+        }
+        let store = match v.get("credsStore") {
+            None => None,
+            Some(s) => Some(helper_name("credsStore".into(), s)?),
+        };
+        Ok(DockerConfig {
+            entries,
+            helpers,
+            store,
+        })
+    }
+
+    /// The credential helper for `domain` (`host[:port]`): its `credHelpers` entry (hosts
+    /// compared as registry keys are), else `credsStore`.
+    pub fn helper_for(&self, domain: &str) -> Option<&str> {
+        let (host, port) = split_port(domain);
+        let host = docker_hub(&host.to_ascii_lowercase());
+        self.helpers
+            .iter()
+            .find(|(k, _)| {
+                let k = parse_key(k);
+                k.host == host && k.port == port
+            })
+            .map(|(_, name)| name.as_str())
+            .or(self.store.as_deref())
     }
 
     /// The entries that apply to repository `path` on `domain` (`host[:port]`), the most
@@ -215,9 +280,39 @@ mod tests {
         assert_eq!(keys(&legacy, "reg.test", "a"), ["reg.test"]);
         let helpers = DockerConfig::parse(br#"{"credsStore": "desktop"}"#).unwrap();
         assert!(keys(&helpers, "reg.test", "a").is_empty());
+        assert_eq!(helpers.helper_for("reg.test"), Some("desktop"));
         assert!(DockerConfig::parse(b"{").is_err());
         assert!(DockerConfig::parse(br#"{"auths": []}"#).is_err());
         let err = DockerConfig::parse(br#"{"auths": {"r": {"auth": 7}}}"#).unwrap_err();
         assert!(err.contains("auths[\"r\"]"), "{err}");
+    }
+
+    #[test]
+    fn credential_helpers_as_docker_chooses_them() {
+        let cfg = DockerConfig::parse(
+            br#"{"auths": {"reg.test": {"username": "u"}},
+                 "credHelpers": {"ecr.test": "ecr-login", "reg.test:5000": "pass",
+                                 "https://index.docker.io/v1/": "hub"},
+                 "credsStore": "secretservice"}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.helper_for("ecr.test"), Some("ecr-login"));
+        assert_eq!(cfg.helper_for("ECR.test"), Some("ecr-login"));
+        assert_eq!(cfg.helper_for("reg.test:5000"), Some("pass"));
+        assert_eq!(cfg.helper_for("docker.io"), Some("hub"));
+        assert_eq!(cfg.helper_for("reg.test"), Some("secretservice"));
+        let none = DockerConfig::parse(br#"{"auths": {}}"#).unwrap();
+        assert_eq!(none.helper_for("reg.test"), None);
+        assert_eq!(helper_server("docker.io"), "https://index.docker.io/v1/");
+        assert_eq!(helper_server("reg.test:5000"), "reg.test:5000");
+        // A helper name is part of a program's name: no path, nothing empty.
+        for bad in [
+            r#"{"credsStore": "../../bin/sh"}"#,
+            r#"{"credsStore": ""}"#,
+            r#"{"credHelpers": {"r": 1}}"#,
+            r#"{"credHelpers": []}"#,
+        ] {
+            assert!(DockerConfig::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 }

@@ -33,7 +33,9 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Reference(_) => "reference",
-            Error::Credentials(_) | Error::AuthFile { .. } => "credentials",
+            Error::Credentials(_) | Error::AuthFile { .. } | Error::CredentialHelper { .. } => {
+                "credentials"
+            }
             Error::NotFound { .. } | Error::RegistryNotFound { .. } => "not_found",
             Error::Unauthorized { .. } => "unauthorized",
             Error::Registry { .. }
@@ -79,6 +81,12 @@ pub enum Error {
     HostsConfig { path: PathBuf, reason: String },
     #[error("registry credentials file {path}: {reason}")]
     AuthFile { path: PathBuf, reason: String },
+    #[error("credential helper docker-credential-{helper} for {server}: {reason}")]
+    CredentialHelper {
+        helper: String,
+        server: String,
+        reason: String,
+    },
     #[error("{reference}: manifest {digest}: {reason}")]
     Manifest {
         reference: String,

@@ -29,7 +29,7 @@ pub(super) async fn pull(
     progress: &Arc<Progress>,
     pulling: &Arc<OwnedRwLockReadGuard<()>>,
 ) -> Result<(Record, ImageConfig), Error> {
-    let session = inner.registry.session(reference, creds)?;
+    let session = inner.registry.session(reference, creds).await?;
     let shown = reference.to_string();
 
     // Manifest (or index), verified against the digest it was requested or resolved by.

@@ -80,7 +80,7 @@ impl Registry {
     }
 
     /// Hosts and credentials for pulling `reference`. Explicit credentials win over the auth file.
-    pub fn session(
+    pub async fn session(
         &self,
         reference: &Reference,
         creds: Option<Credentials>,
@@ -88,7 +88,10 @@ impl Registry {
         let hosts = hosts::hosts_for(&self.config_path, &reference.domain)?;
         let creds = match creds.filter(|c| !c.is_empty()) {
             Some(c) => Some(c),
-            None => auth::from_docker_config(&self.auth_file, &reference.domain, &reference.path)?,
+            None => {
+                auth::from_docker_config(&self.auth_file, &reference.domain, &reference.path)
+                    .await?
+            }
         };
         Ok(Session {
             registry: self,
