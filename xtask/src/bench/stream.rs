@@ -79,7 +79,7 @@ pub async fn rows(rt: &mut Rt, image: &str, mb: usize, res: &mut Results) -> Res
                 .await?
                 .into_inner()
                 .url;
-            crius::cli::stream::remote_command(&url, false, false).await
+            Ok(crius::cli::stream::remote_command(&url, false, false).await?)
         })
         .await?;
         if code != 0 {
