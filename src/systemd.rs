@@ -8,12 +8,15 @@
 //!
 //! It talks to PID 1 through the system bus, as runc does first (systemd's private socket
 //! signs its messages with a well-known name where D-Bus wants a unique one, which zbus
-//! refuses). Used by `sandbox` and `container`; uses zbus and nothing else of crius's.
+//! refuses), with a typed proxy of the manager, and waits for each job's `JobRemoved` signal
+//! (subscribed before the job starts) rather than polling. Used by `sandbox` and `container`;
+//! uses zbus and nothing else of crius's.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use zbus::{Connection, OwnedObjectPath, Variant};
+use futures_util::StreamExt;
+use zbus::{OwnedObjectPath, Variant};
 
 /// The system bus.
 pub const SYSTEM_BUS: &str = "/run/dbus/system_bus_socket";
@@ -21,12 +24,48 @@ pub const SYSTEM_BUS: &str = "/run/dbus/system_bus_socket";
 /// Present when systemd is the init system (sd_booted()).
 pub const BOOTED_MARKER: &str = "/run/systemd/system";
 
-const DESTINATION: &str = "org.freedesktop.systemd1";
-const PATH: &str = "/org/freedesktop/systemd1";
-const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+/// How long a unit's job may take (runc waits 30 s as well).
+const JOB_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a unit may take to come up (runc waits 30 s as well).
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The manager methods and the signal crius uses, typed.
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+trait SystemdManager {
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, Variant<'_>)],
+        aux: &[(&str, &[(&str, Variant<'_>)])],
+    ) -> zbus::Result<OwnedObjectPath>;
+
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+
+    fn set_unit_properties(
+        &self,
+        name: &str,
+        runtime: bool,
+        properties: &[(&str, Variant<'_>)],
+    ) -> zbus::Result<()>;
+
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+
+    /// Asks systemd to send this client its job signals.
+    fn subscribe(&self) -> zbus::Result<()>;
+
+    /// A job ended: `result` is `done`, or why not (`failed`, `timeout`, `canceled`, ...).
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,7 +77,9 @@ pub enum Error {
         unit: String,
         source: zbus::Error,
     },
-    #[error("systemd did not {what} within {} s", START_TIMEOUT.as_secs())]
+    #[error("systemd's job to {what} ended {result:?}")]
+    Job { what: String, result: String },
+    #[error("systemd did not {what} within {} s", JOB_TIMEOUT.as_secs())]
     Timeout { what: String },
     #[error("{unit}: process {pid} ended before systemd placed it")]
     Gone { unit: String, pid: i32 },
@@ -47,7 +88,7 @@ pub enum Error {
 /// A connection to systemd, made on first use and made again when systemd re-executes.
 #[derive(Default)]
 pub struct Manager {
-    conn: tokio::sync::Mutex<Option<Connection>>,
+    conn: tokio::sync::Mutex<Option<SystemdManagerProxy<'static>>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -59,6 +100,15 @@ impl std::fmt::Debug for Manager {
 /// A unit property: name and value.
 pub type Property = (&'static str, Variant<'static>);
 
+/// A manager call's outcome, as `Error::Call` names it.
+fn called<T>(method: &'static str, unit: &str, r: zbus::Result<T>) -> Result<T, Error> {
+    r.map_err(|source| Error::Call {
+        method,
+        unit: unit.to_string(),
+        source,
+    })
+}
+
 impl Manager {
     pub fn new() -> Manager {
         Manager::default()
@@ -66,7 +116,7 @@ impl Manager {
 
     /// Connects now (the daemon checks at start that the driver can work).
     pub async fn connect(&self) -> Result<(), Error> {
-        self.connection(false).await.map(|_| ())
+        self.manager(false).await.map(|_| ())
     }
 
     /// Whether systemd runs this machine.
@@ -74,68 +124,103 @@ impl Manager {
         Path::new(BOOTED_MARKER).is_dir()
     }
 
-    async fn connection(&self, fresh: bool) -> Result<Connection, Error> {
+    /// The manager's proxy on a connection subscribed to its job signals.
+    async fn manager(&self, fresh: bool) -> Result<SystemdManagerProxy<'static>, Error> {
         let mut slot = self.conn.lock().await;
         if fresh {
             *slot = None;
         }
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
+        if let Some(m) = slot.as_ref() {
+            return Ok(m.clone());
         }
-        let c = zbus::connection::Builder::system()
+        let connect = |source| Error::Connect { source };
+        let conn = zbus::connection::Builder::system()
             .build()
             .await
-            .map_err(|source| Error::Connect { source })?;
-        *slot = Some(c.clone());
-        Ok(c)
+            .map_err(connect)?;
+        let m = SystemdManagerProxy::builder(&conn)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(connect)?;
+        m.subscribe().await.map_err(connect)?;
+        *slot = Some(m.clone());
+        Ok(m)
     }
 
-    /// Calls a manager method; a broken connection (systemd re-executed) is made again once.
-    async fn call<B>(
-        &self,
-        method: &'static str,
-        unit: &str,
-        body: &B,
-    ) -> Result<zbus::Message, Error>
+    /// Runs `call` on the manager; a broken connection (systemd re-executed) is made again once.
+    async fn with_manager<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
-        B: serde::Serialize + zbus::DynamicType,
+        F: Fn(SystemdManagerProxy<'static>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
     {
-        let mut fresh = false;
-        loop {
-            let conn = self.connection(fresh).await?;
-            match conn
-                .call_method(Some(DESTINATION), PATH, Some(MANAGER), method, body)
-                .await
-            {
-                Err(zbus::Error::InputOutput(_)) if !fresh => fresh = true,
-                Err(source) => {
-                    return Err(Error::Call {
-                        method,
-                        unit: unit.to_string(),
-                        source,
-                    });
-                }
-                Ok(m) => return Ok(m),
-            }
+        match call(self.manager(false).await?).await {
+            Err(Error::Call {
+                source: zbus::Error::InputOutput(_),
+                ..
+            }) => call(self.manager(true).await?).await,
+            r => r,
         }
+    }
+
+    /// Starts a job with `start` and waits for systemd to report it removed, as runc does:
+    /// the signal stream is opened before the job exists, so its end cannot be missed.
+    async fn job<F, Fut>(&self, what: &str, start: F) -> Result<(), Error>
+    where
+        F: Fn(SystemdManagerProxy<'static>) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<OwnedObjectPath>, Error>>,
+    {
+        self.with_manager(|m| {
+            let start = &start;
+            async move {
+                let connect = |source| Error::Connect { source };
+                let mut removed = m.receive_job_removed().await.map_err(connect)?;
+                let Some(job) = start(m).await? else {
+                    return Ok(());
+                };
+                let deadline = tokio::time::Instant::now() + JOB_TIMEOUT;
+                loop {
+                    let Ok(next) = tokio::time::timeout_at(deadline, removed.next()).await else {
+                        return Err(Error::Timeout { what: what.into() });
+                    };
+                    let Some(signal) = next else {
+                        return Err(Error::Connect {
+                            source: zbus::Error::InputOutput(std::sync::Arc::new(
+                                std::io::Error::other("the job signal stream ended"),
+                            )),
+                        });
+                    };
+                    let Ok(args) = signal.args() else { continue };
+                    if args.job == job {
+                        return match args.result.as_str() {
+                            "done" => Ok(()),
+                            other => Err(Error::Job {
+                                what: what.into(),
+                                result: other.to_string(),
+                            }),
+                        };
+                    }
+                }
+            }
+        })
+        .await
     }
 
     async fn start_transient(&self, unit: &str, props: Vec<Property>) -> Result<(), Error> {
-        let aux: Vec<(&str, Vec<Property>)> = Vec::new();
-        let reply = self
-            .call("StartTransientUnit", unit, &(unit, "replace", props, aux))
-            .await?;
-        let _job: OwnedObjectPath = reply.body().deserialize().map_err(|source| Error::Call {
-            method: "StartTransientUnit",
-            unit: unit.to_string(),
-            source,
-        })?;
-        Ok(())
+        self.job(&format!("start {unit}"), |m| {
+            let props = &props;
+            async move {
+                let aux: &[(&str, &[(&str, Variant<'_>)])] = &[];
+                let r = m.start_transient_unit(unit, "replace", props, aux).await;
+                called("StartTransientUnit", unit, r).map(Some)
+            }
+        })
+        .await
     }
 
     /// Starts `crius-<id>.scope`-style unit `unit` in `slice` holding `pid`, with the cgroup
-    /// files `limits` as properties, and waits until the process is in `cgroup` (its path
-    /// relative to the hierarchy's root, as /proc/PID/cgroup shows it).
+    /// files `limits` as properties; once its job is done the process is in `cgroup` (its path
+    /// relative to the hierarchy's root, as /proc/PID/cgroup shows it), which is checked.
     pub async fn start_scope(
         &self,
         unit: &str,
@@ -166,30 +251,21 @@ impl Manager {
             r => r?,
         }
         let want = format!("0::/{}", cgroup.trim_start_matches('/'));
-        let proc_cgroup = format!("/proc/{pid}/cgroup");
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            match std::fs::read_to_string(&proc_cgroup) {
-                Ok(s) if s.lines().any(|l| l == want) => return Ok(()),
-                Ok(_) => {}
-                Err(_) => {
-                    return Err(Error::Gone {
-                        unit: unit.to_string(),
-                        pid,
-                    });
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!("move process {pid} into {unit}"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+            Ok(s) if s.lines().any(|l| l == want) => Ok(()),
+            Ok(s) => Err(Error::Job {
+                what: format!("move process {pid} into {unit}"),
+                result: format!("done, but the process is in {}", s.trim()),
+            }),
+            Err(_) => Err(Error::Gone {
+                unit: unit.to_string(),
+                pid,
+            }),
         }
     }
 
-    /// Starts slice `unit` with the cgroup files `limits` as properties and waits for its cgroup
-    /// directory `dir`.
+    /// Starts slice `unit` with the cgroup files `limits` as properties; once its job is done
+    /// its cgroup directory `dir` is there, which is checked.
     pub async fn start_slice(
         &self,
         unit: &str,
@@ -203,16 +279,14 @@ impl Manager {
         props.extend(accounting());
         props.extend(properties(limits));
         self.start_transient(unit, props).await?;
-        let deadline = Instant::now() + START_TIMEOUT;
-        while !dir.join("cgroup.procs").exists() {
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!("make {unit}'s cgroup {}", dir.display()),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        if dir.join("cgroup.procs").exists() {
+            Ok(())
+        } else {
+            Err(Error::Job {
+                what: format!("start {unit}"),
+                result: format!("done, but there is no {}", dir.display()),
+            })
         }
-        Ok(())
     }
 
     /// Gives a running unit new limits (runtime only: nothing is written under /etc).
@@ -221,53 +295,44 @@ impl Manager {
         if props.is_empty() {
             return Ok(());
         }
-        self.call("SetUnitProperties", unit, &(unit, true, props))
-            .await
-            .map(|_| ())
-    }
-
-    /// Stops a unit (killing what is left in it), waits for it to be down and forgets a failed
-    /// result; a unit systemd no longer knows is already stopped.
-    pub async fn stop(&self, unit: &str) -> Result<(), Error> {
-        match self.call("StopUnit", unit, &(unit, "replace")).await {
-            Ok(_) => {}
-            Err(Error::Call {
-                source: zbus::Error::MethodError(name, ..),
-                ..
-            }) if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        let deadline = Instant::now() + START_TIMEOUT;
-        while matches!(self.active_state(unit).await.as_deref(), Some(s) if s != "inactive" && s != "failed")
-        {
-            if Instant::now() > deadline {
-                return Err(Error::Timeout {
-                    what: format!("stop {unit}"),
-                });
+        self.with_manager(|m| {
+            let props = &props;
+            async move {
+                called(
+                    "SetUnitProperties",
+                    unit,
+                    m.set_unit_properties(unit, true, props).await,
+                )
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let _ = self.call("ResetFailedUnit", unit, &(unit,)).await;
-        Ok(())
+        })
+        .await
     }
 
-    /// A unit's ActiveState; none when systemd no longer has it loaded.
-    async fn active_state(&self, unit: &str) -> Option<String> {
-        let reply = self.call("GetUnit", unit, &(unit,)).await.ok()?;
-        let path: OwnedObjectPath = reply.body().deserialize().ok()?;
-        let conn = self.connection(false).await.ok()?;
-        let reply = conn
-            .call_method(
-                Some(DESTINATION),
-                path.as_str(),
-                Some("org.freedesktop.DBus.Properties"),
-                "Get",
-                &("org.freedesktop.systemd1.Unit", "ActiveState"),
-            )
-            .await
-            .ok()?;
-        let state: zbus::OwnedVariant = reply.body().deserialize().ok()?;
-        String::try_from(state).ok()
+    /// Stops a unit (killing what is left in it), waits for its job to end and forgets a
+    /// failed result; a unit systemd no longer knows is already stopped.
+    pub async fn stop(&self, unit: &str) -> Result<(), Error> {
+        self.job(&format!("stop {unit}"), |m| async move {
+            match m.stop_unit(unit, "replace").await {
+                Ok(job) => Ok(Some(job)),
+                Err(zbus::Error::MethodError(name, ..))
+                    if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
+                {
+                    Ok(None)
+                }
+                Err(source) => Err(Error::Call {
+                    method: "StopUnit",
+                    unit: unit.to_string(),
+                    source,
+                }),
+            }
+        })
+        .await?;
+        let _ = self
+            .with_manager(|m| async move {
+                called("ResetFailedUnit", unit, m.reset_failed_unit(unit).await)
+            })
+            .await;
+        Ok(())
     }
 }
 
