@@ -193,11 +193,11 @@ pub fn runtime_default(bounding: &[String]) -> LinuxSeccomp {
     let mut p = LinuxSeccomp::default();
     p.set_default_action(LinuxSeccompAction::ScmpActErrno);
     p.set_default_errno_ret(Some(libc::EPERM as u32));
-    p.set_architectures(Some(vec![
-        Arch::ScmpArchX86_64,
-        Arch::ScmpArchX86,
-        Arch::ScmpArchX32,
-    ]));
+    p.set_architectures(Some(if std::env::consts::ARCH == "aarch64" {
+        vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm]
+    } else {
+        vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32]
+    }));
     p.set_syscalls(Some(rules));
     p
 }

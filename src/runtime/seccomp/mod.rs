@@ -67,6 +67,7 @@ const RET_ALLOW: u32 = 0x7fff_0000;
 
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 fn action(a: LinuxSeccompAction, errno: Option<u32>) -> Result<u32, SeccompError> {
@@ -121,6 +122,9 @@ const X86: Abi = Abi {
 };
 const X32: Abi = Abi {
     table: syscalls::X32,
+};
+const AARCH64: Abi = Abi {
+    table: syscalls::AARCH64,
 };
 
 /// The rules of a profile as (conditions, action) per name, in profile order. Several
@@ -206,10 +210,15 @@ fn decisions(abi: &Abi, rules: &[(String, Vec<Cond>, u32)], default: u32) -> Vec
 /// Compiles a resolved profile for this machine's ABIs. The native ABI is always covered, the
 /// others when listed; a call from an ABI the profile does not cover kills the process.
 pub fn compile(profile: &LinuxSeccomp) -> Result<Compiled, SeccompError> {
-    if !cfg!(target_arch = "x86_64") {
+    compile_for(std::env::consts::ARCH, profile)
+}
+
+/// [`compile`] for machine `arch` (`x86_64`: x86_64, and i386 and x32 when listed;
+/// `aarch64`: aarch64 alone, 32-bit ARM calls being from an ABI no profile covers here).
+fn compile_for(arch: &str, profile: &LinuxSeccomp) -> Result<Compiled, SeccompError> {
+    if arch != "x86_64" && arch != "aarch64" {
         return Err(SeccompError::Unsupported(format!(
-            "filters are built for x86_64 only, not {}",
-            std::env::consts::ARCH
+            "filters are built for x86_64 and aarch64, not {arch}"
         )));
     }
     if profile.listener_path().is_some() {
@@ -221,25 +230,16 @@ pub fn compile(profile: &LinuxSeccomp) -> Result<Compiled, SeccompError> {
     let arches = profile.architectures().clone().unwrap_or_default();
     let rules = rules(profile)?;
     let bad_arch = RET_KILL_PROCESS;
-    let mut native = decisions(&X86_64, &rules, default);
-    let x32 = arches.contains(&Arch::ScmpArchX32);
-    if x32 {
-        native.extend(decisions(&X32, &rules, default));
-    }
-    let mut sections = vec![Section {
-        audit_arch: AUDIT_ARCH_X86_64,
-        decisions: native,
-        otherwise: default,
-        above: (!x32).then_some((X32_SYSCALL_BIT, bad_arch)),
-    }];
-    if arches.contains(&Arch::ScmpArchX86) {
-        sections.push(Section {
-            audit_arch: AUDIT_ARCH_I386,
-            decisions: decisions(&X86, &rules, default),
+    let sections = if arch == "aarch64" {
+        vec![Section {
+            audit_arch: AUDIT_ARCH_AARCH64,
+            decisions: decisions(&AARCH64, &rules, default),
             otherwise: default,
             above: None,
-        });
-    }
+        }]
+    } else {
+        x86_sections(&arches, &rules, default, bad_arch)
+    };
     let program = bpf::compile(&sections, bad_arch);
     if program.len() > bpf::MAX_INSNS {
         return Err(SeccompError::TooLong {
@@ -257,6 +257,36 @@ pub fn compile(profile: &LinuxSeccomp) -> Result<Compiled, SeccompError> {
         };
     }
     Ok(Compiled { program, flags })
+}
+
+/// The x86_64 sections: x86_64 itself (with x32 when listed, refused by its bit otherwise),
+/// and i386 when listed.
+fn x86_sections(
+    arches: &[Arch],
+    rules: &[(String, Vec<Cond>, u32)],
+    default: u32,
+    bad_arch: u32,
+) -> Vec<Section> {
+    let mut native = decisions(&X86_64, rules, default);
+    let x32 = arches.contains(&Arch::ScmpArchX32);
+    if x32 {
+        native.extend(decisions(&X32, rules, default));
+    }
+    let mut sections = vec![Section {
+        audit_arch: AUDIT_ARCH_X86_64,
+        decisions: native,
+        otherwise: default,
+        above: (!x32).then_some((X32_SYSCALL_BIT, bad_arch)),
+    }];
+    if arches.contains(&Arch::ScmpArchX86) {
+        sections.push(Section {
+            audit_arch: AUDIT_ARCH_I386,
+            decisions: decisions(&X86, rules, default),
+            otherwise: default,
+            above: None,
+        });
+    }
+    sections
 }
 
 // A profile file on the node: the OCI form, plus Docker's extensions (archMap, `name`,
@@ -551,6 +581,52 @@ mod tests {
         assert_eq!(x86_64("clone3"), 435);
         assert_eq!(X86.number("socketcall"), Some(102));
         assert_eq!(X32.number("read"), Some(X32_SYSCALL_BIT));
+    }
+
+    #[test]
+    fn aarch64_filters_its_own_numbers() {
+        let t = syscalls::AARCH64;
+        assert!(t.windows(2).all(|w| w[0].0 < w[1].0));
+        // The generic table: no open, no fork, read at 63.
+        assert_eq!(AARCH64.number("read"), Some(63));
+        assert_eq!(AARCH64.number("openat"), Some(56));
+        assert_eq!(AARCH64.number("clone3"), Some(435));
+        assert_eq!(AARCH64.number("open"), None);
+        let p = runtime_default(&caps(&["CHOWN", "SETUID", "SETGID", "KILL"]));
+        let c = compile_for("aarch64", &p).expect("compiles");
+        let a64 = |name: &str, args: [u64; 6]| {
+            run(
+                &c.program,
+                &Data {
+                    nr: AARCH64.number(name).expect(name),
+                    arch: AUDIT_ARCH_AARCH64,
+                    args,
+                },
+            )
+        };
+        for name in ["read", "openat", "execve", "exit_group", "newfstatat"] {
+            assert_eq!(a64(name, [0; 6]), RET_ALLOW, "{name}");
+        }
+        for name in ["mount", "unshare", "setns", "bpf", "pivot_root", "chroot"] {
+            assert_eq!(a64(name, [0; 6]), EPERM, "{name}");
+        }
+        assert_eq!(a64("clone", [0x11, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(a64("clone", [0x1000_0000, 0, 0, 0, 0, 0]), EPERM);
+        assert_eq!(a64("clone3", [0; 6]), RET_ERRNO | 38);
+        // A call from another ABI (x86_64's read, 32-bit ARM) kills the process.
+        for arch in [AUDIT_ARCH_X86_64, 0x4000_0028] {
+            let other = run(
+                &c.program,
+                &Data {
+                    nr: 0,
+                    arch,
+                    args: [0; 6],
+                },
+            );
+            assert_eq!(other, RET_KILL_PROCESS);
+        }
+        let e = compile_for("riscv64", &p).unwrap_err().to_string();
+        assert!(e.contains("riscv64"), "{e}");
     }
 
     #[test]
