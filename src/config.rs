@@ -194,11 +194,23 @@ pub struct Registry {
     pub max_concurrent_downloads: usize,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Image {
     /// Create character and block devices found in image layers (refused by default).
     pub allow_device_nodes: bool,
+    /// The signature policy (containers-policy.json format), read at every pull; without the
+    /// file every image is accepted.
+    pub signature_policy: PathBuf,
+}
+
+impl Default for Image {
+    fn default() -> Image {
+        Image {
+            allow_device_nodes: false,
+            signature_policy: PathBuf::from("/etc/crius/policy.json"),
+        }
+    }
 }
 
 impl Default for Config {
@@ -386,7 +398,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 26, "{uncommented}");
+        assert_eq!(keys, 27, "{uncommented}");
     }
 
     use super::*;

@@ -142,6 +142,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             config_path: cfg.registry.config_path.clone(),
             auth_file: cfg.registry.auth_file.clone(),
             allow_device_nodes: cfg.image.allow_device_nodes,
+            signature_policy: cfg.image.signature_policy.clone(),
             max_concurrent_downloads: cfg.registry.max_concurrent_downloads,
         };
         tokio::task::spawn_blocking(move || ImageService::open(&opts))

@@ -44,9 +44,11 @@ impl ToStatus for image::Error {
             E::Http { .. } | E::Registry { .. } | E::Download { .. } | E::Network { .. } => {
                 Code::Unavailable
             }
-            E::HostsConfig { .. } | E::AuthFile { .. } | E::CredentialHelper { .. } => {
-                Code::FailedPrecondition
-            }
+            E::HostsConfig { .. }
+            | E::AuthFile { .. }
+            | E::CredentialHelper { .. }
+            | E::Policy { .. }
+            | E::PolicyFile { .. } => Code::FailedPrecondition,
             E::Manifest { .. } | E::NoPlatform { .. } | E::Unpack { .. } => {
                 Code::FailedPrecondition
             }

@@ -9,10 +9,12 @@ pub mod auth;
 pub mod dockercfg;
 pub mod hosts;
 pub mod manifest;
+pub mod policy;
 pub mod progress;
 mod pull;
 pub mod reference;
 pub mod registry;
+mod signature;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -36,6 +38,7 @@ impl Error {
             Error::Credentials(_) | Error::AuthFile { .. } | Error::CredentialHelper { .. } => {
                 "credentials"
             }
+            Error::Policy { .. } | Error::PolicyFile { .. } => "policy",
             Error::NotFound { .. } | Error::RegistryNotFound { .. } => "not_found",
             Error::Unauthorized { .. } => "unauthorized",
             Error::Registry { .. }
@@ -81,6 +84,17 @@ pub enum Error {
     HostsConfig { path: PathBuf, reason: String },
     #[error("registry credentials file {path}: {reason}")]
     AuthFile { path: PathBuf, reason: String },
+    #[error("{image}: refused by the signature policy (scope {scope:?}): {reason}")]
+    Policy {
+        image: String,
+        scope: String,
+        reason: String,
+    },
+    #[error("signature policy {path}: {source}")]
+    PolicyFile {
+        path: PathBuf,
+        source: policy::PolicyError,
+    },
     #[error("credential helper docker-credential-{helper} for {server}: {reason}")]
     CredentialHelper {
         helper: String,
@@ -220,6 +234,7 @@ pub(crate) struct Inner {
     /// Snapshot chains in use by containers, with a count per chain.
     holds: Mutex<HashMap<Digest, usize>>,
     progress: progress::Board,
+    signature_policy: PathBuf,
 }
 
 /// The image service. Cheap to clone.
@@ -250,6 +265,8 @@ pub struct Options {
     pub auth_file: PathBuf,
     pub allow_device_nodes: bool,
     pub max_concurrent_downloads: usize,
+    /// The signature policy file, read at every pull (absent: no policy).
+    pub signature_policy: PathBuf,
 }
 
 impl ImageService {
@@ -277,6 +294,7 @@ impl ImageService {
             gc: Arc::default(),
             holds: Mutex::new(HashMap::new()),
             progress: progress::Board::default(),
+            signature_policy: cfg.signature_policy.clone(),
         };
         let svc = ImageService {
             inner: Arc::new(inner),

@@ -55,6 +55,16 @@ pub(super) async fn pull(
             actual: top,
         });
     }
+    // The node's policy, read now (an edit applies to the next pull), before any layer.
+    let policy = super::policy::Policy::load(&inner.signature_policy).map_err(|source| {
+        Error::PolicyFile {
+            path: inner.signature_policy.clone(),
+            source,
+        }
+    })?;
+    if let Some(policy) = &policy {
+        super::signature::check(policy, &session, reference, &top).await?;
+    }
     let bad_manifest = |digest: &Digest, reason: String| Error::Manifest {
         reference: shown.clone(),
         digest: digest.to_string(),

@@ -183,6 +183,44 @@ impl Session<'_> {
         })
     }
 
+    /// The OCI 1.1 referrers index of manifest `digest` with `artifact_type`, as the registry
+    /// sends it; none when the registry has no referrers API (the tag scheme is for those).
+    pub async fn referrers(
+        &self,
+        digest: &Digest,
+        artifact_type: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+        );
+        let suffix = format!("/referrers/{digest}?artifactType={artifact_type}");
+        let resp = match self.request(Need::Pull, &suffix, headers).await {
+            Ok(r) => r,
+            Err(Error::RegistryNotFound { .. }) => return Ok(None),
+            Err(Error::Registry {
+                status: 400 | 405 | 501,
+                ..
+            }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        // A registry without the API may answer anything: only an index counts.
+        let is_index = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/vnd.oci.image.index.v1+json"));
+        if !is_index {
+            return Ok(None);
+        }
+        read_limited(resp, manifest::MAX_MANIFEST_SIZE, "referrers index")
+            .await
+            .map(Some)
+    }
+
     /// Fetches a small blob (a config) whole.
     pub async fn small_blob(&self, digest: &Digest, max: u64) -> Result<Vec<u8>, Error> {
         let resp = self
