@@ -102,6 +102,25 @@ fn payload(reference: &str, digest: &str) -> Vec<u8> {
 
 /// Pushes a signature manifest for manifest `digest` of `repo` under cosign's tag.
 async fn attach(reg: &Registry, repo: &str, digest: &str, payload: &[u8], signature: &[u8]) {
+    let (manifest, _) = signature_manifest(reg, repo, payload, signature).await;
+    let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
+    reg.push_manifest(
+        repo,
+        &tag,
+        "application/vnd.oci.image.manifest.v1+json",
+        manifest.as_bytes(),
+    )
+    .await
+    .unwrap();
+}
+
+/// Pushes a signature's payload and config to `repo`; returns its manifest and digest.
+async fn signature_manifest(
+    reg: &Registry,
+    repo: &str,
+    payload: &[u8],
+    signature: &[u8],
+) -> (String, String) {
     let config =
         br#"{"architecture":"","config":{},"os":"","rootfs":{"type":"layers","diff_ids":[]}}"#;
     let config_digest = reg.push_blob(repo, config).await.unwrap();
@@ -125,15 +144,52 @@ async fn attach(reg: &Registry, repo: &str, digest: &str, payload: &[u8], signat
         }]
     })
     .to_string();
-    let tag = format!("sha256-{}.sig", digest.trim_start_matches("sha256:"));
-    reg.push_manifest(
-        repo,
-        &tag,
-        "application/vnd.oci.image.manifest.v1+json",
-        manifest.as_bytes(),
-    )
-    .await
-    .unwrap();
+    let digest = sha256(manifest.as_bytes());
+    (manifest, digest)
+}
+
+/// An HTTP front for the registry that has the OCI 1.1 referrers API Debian's registry lacks:
+/// every referrers request is answered `index`; the rest goes to the registry.
+fn referrers_front(registry: u16, index: String) -> u16 {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut client) = conn else { continue };
+            let index = index.clone();
+            std::thread::spawn(move || {
+                if !wire::speaks_http(&client) {
+                    return;
+                }
+                let Some(head) = wire::request_head(&mut client) else {
+                    return;
+                };
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                if path.contains("/referrers/") {
+                    let _ = write!(
+                        client,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.index.v1+json\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{index}",
+                        index.len()
+                    );
+                    return;
+                }
+                let mut lines: Vec<&str> = head
+                    .trim_end()
+                    .lines()
+                    .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                    .collect();
+                lines.push("Connection: close");
+                let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", registry)) else {
+                    return;
+                };
+                let _ = write!(server, "{}\r\n\r\n", lines.join("\r\n"));
+                wire::pipe(server, client, None);
+            });
+        }
+    });
+    port
 }
 
 fn write_policy(path: &Path, text: &str) {
@@ -280,4 +336,60 @@ fn refused_default(e: tonic::Status) {
         "{}",
         e.message()
     );
+}
+
+/// A registry with the referrers API: the signature is found there (it has no tag at all).
+#[tokio::test]
+async fn signatures_found_by_referrers() {
+    let keys = tempfile::tempdir().unwrap();
+    let ours = Key::new(keys.path(), "ours", false);
+    let reg = Registry::start(None);
+    let img = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+    let digest = reg.push_image("refd", "1", &img).await.unwrap();
+    let p = payload(&format!("{}/refd", reg.host()), &digest);
+    let s = ours.sign(keys.path(), &p);
+    let (manifest, sig_digest) = signature_manifest(&reg, "refd", &p, &s).await;
+    reg.push_manifest(
+        "refd",
+        &sig_digest,
+        "application/vnd.oci.image.manifest.v1+json",
+        manifest.as_bytes(),
+    )
+    .await
+    .unwrap();
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": sig_digest,
+            "size": manifest.len(),
+            "artifactType": "application/vnd.dev.cosign.artifact.sig.v1+json"
+        }]
+    })
+    .to_string();
+    let front = referrers_front(reg.port, index);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    write_policy(
+        &policy,
+        &format!(
+            r#"{{"default": [{{"type": "sigstoreSigned", "keyPath": "{}",
+                              "signedIdentity": {{"type": "exactRepository",
+                                                  "dockerRepository": "{}/refd"}}}}]}}"#,
+            ours.public.display(),
+            reg.host()
+        ),
+    );
+    let d = Daemon::start(&format!(
+        "[image]\nsignature_policy = \"{}\"\n",
+        policy.display()
+    ));
+    // Through the front (signed under the registry's own name, which the policy names).
+    let through = format!("127.0.0.1:{front}/refd:1");
+    assert_eq!(d.pull(&through).await.unwrap(), img.config_digest);
+    // Without the referrers API the signature, which has no tag, is not found.
+    let direct = format!("{}/refd:1", reg.host());
+    let e = d.pull(&direct).await.unwrap_err();
+    assert!(e.message().contains("no signature"), "{}", e.message());
 }
