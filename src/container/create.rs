@@ -224,6 +224,13 @@ impl ContainerService {
         confinement: &Confinement,
         target_pid: Option<PathBuf>,
     ) -> Result<Record, Error> {
+        std::fs::create_dir_all(&b.layer).map_err(io_err(&b.layer))?;
+        // Before anything is written in it: all below is charged to its project.
+        let project = self
+            .inner
+            .layer_usage
+            .assign(&b.layer, id)
+            .map_err(io_err(&b.layer))?;
         for d in [
             b.dir.clone(),
             b.rootfs(),
@@ -446,6 +453,7 @@ impl ContainerService {
             stop_signal: image.config.config.stop_signal.clone(),
             user: (user.uid, user.gid, user.additional_gids.clone()),
             cgroup,
+            project,
         };
         atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
         Ok(record)

@@ -120,6 +120,7 @@ impl ContainerService {
                 "bundle": b.dir,
                 "rootfs": b.rootfs(),
                 "writableLayer": b.layer,
+                "writableLayerProject": r.project,
                 "cgroup": r.cgroup.as_ref().map(|c| c.path.clone()),
                 "runtimeSpec": spec,
             });

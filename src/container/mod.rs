@@ -145,6 +145,9 @@ pub struct Record {
     /// The container's cgroup; none without cgroup v2.
     #[serde(default)]
     pub cgroup: Option<Cgroup>,
+    /// The writable layer's project ID, where its file system keeps project quotas.
+    #[serde(default)]
+    pub project: Option<u32>,
 }
 
 /// An event about `r`.
@@ -172,6 +175,7 @@ struct Inner {
     records: Registry<Record>,
     events: events::Events,
     samples: stats::Samples,
+    layer_usage: crate::snapshot::usage::LayerUsage,
     /// Where the root (persistent) state lives, for the default AppArmor profile.
     root: PathBuf,
     filters: sandbox::security::Filters,
@@ -227,10 +231,13 @@ impl ContainerService {
         images: ImageService,
         sandboxes: SandboxService,
     ) -> Result<ContainerService, Error> {
+        let layers = root.join("containers");
+        std::fs::create_dir_all(&layers).map_err(io_err(&layers))?;
         let svc = ContainerService {
             inner: Arc::new(Inner {
                 state: state.join("containers"),
-                layers: root.join("containers"),
+                layer_usage: crate::snapshot::usage::LayerUsage::open(&layers),
+                layers,
                 images,
                 sandboxes,
                 records: Registry::default(),

@@ -2,7 +2,8 @@
 //! and the cadvisor-style metrics of ListPodSandboxMetrics: CPU, memory and swap from the cgroups,
 //! the writable layer's bytes and inodes from its directory, network bytes from the pod's network
 //! namespace, processes from `pids.current`. CPU rates need two samples, so the last one of each
-//! cgroup is remembered; layer sizes are walked at most every few seconds.
+//! cgroup is remembered; a layer's size is read from its project quota where the file system
+//! keeps them, else walked at most every few seconds.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -62,7 +63,7 @@ impl Samples {
         {
             return (*b, *i);
         }
-        let (b, i) = walk(dir);
+        let (b, i) = crate::snapshot::usage::walk(dir);
         cache.insert(dir.to_path_buf(), (Instant::now(), b, i));
         (b, i)
     }
@@ -80,26 +81,6 @@ impl Samples {
             .unwrap_or_else(|p| p.into_inner())
             .remove(dir);
     }
-}
-
-fn walk(dir: &Path) -> (u64, u64) {
-    use std::os::unix::fs::MetadataExt;
-    let (mut bytes, mut inodes) = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            inodes += 1;
-            bytes += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    (bytes, inodes)
 }
 
 /// Memory usage of a cgroup: working set = usage - inactive file cache, as kubelet counts it.
@@ -381,8 +362,12 @@ pub fn network_metrics(net: &cri::NetworkUsage) -> Vec<cri::Metric> {
 impl ContainerService {
     pub(super) fn stats_of(&self, r: &Record) -> cri::ContainerStats {
         let s = &self.inner.samples;
-        let upper = self.bundle(&r.id).layer.join("upper");
-        let (bytes, inodes) = s.layer(&upper);
+        let layer = self.bundle(&r.id).layer;
+        // A layer with a project is read from its quota at once; others are walked (cached).
+        let (bytes, inodes) = match r.project {
+            Some(_) => self.inner.layer_usage.measure(&layer, r.project),
+            None => s.layer(&layer.join("upper")),
+        };
         // Without a cgroup (no cgroup v2 here) a running container's processes are counted;
         // kubelet and critest expect CPU and memory for every running container.
         let (cpu, memory) = match (&r.cgroup, r.mnt_ns) {

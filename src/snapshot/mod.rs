@@ -2,12 +2,15 @@
 //! the list of lower directories that stacks a chain for a container's rootfs. A layer is unpacked
 //! into a private ingest directory and renamed into place only when complete and verified, so a
 //! snapshot under its chain ID is always whole. Layers never need their parents mounted: OCI
-//! whiteouts become overlay whiteouts (see `unpack`). Uses `content::Digest`, `atomic`, `sys`.
+//! whiteouts become overlay whiteouts (see `unpack`). How much disk a writable layer holds is
+//! measured here too (`usage`: by project quota where the file system keeps them). Uses
+//! `content::Digest`, `atomic`, `sys`.
 
 pub mod copyup;
 #[cfg(test)]
 mod props;
 pub mod unpack;
+pub mod usage;
 
 use std::fs;
 use std::io;

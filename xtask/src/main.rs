@@ -95,11 +95,13 @@ fn conformance() -> Result<()> {
 /// test installs what `cargo xtask deb` built and runs its unit under systemd. The kubelet
 /// tier runs an upstream kubelet against crius twice: cgroupfs with a shell as PID 1, and the
 /// systemd driver with systemd as PID 1. The crash-anywhere test runs there too, where pods
-/// have cgroups and its cgroup fault points are in reach.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 11] = [
+/// have cgroups and its cgroup fault points are in reach, and the writable-layer test whose
+/// project quotas need the VM kernel's CONFIG_QUOTA.
+const VM_SUITES: [(&str, &[&str], Option<&str>); 12] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
+    ("layer_usage", &[], None),
     ("security", &["--skip", "selinux"], None),
     ("security", &["selinux_labels"], Some("-Z")),
     ("agent", &["cgroup_v2", "volumes_env"], None),
