@@ -1,10 +1,11 @@
 //! preflight: `crius check`, what an operator asks before running pods on a node: the kernel,
 //! cgroup v2 and its controllers, overlayfs, idmapped mounts, seccomp, an LSM, the CNI network
-//! list and its plugins, the capabilities crius needs, and free space under the root. Each
+//! list and its plugins, the capabilities crius needs, free space under the root, and whether
+//! the image signature policy reads. Each
 //! item is ok, warn (works, with less) or fail (pods will not run), with what to do. Reads the
 //! node through `runtime`, `sys` and `sandbox::security`, and the network list through
-//! `network::conflist` (from the configuration's `[network]`, as the daemon reads it); changes
-//! nothing.
+//! `network::conflist` (from the configuration's `[network]`, as the daemon reads it), the
+//! policy through `image::policy`; changes nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -75,7 +76,27 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
         cni(&cfg.network.conf_dir, &cfg.network.bin_dirs),
         capabilities(),
         free_space(&cfg.root),
+        signature_policy(&cfg.image.signature_policy),
     ]
+}
+
+/// Whether the image signature policy reads: none is fine (every image is accepted), a broken
+/// one fails every pull.
+pub fn signature_policy(path: &Path) -> Finding {
+    const ITEM: &str = "signature policy";
+    match crate::image::policy::Policy::load(path) {
+        Ok(None) => ok(
+            ITEM,
+            format!("none at {}: every image is accepted", path.display()),
+        ),
+        Ok(Some(_)) => ok(ITEM, format!("{} applies to every pull", path.display())),
+        Err(e) => bad(
+            ITEM,
+            Level::Fail,
+            format!("{}: {e}", path.display()),
+            "fix the policy: every pull fails while it cannot be read",
+        ),
+    }
 }
 
 fn kernel() -> Finding {
@@ -335,6 +356,19 @@ mod tests {
         assert_eq!(exit_code(&[f(Level::Ok)]), 0);
         assert_eq!(exit_code(&[f(Level::Ok), f(Level::Warn)]), 1);
         assert_eq!(exit_code(&[f(Level::Fail), f(Level::Warn)]), 2);
+    }
+
+    #[test]
+    fn signature_policies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("policy.json");
+        assert_eq!(signature_policy(&p).level, Level::Ok);
+        std::fs::write(&p, r#"{"default": [{"type": "reject"}]}"#).unwrap();
+        assert_eq!(signature_policy(&p).level, Level::Ok);
+        std::fs::write(&p, r#"{"default": []}"#).unwrap();
+        let f = signature_policy(&p);
+        assert_eq!(f.level, Level::Fail);
+        assert!(f.detail.contains("default: an empty list"), "{}", f.detail);
     }
 
     #[test]

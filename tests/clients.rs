@@ -59,6 +59,7 @@ async fn check_and_info() {
         "CNI",
         "capabilities",
         "free space",
+        "signature policy",
     ] {
         assert!(names.contains(&want), "{names:?}");
     }
