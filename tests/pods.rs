@@ -249,7 +249,8 @@ async fn exec_sync_output_exit_codes_and_timeout() {
 /// one runs or is refused for the container's state, FailedPrecondition as kubelet's prober
 /// expects, never as the daemon's internal error (a fork in a PID namespace whose PID 1 is
 /// gone, or a monitor going with its container, were answered Internal). A start in a stopped
-/// pod is refused the same way.
+/// pod is refused the same way, and a start racing the container's removal finds it gone
+/// (it was Internal: the removal took the container's directory under the start).
 #[tokio::test]
 async fn execs_racing_the_containers_end_are_refused_for_its_state() {
     let env = PodEnv::start().await;
@@ -275,6 +276,25 @@ async fn execs_racing_the_containers_end_are_refused_for_its_state() {
             }
         };
         assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    }
+    // A start racing the container's removal (another client) starts it or finds it gone.
+    for i in 0..10 {
+        let c = env
+            .create(&pod, &sb, env.container_config(&format!("r{i}"), LONG))
+            .await
+            .unwrap();
+        let mut rt = env.d.runtime();
+        let remove = rt.remove_container(cri::RemoveContainerRequest {
+            container_id: c.clone(),
+        });
+        let (removed, started) = tokio::join!(remove, env.start_container(&c));
+        removed.unwrap();
+        if let Err(e) = started {
+            assert!(
+                matches!(e.code(), Code::NotFound | Code::FailedPrecondition),
+                "{e:?}"
+            );
+        }
     }
     // Nor does a container start in a pod that was stopped after it was created.
     let late = env

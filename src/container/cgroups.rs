@@ -219,6 +219,7 @@ impl ContainerService {
     ) -> Result<(), Error> {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
+        Self::present(&r)?;
         let want = sandbox::resources(&res);
         let policy = self.inner.sandboxes.cgroups();
         match &r.cgroup {

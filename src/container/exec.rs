@@ -34,6 +34,16 @@ impl ContainerService {
         };
         let mut r = entry.lock().await;
         self.sync_exit(&mut r);
+        // A PID 1 that is exiting has let go of its namespaces (ESRCH on joining them) before
+        // it is a zombie: give it a moment to be seen gone.
+        if let (RUNNING, Some(init)) = (r.state, r.init) {
+            for _ in 0..20 {
+                if !init.alive() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         match (r.state, r.init) {
             (RUNNING, Some(init)) if init.alive() => e,
             (RUNNING, _) => Error::WrongState {

@@ -7,6 +7,7 @@ impl ContainerService {
     pub async fn start(&self, id: &str) -> Result<(), Error> {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
+        Self::present(&r)?;
         if r.state != CREATED {
             return Err(Error::WrongState {
                 id: r.id.clone(),
@@ -171,7 +172,10 @@ impl ContainerService {
             Err(e) => return Err(e),
         };
         self.stop(id, 0).await?;
-        let r = entry.lock().await;
+        let mut r = entry.lock().await;
+        if r.state == REMOVED {
+            return Ok(());
+        }
         let b = self.bundle(&r.id);
         discard_files(b.clone()).await;
         if let Some(cg) = &r.cgroup {
@@ -193,6 +197,8 @@ impl ContainerService {
         self.inner.samples.forget(&cpu_keys, &b.layer.join("upper"));
         self.inner.records.remove(&r.id);
         self.inner.records.release(&r.name_key());
+        // Whoever waited for the lock meanwhile finds it gone.
+        r.state = REMOVED;
         self.inner
             .events
             .emit(notice(&r, events::DELETED, now_nanos()));

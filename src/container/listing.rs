@@ -9,7 +9,7 @@ impl ContainerService {
         let mut out = Vec::new();
         for e in entries {
             let r = e.lock().await;
-            if r.sandbox_id == sandbox_id {
+            if r.sandbox_id == sandbox_id && r.state != REMOVED {
                 out.push(r.id.clone());
             }
         }
@@ -36,6 +36,9 @@ impl ContainerService {
         let mut out = Vec::new();
         for e in entries {
             let mut r = e.lock().await;
+            if r.state == REMOVED {
+                continue;
+            }
             self.sync_exit(&mut r);
             if let Some(f) = filter {
                 if !f.id.is_empty() && !r.id.starts_with(&f.id) {
@@ -66,6 +69,7 @@ impl ContainerService {
     ) -> Result<(cri::ContainerStatus, HashMap<String, String>), Error> {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
+        Self::present(&r)?;
         self.sync_exit(&mut r);
         let (uid, gid, groups) = r.user.clone();
         let status = cri::ContainerStatus {

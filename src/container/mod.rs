@@ -109,12 +109,16 @@ const NS_TARGET: i32 = cri::NamespaceMode::Target as i32;
 const CREATED: i32 = cri::ContainerState::ContainerCreated as i32;
 const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
 const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
+/// Not a CRI state: the record of a container a removal has just taken away, as a call that
+/// waited for its lock meanwhile finds it (it answers as for a container never made).
+const REMOVED: i32 = -1;
 
 fn state_name(s: i32) -> &'static str {
     match s {
         CREATED => "created",
         RUNNING => "running",
         EXITED => "exited",
+        REMOVED => "removed",
         _ => "unknown",
     }
 }
@@ -338,6 +342,15 @@ impl ContainerService {
 
     fn entry(&self, id: &str) -> Result<Entry<Record>, Error> {
         self.inner.records.get(id).map_err(|l| lookup_err(id, l))
+    }
+
+    /// NotFound for a record removed while the caller waited for its lock.
+    fn present(r: &Record) -> Result<(), Error> {
+        if r.state == REMOVED {
+            Err(Error::NotFound { id: r.id.clone() })
+        } else {
+            Ok(())
+        }
     }
 
     /// Applies `exit.json` to a running container's record (and unmounts its rootfs).

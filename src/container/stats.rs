@@ -403,6 +403,7 @@ impl ContainerService {
     pub async fn stats(&self, id: &str) -> Result<cri::ContainerStats, Error> {
         let entry = self.entry(id)?;
         let r = entry.lock().await;
+        Self::present(&r)?;
         Ok(self.stats_of(&r))
     }
 
