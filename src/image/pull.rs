@@ -211,6 +211,11 @@ fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Re
             actual: data.len() as u64,
         });
     }
+    check_digest(what, digest, data)
+}
+
+/// That `data` is the object `digest` names.
+pub(super) fn check_digest(what: &'static str, digest: &Digest, data: &[u8]) -> Result<(), Error> {
     let actual = Digest::of(data);
     if &actual != digest {
         return Err(Error::DigestMismatch {

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::Error;
 use super::policy::{Policy, Requirement, SignedIdentity};
+use super::pull::check_digest;
 use super::reference::Reference;
 use super::registry::Session;
 use crate::content::Digest;
@@ -171,7 +172,7 @@ async fn signatures(session: &Session<'_>, top: &Digest) -> Result<Vec<(Vec<u8>,
             .take(MAX_SIGNATURES)
         {
             let m = session.manifest(&r.digest.to_string()).await?;
-            check_digest(&r.digest, &m.data, session)?;
+            check_digest("signature manifest", &r.digest, &m.data)?;
             manifests.push(m.data);
         }
     }
@@ -198,24 +199,11 @@ async fn signatures(session: &Session<'_>, top: &Digest) -> Result<Vec<(Vec<u8>,
                 continue;
             }
             let payload = session.small_blob(&layer.digest, MAX_PAYLOAD).await?;
-            check_digest(&layer.digest, &payload, session)?;
+            check_digest("signature payload", &layer.digest, &payload)?;
             out.push((payload, sig));
         }
     }
     Ok(out)
-}
-
-fn check_digest(want: &Digest, data: &[u8], session: &Session<'_>) -> Result<(), Error> {
-    let got = Digest::of(data);
-    if &got == want {
-        Ok(())
-    } else {
-        Err(Error::Registry {
-            url: session.domain().to_string(),
-            status: 0,
-            message: format!("signature object {want} came as {got}"),
-        })
-    }
 }
 
 #[cfg(test)]
