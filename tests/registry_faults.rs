@@ -263,18 +263,7 @@ fn redirecting_front(registry: u16, store: u16, redirect: Vec<String>) -> u16 {
                     );
                     return;
                 }
-                // The request again, closing after its answer (no body: crius only GETs).
-                let mut lines: Vec<&str> = head
-                    .trim_end()
-                    .lines()
-                    .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-                    .collect();
-                lines.push("Connection: close");
-                let Ok(mut server) = TcpStream::connect(("127.0.0.1", registry)) else {
-                    return;
-                };
-                let _ = write!(server, "{}\r\n\r\n", lines.join("\r\n"));
-                pipe(server, client, None);
+                forward(&head, client, registry);
             });
         }
     });

@@ -175,17 +175,7 @@ fn referrers_front(registry: u16, index: String) -> u16 {
                     );
                     return;
                 }
-                let mut lines: Vec<&str> = head
-                    .trim_end()
-                    .lines()
-                    .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
-                    .collect();
-                lines.push("Connection: close");
-                let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", registry)) else {
-                    return;
-                };
-                let _ = write!(server, "{}\r\n\r\n", lines.join("\r\n"));
-                wire::pipe(server, client, None);
+                wire::forward(&head, client, registry);
             });
         }
     });

@@ -1,6 +1,6 @@
 //! Registry traffic on the wire, for the tests that stand between crius and a registry:
 //! piping a connection (optionally throttled), telling HTTP from a TLS hello, reading a request
-//! head, and incompressible test data.
+//! head and forwarding it, and incompressible test data.
 
 #![allow(clippy::unwrap_used)] // test scaffolding: a failure here is the test's failure
 
@@ -48,6 +48,22 @@ pub fn request_head(c: &mut TcpStream) -> Option<String> {
         head.push(b[0]);
     }
     Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Sends a request whose `head` was read from `client` on to the registry on loopback `port`,
+/// closing after its answer (no body: crius only GETs), and pipes the answer back.
+pub fn forward(head: &str, client: TcpStream, port: u16) {
+    let mut lines: Vec<&str> = head
+        .trim_end()
+        .lines()
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    lines.push("Connection: close");
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)) else {
+        return;
+    };
+    let _ = write!(server, "{}\r\n\r\n", lines.join("\r\n"));
+    pipe(server, client, None);
 }
 
 /// Incompressible bytes, the same for the same seed.
