@@ -3,12 +3,13 @@
 # basic auth, busybox-static for test images, Debian's dynamically linked busybox unpacked aside
 # (the conformance images' shell: it execs commands from PATH, as the real busybox image's does,
 # where busybox-static runs its applets directly), a Python with a current grpcio (a CRI client on
-# gRPC's C core), the CNI plugins and iptables (pod networks), and the build dependencies.
+# gRPC's C core), the CNI plugins and iptables (pod networks), criu (checkpoint and restore; its
+# tests run in the VM tier) and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
 pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv
-    containernetworking-plugins iptables)
+    containernetworking-plugins iptables criu)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

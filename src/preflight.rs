@@ -1,7 +1,7 @@
 //! preflight: `crius check`, what an operator asks before running pods on a node: the kernel,
 //! cgroup v2 and its controllers, overlayfs, idmapped mounts, seccomp, an LSM, the CNI network
 //! list and its plugins, the capabilities crius needs, free space under the root, and whether
-//! the image signature policy reads. Each
+//! the image signature policy reads, and whether criu can checkpoint here. Each
 //! item is ok, warn (works, with less) or fail (pods will not run), with what to do. Reads the
 //! node through `runtime`, `sys` and `sandbox::security`, and the network list through
 //! `network::conflist` (from the configuration's `[network]`, as the daemon reads it), the
@@ -77,7 +77,36 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
         capabilities(),
         free_space(&cfg.root),
         signature_policy(&cfg.image.signature_policy),
+        checkpoint(),
     ]
+}
+
+/// Whether CheckpointContainer can work here: criu installed and its own check passing.
+fn checkpoint() -> Finding {
+    const ITEM: &str = "checkpoint";
+    match std::process::Command::new("criu").arg("check").output() {
+        Err(_) => bad(
+            ITEM,
+            Level::Warn,
+            "criu is not installed",
+            "install criu (Debian: apt install criu) to checkpoint and restore containers",
+        ),
+        Ok(out) if out.status.success() => ok(ITEM, "criu check passes"),
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let first = said
+                .lines()
+                .find(|l| l.contains("Error"))
+                .unwrap_or("criu check failed");
+            bad(
+                ITEM,
+                Level::Warn,
+                first.trim().to_string(),
+                "checkpoints fail on this kernel: CRIU needs CONFIG_CHECKPOINT_RESTORE and a \
+                 kernel it supports",
+            )
+        }
+    }
 }
 
 /// Whether the image signature policy reads: none is fine (every image is accepted), a broken

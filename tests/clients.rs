@@ -60,6 +60,7 @@ async fn check_and_info() {
         "capabilities",
         "free space",
         "signature policy",
+        "checkpoint",
     ] {
         assert!(names.contains(&want), "{names:?}");
     }

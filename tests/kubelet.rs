@@ -210,6 +210,21 @@ fn get_raw(port: u16, path: &str) -> String {
     all
 }
 
+/// A POST of kubelet's with no body: the whole answer, status line first.
+fn post_raw(port: u16, path: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(150)));
+    let _ = write!(
+        s,
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut all = String::new();
+    let _ = s.read_to_string(&mut all);
+    all
+}
+
 fn body_if_ok(all: String) -> Option<String> {
     let (head, body) = all.split_once("\r\n\r\n")?;
     (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
@@ -695,6 +710,37 @@ async fn kubelet_runs_pods_on_crius() {
     assert_eq!(data.get(..2), Some(&80u16.to_le_bytes()[..]), "{got:?}");
     let page = String::from_utf8_lossy(&data[2..]).into_owned();
     assert!(page.contains("hello from web"), "{page}");
+
+    // kubelet's checkpoint API (ContainerCheckpoint, on by default since v1.30): CRIU dumps
+    // the talker into an archive under kubelet's root; the talker keeps running.
+    let answer = post_raw(
+        10250,
+        &format!("/checkpoint/default/web-{NODE}/talker?timeout=120"),
+    );
+    let body = body_if_ok(answer.clone()).unwrap_or_else(|| {
+        panic!(
+            "checkpoint: {answer}\n---- kubelet log ----\n{}",
+            k.log_tail()
+        )
+    });
+    let items: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let archive = PathBuf::from(items["items"][0].as_str().unwrap());
+    assert!(archive.starts_with(&k.root), "{body}");
+    let names: Vec<String> = tar::Archive::new(std::fs::File::open(&archive).unwrap())
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "config.dump"), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with("checkpoint/")),
+        "{names:?}"
+    );
+    let web = pod("web").unwrap();
+    assert!(
+        container_status(&web, "talker").unwrap()["state"]["running"].is_object(),
+        "{web}"
+    );
 
     // /stats/summary has the pod and its containers' CPU and memory (the CPU-and-memory view,
     // as metrics-server asks: the node's file systems here are tmpfs and overlays on 9p,

@@ -33,13 +33,42 @@ impl ContainerService {
         if image_name.is_empty() {
             return Err(invalid("config.image.image", "is required"));
         }
-        let image = self
-            .inner
-            .images
-            .lookup(&image_name)?
-            .ok_or_else(|| Error::ImageNotFound {
-                image: image_name.clone(),
-            })?;
+        // A checkpoint archive: the container is made of the image it was made of.
+        let archive = checkpoint::is_archive(&image_name).then(|| PathBuf::from(&image_name));
+        let image = match &archive {
+            None => self.inner.images.lookup(&image_name)?,
+            Some(a) => {
+                if config.tty {
+                    return Err(invalid(
+                        "config.tty",
+                        "a container with a terminal cannot be restored",
+                    ));
+                }
+                let dump = self.archive_config(a)?;
+                let mut found = None;
+                for name in [
+                    &dump.rootfs_image_ref,
+                    &dump.rootfs_image_name,
+                    &dump.rootfs_image,
+                ] {
+                    if !name.is_empty()
+                        && let Some(i) = self.inner.images.lookup(name)?
+                    {
+                        found = Some(i);
+                        break;
+                    }
+                }
+                if found.is_none() {
+                    return Err(Error::ImageNotFound {
+                        image: format!("{} (of checkpoint {})", dump.rootfs_image, a.display()),
+                    });
+                }
+                found
+            }
+        }
+        .ok_or_else(|| Error::ImageNotFound {
+            image: image_name.clone(),
+        })?;
         let log_path = if config.log_path.is_empty() || sandbox.config.log_directory.is_empty() {
             None
         } else {
@@ -96,6 +125,7 @@ impl ContainerService {
                 log_path,
                 &confinement,
                 target_pid,
+                archive.as_deref(),
             )
             .await;
         match result {
@@ -223,7 +253,14 @@ impl ContainerService {
         log_path: Option<PathBuf>,
         confinement: &Confinement,
         target_pid: Option<PathBuf>,
+        archive: Option<&Path>,
     ) -> Result<Record, Error> {
+        if archive.is_some() && sandbox.userns.is_some() {
+            return Err(invalid(
+                "config.image.image",
+                "a checkpoint cannot be restored in a pod with a user namespace",
+            ));
+        }
         std::fs::create_dir_all(&b.layer).map_err(io_err(&b.layer))?;
         // Before anything is written in it: all below is charged to its project.
         let project = self
@@ -266,6 +303,9 @@ impl ContainerService {
             let upper = b.layer.join("upper");
             std::os::unix::fs::chown(&upper, Some(u.uids.host_id), Some(u.gids.host_id))
                 .map_err(io_err(&upper))?;
+        }
+        if let Some(a) = archive {
+            self.unpack_archive(a, b)?;
         }
         let rootfs = b.rootfs();
         let privileged = config
@@ -390,7 +430,17 @@ impl ContainerService {
             placed: scoped,
             seccomp: None,
             userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
+            restore: None,
         };
+        if let Some(a) = archive {
+            if !monitor.new_pid_ns {
+                return Err(invalid(
+                    "config.linux.security_context.namespace_options.pid",
+                    "a restored container needs its own PID namespace",
+                ));
+            }
+            monitor.restore = Some(self.restore_config(a, b, &oci, &monitor)?);
+        }
         if let Some(f) = &confinement.seccomp {
             let path = b.dir.join("seccomp.bpf");
             atomic::write(&path, &f.program, 0o600).map_err(io_err(&path))?;

@@ -10,6 +10,7 @@
 
 mod attach;
 mod cgroups;
+mod checkpoint;
 mod create;
 pub mod events;
 mod exec;
@@ -78,6 +79,10 @@ pub enum Error {
     Sandbox(#[from] sandbox::Error),
     #[error(transparent)]
     Image(#[from] image::Error),
+    #[error("container {id} cannot be checkpointed: {reason}")]
+    CheckpointRefused { id: String, reason: String },
+    #[error("checkpointing container {id}: {message}")]
+    Checkpoint { id: String, message: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }

@@ -9,7 +9,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::rpc;
-use super::status::{ToStatus, unimplemented};
+use super::status::ToStatus;
 use crate::container::ContainerService;
 use crate::pod::PodService;
 use crate::sandbox::SandboxService;
@@ -45,24 +45,6 @@ impl Runtime {
             streams,
         }
     }
-}
-
-macro_rules! not_yet {
-    ($($method:ident($req:ty) -> $resp:ty = $name:literal, $why:literal;)*) => {
-        $(
-            // Written out as async_trait expands it: the attribute cannot see inside this macro.
-            fn $method<'life0, 'async_trait>(
-                &'life0 self,
-                _req: Request<$req>,
-            ) -> Pin<Box<dyn std::future::Future<Output = Result<Response<$resp>, Status>> + Send + 'async_trait>>
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(rpc($name, async { Err(unimplemented($name, $why)) }))
-            }
-        )*
-    };
 }
 
 #[tonic::async_trait]
@@ -587,7 +569,17 @@ impl RuntimeService for Runtime {
         .await
     }
 
-    not_yet! {
-        checkpoint_container(cri::CheckpointContainerRequest) -> cri::CheckpointContainerResponse = "CheckpointContainer", "checkpointing is not supported";
+    async fn checkpoint_container(
+        &self,
+        req: Request<cri::CheckpointContainerRequest>,
+    ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
+        rpc("CheckpointContainer", async {
+            let req = req.into_inner();
+            self.containers
+                .checkpoint(&req.container_id, &req.location, req.timeout)
+                .await?;
+            Ok(cri::CheckpointContainerResponse {})
+        })
+        .await
     }
 }

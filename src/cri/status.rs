@@ -88,10 +88,6 @@ pub fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("{field} is required"))
 }
 
-pub fn unimplemented(rpc: &str, until: &str) -> Status {
-    Status::unimplemented(format!("{rpc} is not implemented yet ({until})"))
-}
-
 impl ToStatus for sandbox::Error {
     fn code(&self) -> Code {
         use sandbox::Error as E;
@@ -117,7 +113,8 @@ impl ToStatus for container::Error {
             E::Invalid { .. } | E::Ambiguous { .. } => Code::InvalidArgument,
             E::NotFound { .. } | E::ImageNotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
-            E::WrongState { .. } => Code::FailedPrecondition,
+            E::WrongState { .. } | E::CheckpointRefused { .. } => Code::FailedPrecondition,
+            E::Checkpoint { .. } => Code::Unknown,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
             E::Start { .. } | E::Exec { .. } | E::Attach { .. } | E::Io { .. } => Code::Internal,
             E::Sandbox(e) => e.code(),

@@ -70,6 +70,26 @@ pub struct MonitorConfig {
     /// into it.
     #[serde(default)]
     pub userns: Option<PathBuf>,
+    /// Restore the container from a CRIU checkpoint instead of starting its process.
+    #[serde(default)]
+    pub restore: Option<RestoreConfig>,
+}
+
+/// What `criu restore` needs to bring a checkpointed container back in a new pod.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreConfig {
+    /// The CRIU images of the checkpoint.
+    pub images: PathBuf,
+    /// CRIU's log and the pid file it leaves (the restored init's pid).
+    pub log: PathBuf,
+    pub pid_file: PathBuf,
+    /// The checkpoint's external mounts by key, each with its source for the new container.
+    pub mounts: Vec<(String, PathBuf)>,
+    /// The checkpoint's external network namespace (its key) and the new pod's.
+    pub net: Option<(String, PathBuf)>,
+    /// The checkpointed process's stdin, stdout and stderr as CRIU names them (`pipe:[INODE]`):
+    /// the new container's pipes are handed in their place.
+    pub stdio: Vec<String>,
 }
 
 /// One range of a user namespace's ID map: `size` IDs from `container_id` inside are `host_id`

@@ -3,10 +3,12 @@
 //! into a private ingest directory and renamed into place only when complete and verified, so a
 //! snapshot under its chain ID is always whole. Layers never need their parents mounted: OCI
 //! whiteouts become overlay whiteouts (see `unpack`). How much disk a writable layer holds is
-//! measured here too (`usage`: by project quota where the file system keeps them). Uses
+//! measured here too (`usage`: by project quota where the file system keeps them), and its
+//! changes written as a layer tar for a checkpoint (`diff`). Uses
 //! `content::Digest`, `atomic`, `sys`.
 
 pub mod copyup;
+pub mod diff;
 #[cfg(test)]
 mod props;
 pub mod unpack;

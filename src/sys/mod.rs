@@ -10,7 +10,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 
 fn cstring(s: &[u8]) -> io::Result<CString> {
@@ -574,6 +574,21 @@ pub fn dup_to<F: AsFd>(fd: F, target: i32, cloexec: bool) -> io::Result<()> {
     // SAFETY: dup3 only manipulates the descriptor table; `raw` is open (borrowed) and the caller
     // owns whatever `target` referred to.
     check(unsafe { libc::dup3(raw, target, flags) })
+}
+
+/// Puts each descriptor at its target number (inherited across exec), for a program about to be
+/// exec'd with descriptors at fixed numbers. Each goes far above the targets first, so placing
+/// one never closes another still to be placed.
+pub fn place_fds(fds: &[(BorrowedFd<'_>, i32)], scratch: i32) -> io::Result<()> {
+    for (i, (fd, _)) in fds.iter().enumerate() {
+        dup_to(fd, scratch + i as i32, true)?;
+    }
+    for (i, (_, target)) in fds.iter().enumerate() {
+        // SAFETY: as in `dup_to`: the scratch descriptor was just made open above, and the
+        // caller gives up whatever `target` referred to.
+        check(unsafe { libc::dup3(scratch + i as i32, *target, 0) })?;
+    }
+    Ok(())
 }
 
 /// Unblocks every signal and restores every default disposition, as a freshly exec'd program

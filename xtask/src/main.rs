@@ -97,11 +97,13 @@ fn conformance() -> Result<()> {
 /// systemd driver with systemd as PID 1. The crash-anywhere test runs there too, where pods
 /// have cgroups and its cgroup fault points are in reach, and the writable-layer test whose
 /// project quotas need the VM kernel's CONFIG_QUOTA.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 12] = [
+const VM_SUITES: [(&str, &[&str], Option<&str>); 14] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
     ("layer_usage", &[], None),
+    ("checkpoint", &["--skip", "systemd"], None),
+    ("checkpoint", &["systemd"], Some("-S")),
     ("security", &["--skip", "selinux"], None),
     ("security", &["selinux_labels"], Some("-Z")),
     ("agent", &["cgroup_v2", "volumes_env"], None),

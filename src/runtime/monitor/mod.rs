@@ -32,9 +32,11 @@ use oci_spec::runtime::{Process, Spec};
 
 mod attach;
 mod exec;
+mod restore;
 
 use attach::{Attacher, StdinState};
 use exec::{Exec, send_report};
+pub use restore::criu_errors;
 
 use super::attach::AttachRequest;
 use super::init::{self, InitError, Stdio};
@@ -179,8 +181,10 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
             let (r, w) = cloexec_pipe()?;
             (r, Some(w))
         } else {
-            let null = std::fs::File::open("/dev/null").map_err(step("/dev/null"))?;
-            (OwnedFd::from(null), None)
+            // At its end from the start, like /dev/null, but a pipe CRIU can checkpoint: the
+            // host's /dev/null is a file outside the container's mounts.
+            let (r, _) = cloexec_pipe()?;
+            (r, None)
         };
         let stdio = Stdio::Pipes {
             stdin,
@@ -234,13 +238,14 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     // new one must belong to it, so the init makes it and forks the container into it (see
     // `init::Plan::pid_report`); we reap that grandchild as subreaper and join its namespace.
     let userns_pid = cfg.userns.is_some() && cfg.new_pid_ns;
+    let restoring = cfg.restore.is_some();
     if let Some(ns) = cfg.join.iter().find(|n| n.kind == "pid") {
         let f = std::fs::File::open(&ns.path)
             .map_err(step(format!("pid namespace {}", ns.path.display())))?;
         setns(f.as_fd(), CloneFlags::CLONE_NEWPID).map_err(step("join pid namespace"))?;
     } else if userns_pid {
         nix::sys::prctl::set_child_subreaper(true).map_err(step("child subreaper"))?;
-    } else if cfg.new_pid_ns {
+    } else if cfg.new_pid_ns && !restoring {
         unshare(CloneFlags::CLONE_NEWPID).map_err(step("new pid namespace"))?;
     }
     let (pid_r, pid_w) = if userns_pid {
@@ -271,140 +276,176 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     if !cfg.placed {
         watch_oom();
     }
-    match sys::fork().map_err(step("fork"))? {
-        ForkResult::Child => {
-            drop(err_r);
-            drop(pid_r);
-            drop(placed_w);
-            init::run(
-                init::Plan {
-                    spec: &spec,
-                    join: &cfg.join,
-                    cgroup: cfg.cgroup.as_deref(),
-                    seccomp: seccomp.as_ref(),
-                    userns: cfg.userns.as_deref(),
-                    pid_report: pid_w,
-                    placement: placed_r,
-                },
-                child_stdio,
-                err_w,
-            )
+    let child = if let Some(r) = &cfg.restore {
+        let init::Stdio::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } = child_stdio
+        else {
+            return Err(StepError::new(
+                "restore",
+                "a container with a terminal cannot be restored",
+            ));
+        };
+        let rootfs = spec
+            .root()
+            .as_ref()
+            .map(|r| r.path().clone())
+            .ok_or_else(|| StepError::new("config.json", "no root"))?;
+        drop((err_r, err_w, pid_r, pid_w));
+        let placement = placed_r.zip(placed_w);
+        let child = restore::run(
+            &cfg,
+            r,
+            &rootfs,
+            restore::Ends {
+                stdin,
+                stdout,
+                stderr,
+            },
+            placement,
+        )?;
+        if cfg.placed {
+            watch_oom();
         }
-        ForkResult::Parent { child: forked } => {
-            drop(err_w);
-            drop(pid_w);
-            drop(placed_r);
-            drop(child_stdio);
-            // The daemon puts the forked process in its systemd scope, then says go.
-            if let Some(w) = placed_w {
-                report(&StartReport::Forked {
-                    pid: forked.as_raw(),
-                });
-                if let Err(e) = super::await_placement() {
-                    let _ = nix::sys::signal::kill(forked, Signal::SIGKILL);
-                    let _ = waitpid(forked, None);
-                    let _ = std::fs::remove_file(&sock_path);
-                    return Err(e);
-                }
-                watch_oom();
-                let _ = std::fs::File::from(w).write_all(&[1]);
+        child
+    } else {
+        match sys::fork().map_err(step("fork"))? {
+            ForkResult::Child => {
+                drop(err_r);
+                drop(pid_r);
+                drop(placed_w);
+                init::run(
+                    init::Plan {
+                        spec: &spec,
+                        join: &cfg.join,
+                        cgroup: cfg.cgroup.as_deref(),
+                        seccomp: seccomp.as_ref(),
+                        userns: cfg.userns.as_deref(),
+                        pid_report: pid_w,
+                        placement: placed_r,
+                    },
+                    child_stdio,
+                    err_w,
+                )
             }
-            let child = match pid_r {
-                None => Some(forked),
-                Some(r) => {
-                    let mut b = [0u8; 4];
-                    let got = std::fs::File::from(r).read_exact(&mut b);
-                    let _ = waitpid(forked, None);
-                    got.ok().map(|_| Pid::from_raw(i32::from_ne_bytes(b)))
+            ForkResult::Parent { child: forked } => {
+                drop(err_w);
+                drop(pid_w);
+                drop(placed_r);
+                drop(child_stdio);
+                // The daemon puts the forked process in its systemd scope, then says go.
+                if let Some(w) = placed_w {
+                    report(&StartReport::Forked {
+                        pid: forked.as_raw(),
+                    });
+                    if let Err(e) = super::await_placement() {
+                        let _ = nix::sys::signal::kill(forked, Signal::SIGKILL);
+                        let _ = waitpid(forked, None);
+                        let _ = std::fs::remove_file(&sock_path);
+                        return Err(e);
+                    }
+                    watch_oom();
+                    let _ = std::fs::File::from(w).write_all(&[1]);
                 }
-            };
-            let mut msg = Vec::new();
-            let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
-            if !msg.is_empty() || child.is_none() {
-                if let Some(c) = child {
-                    let _ = waitpid(c, None);
-                }
-                let _ = std::fs::remove_file(&sock_path);
-                let msg = String::from_utf8_lossy(&msg).into_owned();
-                return Err(if msg.is_empty() {
-                    StepError::new("container init", "it ended before starting the container")
-                } else {
-                    StepError::parse(&msg)
-                });
-            }
-            let Some(child) = child else {
-                return Err(StepError::new("container init", "no container process"));
-            };
-            // From here a failure must not leave the container running without its monitor.
-            let abandon = |e: StepError| {
-                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
-                let _ = waitpid(child, None);
-                let _ = std::fs::remove_file(&sock_path);
-                e
-            };
-            // The container's terminal: its output is read here, attachers type into it.
-            let (mut stdin_keep, mut terminal) = (stdin_keep, None);
-            if let Some(c) = console {
-                let master = receive_terminal(&c)
-                    .and_then(|m| set_nonblocking(&m).map(|()| m))
-                    .map_err(abandon)?;
-                let dup = |fd: &OwnedFd| {
-                    fd.try_clone()
-                        .map_err(|e| abandon(StepError::new("terminal", e)))
+                let child = match pid_r {
+                    None => Some(forked),
+                    Some(r) => {
+                        let mut b = [0u8; 4];
+                        let got = std::fs::File::from(r).read_exact(&mut b);
+                        let _ = waitpid(forked, None);
+                        got.ok().map(|_| Pid::from_raw(i32::from_ne_bytes(b)))
+                    }
                 };
-                if cfg.stdin {
-                    stdin_keep = Some(dup(&master)?);
+                let mut msg = Vec::new();
+                let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
+                if !msg.is_empty() || child.is_none() {
+                    if let Some(c) = child {
+                        let _ = waitpid(c, None);
+                    }
+                    let _ = std::fs::remove_file(&sock_path);
+                    let msg = String::from_utf8_lossy(&msg).into_owned();
+                    return Err(if msg.is_empty() {
+                        StepError::new("container init", "it ended before starting the container")
+                    } else {
+                        StepError::parse(&msg)
+                    });
                 }
-                terminal = Some(dup(&master)?);
-                outputs.push((master, Stream::Stdout));
+                let Some(child) = child else {
+                    return Err(StepError::new("container init", "no container process"));
+                };
+                child
             }
-            if userns_pid {
-                let ns = format!("/proc/{child}/ns/pid");
-                let f = std::fs::File::open(&ns).map_err(|e| abandon(StepError::new(&ns, e)))?;
-                setns(f.as_fd(), CloneFlags::CLONE_NEWPID).map_err(|e| {
-                    abandon(StepError::new("join the container's pid namespace", e))
-                })?;
-            }
-            let started_at = now_nanos();
-            let id = ProcessId::of(child.as_raw())
-                .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
-            let init_fd = sys::pidfd_open(child.as_raw())
-                .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
-            let monitor = Monitor {
-                child,
-                init_fd,
-                log,
-                outputs,
-                signals,
-                listener,
-                execs: Vec::new(),
-                process,
-                seccomp,
-                userns: cfg.userns.is_some(),
-                cgroup: cfg.cgroup.clone(),
-                oom_watch,
-                oom_seen: 0,
-                exit_file: cfg.exit_file.clone(),
-                stdin: StdinState {
-                    fd: stdin_keep,
-                    pending: Vec::new(),
-                    // As containerd: a terminal's stdin is never closed for an attacher.
-                    once: cfg.stdin_once && !cfg.tty,
-                    closing: false,
-                },
-                terminal,
-                attachers: Vec::new(),
-            };
-            Ok((
-                monitor,
-                StartReport::Started {
-                    pid: id.pid,
-                    start_time: id.start_time,
-                    started_at,
-                },
-            ))
         }
+    };
+    // From here a failure must not leave the container running without its monitor.
+    let abandon = |e: StepError| {
+        let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+        let _ = waitpid(child, None);
+        let _ = std::fs::remove_file(&sock_path);
+        e
+    };
+    // The container's terminal: its output is read here, attachers type into it.
+    let (mut stdin_keep, mut terminal) = (stdin_keep, None);
+    if let Some(c) = console {
+        let master = receive_terminal(&c)
+            .and_then(|m| set_nonblocking(&m).map(|()| m))
+            .map_err(abandon)?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| abandon(StepError::new("terminal", e)))
+        };
+        if cfg.stdin {
+            stdin_keep = Some(dup(&master)?);
+        }
+        terminal = Some(dup(&master)?);
+        outputs.push((master, Stream::Stdout));
     }
+    if userns_pid || restoring {
+        let ns = format!("/proc/{child}/ns/pid");
+        let f = std::fs::File::open(&ns).map_err(|e| abandon(StepError::new(&ns, e)))?;
+        setns(f.as_fd(), CloneFlags::CLONE_NEWPID)
+            .map_err(|e| abandon(StepError::new("join the container's pid namespace", e)))?;
+    }
+    let started_at = now_nanos();
+    let id = ProcessId::of(child.as_raw())
+        .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
+    let init_fd = sys::pidfd_open(child.as_raw())
+        .map_err(|e| abandon(StepError::new(format!("container init {child}"), e)))?;
+    let monitor = Monitor {
+        child,
+        init_fd,
+        log,
+        outputs,
+        signals,
+        listener,
+        execs: Vec::new(),
+        process,
+        seccomp,
+        userns: cfg.userns.is_some(),
+        cgroup: cfg.cgroup.clone(),
+        oom_watch,
+        oom_seen: 0,
+        exit_file: cfg.exit_file.clone(),
+        stdin: StdinState {
+            fd: stdin_keep,
+            pending: Vec::new(),
+            // As containerd: a terminal's stdin is never closed for an attacher.
+            once: cfg.stdin_once && !cfg.tty,
+            closing: false,
+        },
+        terminal,
+        attachers: Vec::new(),
+    };
+    Ok((
+        monitor,
+        StartReport::Started {
+            pid: id.pid,
+            start_time: id.start_time,
+            started_at,
+        },
+    ))
 }
 
 impl Monitor {

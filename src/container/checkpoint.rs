@@ -1,0 +1,460 @@
+//! CheckpointContainer and restoring from its archive, with CRIU (`criu` from the PATH).
+//!
+//! A checkpoint is a tar at the requested path in the layout CRI-O and containerd write: the
+//! CRIU images under `checkpoint/`, `config.dump` (what the container was made from),
+//! `spec.dump` (its OCI spec), `rootfs-diff.tar` (its writable layer as a layer tar, see
+//! `snapshot::diff`) and `deleted.files`; crius adds `crius.json` (the mounts and network
+//! namespace the images refer to from outside) and `descriptors.json` (the stdio pipes). The
+//! container keeps running. CreateContainer whose image is the path of such an archive makes a
+//! container of the checkpoint's image with its layer changes, and StartContainer restores the
+//! processes into it (CRI-O's convention); the pod may be another one.
+
+use super::*;
+
+/// What `crius.json` in an archive holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct Externals {
+    /// Mount points the images name as external (their key is the mount point).
+    pub mounts: Vec<String>,
+    /// The key of the pod's network namespace, when the container was in one.
+    pub net: Option<String>,
+}
+
+/// CRI-O's `config.dump`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub(super) struct ConfigDump {
+    pub id: String,
+    pub name: String,
+    pub rootfs_image: String,
+    pub rootfs_image_ref: String,
+    pub rootfs_image_name: String,
+    pub runtime: String,
+    pub created_time: String,
+    pub checkpointed_time: String,
+}
+
+/// The network namespace's key in the images.
+const NET_KEY: &str = "crius-pod-net";
+/// How long a dump may take when the request gives no timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn refused(id: &str, reason: impl Into<String>) -> Error {
+    Error::CheckpointRefused {
+        id: id.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn failed(id: &str, message: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        id: id.to_string(),
+        message: message.into(),
+    }
+}
+
+/// criu, from the PATH.
+fn criu() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("criu"))
+        .find(|p| p.is_file())
+}
+
+/// Whether an image name given to CreateContainer is a checkpoint archive's path.
+pub(super) fn is_archive(image: &str) -> bool {
+    Path::new(image).is_absolute() && Path::new(image).is_file()
+}
+
+fn rfc3339(nanos: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_nanos(nanos.max(0) as u64);
+    humantime::format_rfc3339_nanos(at).to_string()
+}
+
+impl ContainerService {
+    pub async fn checkpoint(&self, id: &str, location: &str, timeout: i64) -> Result<(), Error> {
+        let at = Path::new(location);
+        if !at.is_absolute() || at.file_name().is_none() {
+            return Err(invalid(
+                "location",
+                format!("{location:?} must be an absolute file path"),
+            ));
+        }
+        if !at.parent().is_some_and(Path::is_dir) {
+            return Err(invalid(
+                "location",
+                format!("{location:?}: its directory does not exist"),
+            ));
+        }
+        let (r, b) = {
+            let entry = self.entry(id)?;
+            let r = entry.lock().await;
+            Self::present(&r)?;
+            if r.state != RUNNING {
+                return Err(Error::WrongState {
+                    id: r.id.clone(),
+                    state: state_name(r.state),
+                    want: "running",
+                });
+            }
+            (r.clone(), self.bundle(&r.id))
+        };
+        let id = r.id.as_str();
+        let mon_path = b.dir.join("monitor.json");
+        let mon: MonitorConfig = std::fs::read(&mon_path)
+            .ok()
+            .and_then(|d| serde_json::from_slice(&d).ok())
+            .ok_or_else(|| failed(id, format!("{} is unreadable", mon_path.display())))?;
+        if mon.tty {
+            return Err(refused(id, "it has a terminal"));
+        }
+        if !mon.new_pid_ns {
+            return Err(refused(
+                id,
+                "it shares a PID namespace (only its own can be dumped)",
+            ));
+        }
+        if mon.userns.is_some() {
+            return Err(refused(id, "its pod has a user namespace"));
+        }
+        let Some(criu) = criu() else {
+            return Err(refused(id, "criu is not installed (no criu in PATH)"));
+        };
+        let Some(init) = r.init else {
+            return Err(failed(id, "no init process recorded"));
+        };
+        let spec_path = b.dir.join("config.json");
+        let spec: oci_spec::runtime::Spec = std::fs::read(&spec_path)
+            .ok()
+            .and_then(|d| serde_json::from_slice(&d).ok())
+            .ok_or_else(|| failed(id, format!("{} is unreadable", spec_path.display())))?;
+
+        let work = b.dir.join("checkpoint.tmp");
+        let _ = tokio::fs::remove_dir_all(&work).await;
+        let images = work.join("checkpoint");
+        tokio::fs::create_dir_all(&images)
+            .await
+            .map_err(io_err(&images))?;
+        let result = self
+            .dump(&r, &b, &spec, &mon, &criu, init, &work, timeout)
+            .await;
+        let result = match result {
+            Ok(()) => {
+                let (work2, at2) = (work.clone(), at.to_path_buf());
+                tokio::task::spawn_blocking(move || write_archive(&work2, &at2))
+                    .await
+                    .map_err(|e| failed(id, e.to_string()))?
+                    .map_err(io_err(at))
+            }
+            Err(e) => Err(e),
+        };
+        let _ = tokio::fs::remove_dir_all(&work).await;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn dump(
+        &self,
+        r: &Record,
+        b: &Bundle,
+        spec: &oci_spec::runtime::Spec,
+        mon: &MonitorConfig,
+        criu: &Path,
+        init: ProcessId,
+        work: &Path,
+        timeout: i64,
+    ) -> Result<(), Error> {
+        let id = r.id.as_str();
+        let pid = init.pid;
+        // Mounts whose source lies outside the container: named by mount point, so a restore
+        // can give the new container's own.
+        let mut ext = Externals::default();
+        for m in spec.mounts().as_deref().unwrap_or_default() {
+            let bind = m.typ().as_deref() == Some("bind")
+                || m.options()
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|x| x == "bind" || x == "rbind"));
+            if bind || m.typ().as_deref() == Some("cgroup2") {
+                ext.mounts.push(m.destination().display().to_string());
+            }
+        }
+        let mut cmd = tokio::process::Command::new(criu);
+        cmd.arg("dump")
+            .args(["--tree", &pid.to_string()])
+            .arg("--images-dir")
+            .arg(work.join("checkpoint"))
+            .args(["--leave-running", "--manage-cgroups=ignore"])
+            .arg("--log-file")
+            .arg(work.join("dump.log"))
+            .arg("-v4");
+        for m in &ext.mounts {
+            cmd.args(["--external", &format!("mnt[{m}]:{m}")]);
+        }
+        if mon.join.iter().any(|n| n.kind == "net") {
+            let ns = format!("/proc/{pid}/ns/net");
+            let inode = std::fs::metadata(&ns)
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .map_err(io_err(Path::new(&ns)))?;
+            cmd.args(["--external", &format!("net[{inode}]:{NET_KEY}")]);
+            ext.net = Some(NET_KEY.into());
+        }
+        // The stdio pipes, which a restore replaces with the new container's own.
+        let stdio: Vec<String> = (0..3)
+            .map(|fd| {
+                std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        // The recorded init must still be the process the record names.
+        if !init.alive() {
+            return Err(Error::WrongState {
+                id: id.into(),
+                state: "exited",
+                want: "running",
+            });
+        }
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let limit = if timeout > 0 {
+            Duration::from_secs(timeout as u64)
+        } else {
+            DEFAULT_TIMEOUT
+        };
+        let child = cmd
+            .spawn()
+            .map_err(|e| failed(id, format!("running {}: {e}", criu.display())))?;
+        let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
+            Err(_) => {
+                return Err(failed(
+                    id,
+                    format!("criu dump took longer than {} s", limit.as_secs()),
+                ));
+            }
+            Ok(out) => out.map_err(|e| failed(id, format!("criu dump: {e}")))?,
+        };
+        if !out.status.success() {
+            let log = work.join("dump.log");
+            let said = String::from_utf8_lossy(&out.stderr);
+            let errors = if log.exists() {
+                runtime::monitor::criu_errors(&log)
+            } else {
+                said.trim().to_string()
+            };
+            return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
+        }
+
+        // The writable layer's changes, and what the container was made from.
+        let upper = b.layer.join("upper");
+        let diff = work.join("rootfs-diff.tar");
+        let (u, d) = (upper.clone(), diff.clone());
+        let deleted = tokio::task::spawn_blocking(move || {
+            std::fs::File::create(&d)
+                .and_then(|f| crate::snapshot::diff::write_diff(&u, std::io::BufWriter::new(f)))
+        })
+        .await
+        .map_err(|e| failed(id, e.to_string()))?
+        .map_err(io_err(&upper))?;
+        let meta = r.config.metadata.clone().unwrap_or_default();
+        let config = ConfigDump {
+            id: r.id.clone(),
+            name: meta.name,
+            rootfs_image: r
+                .config
+                .image
+                .as_ref()
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
+            rootfs_image_ref: r.image_id.clone(),
+            rootfs_image_name: r.image_ref.clone(),
+            runtime: "crius".into(),
+            created_time: rfc3339(r.created_at),
+            checkpointed_time: rfc3339(now_nanos()),
+        };
+        fn write_json<T: Serialize + ?Sized>(dir: &Path, name: &str, v: &T) -> Result<(), Error> {
+            let p = dir.join(name);
+            let bytes = serde_json::to_vec_pretty(v).map_err(|e| Error::Io {
+                path: p.clone(),
+                source: e.into(),
+            })?;
+            std::fs::write(&p, bytes).map_err(io_err(&p))
+        }
+        write_json(work, "config.dump", &config)?;
+        write_json(work, "spec.dump", spec)?;
+        write_json(work, "deleted.files", &deleted)?;
+        write_json(work, "crius.json", &ext)?;
+        write_json(work, "descriptors.json", &stdio)?;
+        Ok(())
+    }
+
+    /// For CreateContainer from an archive: reads what the container was made from.
+    pub(super) fn archive_config(&self, archive: &Path) -> Result<ConfigDump, Error> {
+        let bad = |reason: String| invalid("config.image.image", reason);
+        let f = std::fs::File::open(archive).map_err(io_err(archive))?;
+        let mut tar = tar::Archive::new(std::io::BufReader::new(f));
+        let entries = tar.entries().map_err(|e| {
+            bad(format!(
+                "{} is not a checkpoint archive: {e}",
+                archive.display()
+            ))
+        })?;
+        for e in entries {
+            let mut e = e.map_err(|e| {
+                bad(format!(
+                    "{} is not a checkpoint archive: {e}",
+                    archive.display()
+                ))
+            })?;
+            let is_config = e
+                .path()
+                .map(|p| p.components().eq(Path::new("config.dump").components()))
+                .unwrap_or(false);
+            if is_config {
+                let mut text = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut text).map_err(io_err(archive))?;
+                return serde_json::from_slice(&text)
+                    .map_err(|e| bad(format!("{}: config.dump: {e}", archive.display())));
+            }
+        }
+        Err(bad(format!(
+            "{} is not a checkpoint archive (no config.dump)",
+            archive.display()
+        )))
+    }
+
+    /// Unpacks the archive into the new container's bundle and its writable layer (empty, not
+    /// yet mounted).
+    pub(super) fn unpack_archive(&self, archive: &Path, b: &Bundle) -> Result<(), Error> {
+        let field = "config.image.image";
+        let dir = b.dir.join("restore");
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let f = std::fs::File::open(archive).map_err(io_err(archive))?;
+        crate::snapshot::unpack::unpack(
+            std::io::BufReader::new(f),
+            &dir,
+            &crate::snapshot::UnpackOptions::default(),
+        )
+        .map_err(|e| invalid(field, format!("{}: {e}", archive.display())))?;
+        let upper = b.layer.join("upper");
+        let diff = dir.join("rootfs-diff.tar");
+        if diff.is_file() {
+            let f = std::fs::File::open(&diff).map_err(io_err(&diff))?;
+            crate::snapshot::unpack::unpack(
+                std::io::BufReader::new(f),
+                &upper,
+                &crate::snapshot::UnpackOptions::default(),
+            )
+            .map_err(|e| {
+                invalid(
+                    field,
+                    format!("{}: rootfs-diff.tar: {e}", archive.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// How criu is to restore the unpacked archive into the new container (`oci`, `monitor`).
+    pub(super) fn restore_config(
+        &self,
+        archive: &Path,
+        b: &Bundle,
+        oci: &oci_spec::runtime::Spec,
+        monitor: &MonitorConfig,
+    ) -> Result<runtime::RestoreConfig, Error> {
+        let field = "config.image.image";
+        let dir = b.dir.join("restore");
+        let read = |name: &str| -> Result<Vec<u8>, Error> {
+            std::fs::read(dir.join(name))
+                .map_err(|e| invalid(field, format!("{}: {name}: {e}", archive.display())))
+        };
+        let ext: Externals = serde_json::from_slice(&read("crius.json")?)
+            .map_err(|e| invalid(field, format!("{}: crius.json: {e}", archive.display())))?;
+        let stdio: Vec<String> =
+            serde_json::from_slice(&read("descriptors.json")?).map_err(|e| {
+                invalid(
+                    field,
+                    format!("{}: descriptors.json: {e}", archive.display()),
+                )
+            })?;
+        let mut mounts = Vec::new();
+        for key in &ext.mounts {
+            let m = oci
+                .mounts()
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|m| m.destination() == Path::new(key));
+            let source = match m {
+                Some(m) if m.typ().as_deref() == Some("cgroup2") => monitor.cgroup.clone(),
+                Some(m) => m.source().clone(),
+                None => None,
+            };
+            let Some(source) = source else {
+                return Err(invalid(
+                    "config.mounts",
+                    format!("the checkpoint has a mount at {key} that this container lacks"),
+                ));
+            };
+            mounts.push((key.clone(), source));
+        }
+        let net = match (&ext.net, monitor.join.iter().find(|n| n.kind == "net")) {
+            (Some(key), Some(ns)) => Some((key.clone(), ns.path.clone())),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "sandbox_config",
+                    "the checkpoint was in a pod network; this pod uses the node's",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "sandbox_config",
+                    "the checkpoint used the node's network; this pod has its own",
+                ));
+            }
+        };
+        Ok(runtime::RestoreConfig {
+            images: dir.join("checkpoint"),
+            log: b.dir.join("restore.log"),
+            pid_file: b.dir.join("restore.pid"),
+            mounts,
+            net,
+            stdio,
+        })
+    }
+}
+
+/// The archive: every file of `work` in a tar at `at`, written beside it and renamed over.
+fn write_archive(work: &Path, at: &Path) -> std::io::Result<()> {
+    let dir = at.parent().unwrap_or(Path::new("/"));
+    let name = at.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let result = (|| {
+        let f = std::fs::File::create(&tmp)?;
+        let mut tar = tar::Builder::new(std::io::BufWriter::new(f));
+        tar.follow_symlinks(false);
+        let mut names: Vec<_> = std::fs::read_dir(work)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        for n in names {
+            let p = work.join(&n);
+            if p.is_dir() {
+                tar.append_dir_all(&n, &p)?;
+            } else {
+                tar.append_path_with_name(&p, &n)?;
+            }
+        }
+        let f = tar.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, at)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
