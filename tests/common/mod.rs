@@ -17,6 +17,7 @@ use k8s_cri::v1 as cri;
 use tonic::transport::Channel;
 
 pub mod agent;
+pub mod kubelet;
 pub mod net;
 pub mod push;
 pub mod wire;

@@ -131,8 +131,6 @@ fn test_vm(only: &[&str]) -> Result<()> {
     if !is_root() {
         bail!("the VM tier needs root (qemu shares the host root over 9p)");
     }
-    let mut cmd = cargo();
-    cmd.args(["test", "--no-run", "--message-format=json"]);
     let wanted = |s: &str| {
         if only.is_empty() {
             !VM_OPT_IN.contains(&s)
@@ -144,6 +142,52 @@ fn test_vm(only: &[&str]) -> Result<()> {
     let mut suites: Vec<&str> = runs.iter().map(|(s, ..)| *s).collect();
     suites.sort();
     suites.dedup();
+    let built = test_binaries(&suites)?;
+    let mut bins = Vec::new();
+    for (name, exe) in built {
+        for (_, filter, boot) in runs.iter().filter(|(s, ..)| *s == name) {
+            bins.push((name.clone(), exe.clone(), *filter, *boot));
+        }
+    }
+    if bins.len() != runs.len() {
+        bail!("expected {} test runs, found {bins:?}", runs.len());
+    }
+    for (name, exe, filter, boot) in bins {
+        eprintln!(
+            "xtask: VM tier: {name} {} (boot: {})",
+            filter.join(" "),
+            boot.unwrap_or("default")
+        );
+        let mut cmd = vm_command(boot)?;
+        // Tests ignored on the host because they need what only the VM has (cgroup v2,
+        // AppArmor, SELinux, systemd as PID 1, a machine kubelet may change) run here.
+        cmd.args(["--", &exe, "--test-threads=2", "--include-ignored"]);
+        cmd.args(filter);
+        run(&mut cmd)?;
+    }
+    Ok(())
+}
+
+/// `hack/vm-run` (with `boot`'s flag) sharing what host-built tests need, up to the `--`.
+fn vm_command(boot: Option<&str>) -> Result<Command> {
+    // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
+    // read-only at its own path.
+    let workspace = std::env::current_dir().context("current directory")?;
+    let mut cmd = Command::new("hack/vm-run");
+    cmd.args(boot);
+    cmd.args(["-t", "1500", "-r"]).arg(&workspace);
+    // The upstream clients beside the checkout (crictl, critest, kubelet), when present.
+    let shared = workspace.join("../shared");
+    if shared.is_dir() {
+        cmd.arg("-r").arg(&shared);
+    }
+    Ok(cmd)
+}
+
+/// Builds the named integration test suites; each suite's name and executable.
+fn test_binaries(suites: &[&str]) -> Result<Vec<(String, String)>> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--no-run", "--message-format=json"]);
     for s in suites {
         cmd.args(["--test", s]);
     }
@@ -151,9 +195,9 @@ fn test_vm(only: &[&str]) -> Result<()> {
     let out = cmd
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("building the VM test suites")?;
+        .context("building test suites")?;
     if !out.status.success() {
-        bail!("building the VM test suites failed");
+        bail!("building the test suites {suites:?} failed");
     }
     let mut bins = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -163,39 +207,12 @@ fn test_vm(only: &[&str]) -> Result<()> {
         if v["reason"] == "compiler-artifact"
             && let (Some(exe), Some(name)) =
                 (v["executable"].as_str(), v["target"]["name"].as_str())
+            && suites.contains(&name)
         {
-            for (_, filter, boot) in runs.iter().filter(|(s, ..)| *s == name) {
-                bins.push((name.to_string(), exe.to_string(), *filter, *boot));
-            }
+            bins.push((name.to_string(), exe.to_string()));
         }
     }
-    if bins.len() != runs.len() {
-        bail!("expected {} test runs, found {bins:?}", runs.len());
-    }
-    // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
-    // read-only at its own path.
-    let workspace = std::env::current_dir().context("current directory")?;
-    for (name, exe, filter, boot) in bins {
-        eprintln!(
-            "xtask: VM tier: {name} {} (boot: {})",
-            filter.join(" "),
-            boot.unwrap_or("default")
-        );
-        let mut cmd = Command::new("hack/vm-run");
-        cmd.args(boot);
-        cmd.args(["-t", "1500", "-r"]).arg(&workspace);
-        // The upstream clients beside the checkout (crictl, critest, kubelet), when present.
-        let shared = workspace.join("../shared");
-        if shared.is_dir() {
-            cmd.arg("-r").arg(&shared);
-        }
-        // Tests ignored on the host because they need what only the VM has (cgroup v2,
-        // AppArmor, SELinux, systemd as PID 1, a machine kubelet may change) run here.
-        cmd.args(["--", &exe, "--test-threads=2", "--include-ignored"]);
-        cmd.args(filter);
-        run(&mut cmd)?;
-    }
-    Ok(())
+    Ok(bins)
 }
 
 /// The host's target triple, from rustc.

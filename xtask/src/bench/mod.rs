@@ -6,6 +6,7 @@
 mod agent;
 mod cni;
 mod images;
+mod kubelet;
 mod peers;
 mod stream;
 
@@ -31,6 +32,8 @@ pub struct Options {
     /// Pods the agent keeps under TCP probes while its CPU is measured (0: skip).
     pub probed_pods: usize,
     pub probe_seconds: u64,
+    /// Pods started under kubelet in each PLEG mode, in the VM (0: skip).
+    pub kubelet_pods: usize,
     pub out: PathBuf,
     pub crius_bin: PathBuf,
 }
@@ -46,6 +49,7 @@ impl Options {
             idle_seconds: 60,
             probed_pods: 100,
             probe_seconds: 30,
+            kubelet_pods: 10,
             out: PathBuf::from("target/bench/results.json"),
             crius_bin: PathBuf::from("target/dist/crius"),
         };
@@ -63,6 +67,7 @@ impl Options {
                 "--idle-seconds" => o.idle_seconds = val()?.parse()?,
                 "--probed-pods" => o.probed_pods = val()?.parse()?,
                 "--probe-seconds" => o.probe_seconds = val()?.parse()?,
+                "--kubelet-pods" => o.kubelet_pods = val()?.parse()?,
                 "--out" => o.out = PathBuf::from(val()?),
                 "--crius" => o.crius_bin = PathBuf::from(val()?),
                 "--smoke" => {
@@ -74,6 +79,8 @@ impl Options {
                     o.idle_seconds = 0;
                     o.probed_pods = 3;
                     o.probe_seconds = 3;
+                    // A VM boot and two kubelets: the full run only.
+                    o.kubelet_pods = 0;
                 }
                 other => bail!("unknown bench option {other}"),
             }
@@ -717,6 +724,27 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     cni_rows(o, tmp, &mut rts, &busybox, &mut res).await?;
     for rt in rts.iter_mut() {
         rt.peer.stop();
+    }
+    if o.kubelet_pods > 0 {
+        eprintln!("bench: pod start under kubelet, relisting and evented PLEG (in the VM)");
+        if let Some(p) = kubelet::pod_start(&o.crius_bin, o.kubelet_pods)? {
+            const RELIST: &str = "pod to Running under kubelet (VM), relisting PLEG";
+            const EVENTED: &str = "pod to Running under kubelet (VM), EventedPLEG";
+            for ms in &p.relist_ms {
+                res.add(RELIST, "ms", "crius", *ms);
+            }
+            for ms in &p.evented_ms {
+                res.add(EVENTED, "ms", "crius", *ms);
+            }
+            if !p.relist_ms.is_empty() && !p.evented_ms.is_empty() {
+                res.add(
+                    "pod to Running under kubelet, EventedPLEG / relisting (medians)",
+                    "x",
+                    "crius",
+                    stats(&p.evented_ms).median / stats(&p.relist_ms).median,
+                );
+            }
+        }
     }
     report(&res, o)?;
     Ok(())
