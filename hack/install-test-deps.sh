@@ -4,12 +4,13 @@
 # (the conformance images' shell: it execs commands from PATH, as the real busybox image's does,
 # where busybox-static runs its applets directly), a Python with a current grpcio (a CRI client on
 # gRPC's C core), the CNI plugins and iptables (pod networks), criu (checkpoint and restore; its
-# tests run in the VM tier) and the build dependencies.
+# tests run in the VM tier), libseccomp's Python binding (an independent seccomp compiler the unit
+# tests check crius's against) and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
 pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv
-    containernetworking-plugins iptables criu)
+    containernetworking-plugins iptables criu python3-seccomp)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -224,6 +224,9 @@ impl Builder {
             let t = self.ret(action);
             ranges.retain(|(start, _)| *start < from);
             ranges.push((from, t));
+            // -1 is no call at all (a tracer skipping one): the default action, as libseccomp
+            // (so runc) gives it, rather than the bad-ABI kill.
+            ranges.push((u32::MAX, otherwise));
         }
         ranges.dedup_by(|b, a| a.1 == b.1);
         let tree = self.search(&ranges);
@@ -314,8 +317,8 @@ pub mod tests {
         pub args: [u64; 6],
     }
 
-    /// A classic BPF interpreter for the instructions this module emits, to check programs
-    /// without installing them.
+    /// A classic BPF interpreter for the instructions this module and libseccomp emit, to
+    /// check programs without installing them.
     pub fn run(prog: &[sock_filter], d: &Data) -> u32 {
         let word = |off: u32| -> u32 {
             match off {
@@ -348,6 +351,8 @@ pub mod tests {
                         BPF_JEQ => a == i.k,
                         BPF_JGT => a > i.k,
                         BPF_JGE => a >= i.k,
+                        // Not emitted here; libseccomp's programs (the oracle) may use it.
+                        0x40 => a & i.k != 0,
                         _ => panic!("opcode {c:#x}"),
                     };
                     pc += if taken { i.jt } else { i.jf } as usize;
@@ -397,7 +402,8 @@ pub mod tests {
             assert_eq!(run(&prog, &data(n, [0; 6])), want, "nr {n}");
         }
         assert_eq!(run(&prog, &data(0x4000_0001, [0; 6])), KILL);
-        assert_eq!(run(&prog, &data(u32::MAX, [0; 6])), KILL);
+        assert_eq!(run(&prog, &data(u32::MAX - 1, [0; 6])), KILL);
+        assert_eq!(run(&prog, &data(u32::MAX, [0; 6])), EPERM);
         let mut other = data(1, [0; 6]);
         other.arch = 0x4000_0003;
         assert_eq!(run(&prog, &other), KILL);

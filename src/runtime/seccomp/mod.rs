@@ -9,6 +9,8 @@ mod default;
 mod syscalls;
 
 #[cfg(test)]
+mod oracle;
+#[cfg(test)]
 mod props;
 
 use std::path::{Path, PathBuf};
