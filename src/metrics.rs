@@ -211,6 +211,15 @@ impl Metrics {
     }
 
     /// Counts one image pull: its bytes, duration, and result (a failure by its reason).
+    /// A network ADD or DEL (`operation`) that took `seconds`.
+    pub fn network(&self, operation: &str, seconds: f64) {
+        self.network_seconds
+            .get_or_create(&Operation {
+                operation: operation.into(),
+            })
+            .observe(seconds);
+    }
+
     pub fn pull(&self, bytes: u64, seconds: f64, failure: Option<&str>) {
         self.pull_bytes.inc_by(bytes);
         self.pull_seconds.observe(seconds);

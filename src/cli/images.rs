@@ -11,13 +11,6 @@ use super::{Output, connect, human_size, print_table, rpc_error, short_id};
 use crate::cri::client;
 use crate::cri::proto::WatchRequest;
 
-fn spec(image: &str) -> cri::ImageSpec {
-    cri::ImageSpec {
-        image: image.to_string(),
-        ..Default::default()
-    }
-}
-
 /// Pulls an image, with a progress bar when the runtime reports progress.
 pub async fn pull(socket: &Path, image: &str, creds: Option<&str>, quiet: bool) -> Result<()> {
     let ch = connect(socket)?;
@@ -78,7 +71,7 @@ pub async fn pull(socket: &Path, image: &str, creds: Option<&str>, quiet: bool) 
     };
     let result = client::images(ch)
         .pull_image(cri::PullImageRequest {
-            image: Some(spec(image)),
+            image: Some(client::image_spec(image)),
             auth,
             sandbox_config: None,
         })
@@ -112,7 +105,7 @@ pub async fn images(
     let resp = client::images(ch)
         .list_images(cri::ListImagesRequest {
             filter: filter.map(|f| cri::ImageFilter {
-                image: Some(spec(f)),
+                image: Some(client::image_spec(f)),
             }),
         })
         .await
@@ -172,7 +165,7 @@ pub async fn remove_images(socket: &Path, names: &[String]) -> Result<()> {
     for name in names {
         let status = images
             .image_status(cri::ImageStatusRequest {
-                image: Some(spec(name)),
+                image: Some(client::image_spec(name)),
                 verbose: false,
             })
             .await
@@ -185,7 +178,7 @@ pub async fn remove_images(socket: &Path, names: &[String]) -> Result<()> {
         };
         images
             .remove_image(cri::RemoveImageRequest {
-                image: Some(spec(&img.id)),
+                image: Some(client::image_spec(&img.id)),
             })
             .await
             .map_err(|s| rpc_error(&format!("removing {name}"), socket, s))?;
@@ -204,7 +197,7 @@ pub async fn inspect_image(socket: &Path, name: &str) -> Result<()> {
     let ch = connect(socket)?;
     let status = client::images(ch)
         .image_status(cri::ImageStatusRequest {
-            image: Some(spec(name)),
+            image: Some(client::image_spec(name)),
             verbose: true,
         })
         .await

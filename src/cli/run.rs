@@ -198,10 +198,7 @@ pub async fn create(
         let mut images = client::images(channel.clone());
         let present = images
             .image_status(cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec {
-                    image: image.clone(),
-                    ..Default::default()
-                }),
+                image: Some(client::image_spec(&image)),
                 verbose: false,
             })
             .await
@@ -212,10 +209,7 @@ pub async fn create(
         if !present {
             images
                 .pull_image(cri::PullImageRequest {
-                    image: Some(cri::ImageSpec {
-                        image: image.clone(),
-                        ..Default::default()
-                    }),
+                    image: Some(client::image_spec(&image)),
                     auth: None,
                     sandbox_config: Some(sandbox_config.clone()),
                 })

@@ -68,22 +68,7 @@ impl ContainerService {
         if cmd.is_empty() {
             return Err(invalid("cmd", "is required"));
         }
-        let entry = self.entry(id)?;
-        let cid = {
-            let mut r = entry.lock().await;
-            self.sync_exit(&mut r);
-            match (r.state, r.init) {
-                (RUNNING, Some(_)) => r.id.clone(),
-                (s, _) => {
-                    return Err(Error::WrongState {
-                        id: r.id.clone(),
-                        state: state_name(s),
-                        want: "running",
-                    });
-                }
-            }
-        };
-        let sock = self.bundle(&cid).dir.join(runtime::MONITOR_SOCKET);
+        let cid = self.running_id(id).await?;
         let exec_err = |message: String| Error::Exec {
             id: cid.clone(),
             message,
@@ -107,26 +92,11 @@ impl ContainerService {
         };
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
-        let conn = {
-            let dir = sock.parent().unwrap_or(Path::new("/"));
-            let (_dir, short) =
-                runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
-            std::os::unix::net::UnixStream::connect(&short)
-                .map_err(|e| exec_err(format!("the container's monitor does not answer ({e})")))?
-        };
+        let (sock, conn) = self.connect_monitor(&cid, exec_err)?;
         {
             use std::os::fd::AsRawFd;
-            let fds = [out_w.as_raw_fd(), err_w.as_raw_fd()];
-            let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
-            let iov = [std::io::IoSlice::new(&body)];
-            nix::sys::socket::sendmsg::<()>(
-                conn.as_raw_fd(),
-                &iov,
-                &cmsg,
-                nix::sys::socket::MsgFlags::empty(),
-                None,
-            )
-            .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))?;
+            send_request(&conn, &body, &[out_w.as_raw_fd(), err_w.as_raw_fd()])
+                .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))?;
         }
         drop((out_w, err_w));
         conn.set_nonblocking(true).map_err(io_err(&sock))?;
@@ -209,4 +179,57 @@ impl ContainerService {
 pub(super) fn push_capped(buf: &mut Vec<u8>, data: &[u8]) {
     let room = MAX_EXEC_OUTPUT.saturating_sub(buf.len());
     buf.extend_from_slice(&data[..data.len().min(room)]);
+}
+
+impl ContainerService {
+    /// The ID of a running container (its init recorded), else WrongState.
+    pub(super) async fn running_id(&self, id: &str) -> Result<String, Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        self.sync_exit(&mut r);
+        match (r.state, r.init) {
+            (RUNNING, Some(_)) => Ok(r.id.clone()),
+            (s, _) => Err(Error::WrongState {
+                id: r.id.clone(),
+                state: state_name(s),
+                want: "running",
+            }),
+        }
+    }
+
+    /// A connection to container `cid`'s monitor, and its socket's path; `fail` words the
+    /// error when the monitor does not answer.
+    pub(super) fn connect_monitor(
+        &self,
+        cid: &str,
+        fail: impl Fn(String) -> Error,
+    ) -> Result<(PathBuf, std::os::unix::net::UnixStream), Error> {
+        let sock = self.bundle(cid).dir.join(runtime::MONITOR_SOCKET);
+        let dir = sock.parent().unwrap_or(Path::new("/"));
+        let (_dir, short) =
+            runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
+        let conn = std::os::unix::net::UnixStream::connect(&short)
+            .map_err(|e| fail(format!("the container's monitor does not answer ({e})")))?;
+        Ok((sock, conn))
+    }
+}
+
+/// Sends a request to a monitor with `fds` attached (SCM_RIGHTS; none when empty).
+pub(super) fn send_request(
+    conn: &std::os::unix::net::UnixStream,
+    body: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> nix::Result<()> {
+    use std::os::fd::AsRawFd;
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+    let cmsgs: &[nix::sys::socket::ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    let iov = [std::io::IoSlice::new(body)];
+    nix::sys::socket::sendmsg::<()>(
+        conn.as_raw_fd(),
+        &iov,
+        cmsgs,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .map(drop)
 }

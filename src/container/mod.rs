@@ -5,8 +5,9 @@
 //! bundle; the monitor owns the container from then on and leaves `exit.json` when it ends,
 //! which is the one source of exit truth for this daemon and any later one. Here too: stop and
 //! remove (`lifecycle`), cgroups and resource updates (`cgroups`), ExecSync (`exec`), status and
-//! lists (`listing`), stats (`stats`); this file holds the records and their recovery. Uses
-//! `image`, `sandbox`, `runtime` and `records`.
+//! lists (`listing`), stats (`stats`), checkpoints with criu and restores from them
+//! (`checkpoint`); this file holds the records and their recovery. Uses `image`, `sandbox`,
+//! `snapshot` (layer diffs, the safe unpacker), `runtime` and `records`.
 
 mod attach;
 mod cgroups;

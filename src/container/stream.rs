@@ -116,17 +116,7 @@ impl ContainerService {
                 "one of stdin, stdout and stderr must be asked for",
             ));
         }
-        let entry = self.entry(id)?;
-        let mut r = entry.lock().await;
-        self.sync_exit(&mut r);
-        match (r.state, r.init) {
-            (RUNNING, Some(_)) => Ok(r.id.clone()),
-            (s, _) => Err(Error::WrongState {
-                id: r.id.clone(),
-                state: state_name(s),
-                want: "running",
-            }),
-        }
+        self.running_id(id).await
     }
 
     /// Starts `cmd` in the container with live stdio.
@@ -152,7 +142,6 @@ impl ContainerService {
             return Err(invalid("cmd", "is required"));
         }
         let cid = self.check_stream(id, &opts).await?;
-        let sock = self.bundle(&cid).dir.join(runtime::MONITOR_SOCKET);
         let exec_err = |message: String| Error::Exec {
             id: cid.clone(),
             message,
@@ -169,26 +158,10 @@ impl ContainerService {
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                 .map_err(|e| exec_err(format!("pipe: {e}")))
         };
-        let conn = {
-            let dir = sock.parent().unwrap_or(Path::new("/"));
-            let (_dir, short) =
-                runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
-            std::os::unix::net::UnixStream::connect(&short)
-                .map_err(|e| exec_err(format!("the container's monitor does not answer ({e})")))?
-        };
+        let (sock, conn) = self.connect_monitor(&cid, exec_err)?;
         let send = |fds: &[std::os::fd::RawFd]| {
-            let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
-            let cmsgs: &[nix::sys::socket::ControlMessage] =
-                if fds.is_empty() { &[] } else { &cmsg };
-            let iov = [std::io::IoSlice::new(&body)];
-            nix::sys::socket::sendmsg::<()>(
-                conn.as_raw_fd(),
-                &iov,
-                cmsgs,
-                nix::sys::socket::MsgFlags::empty(),
-                None,
-            )
-            .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))
+            super::exec::send_request(&conn, &body, fds)
+                .map_err(|e| exec_err(format!("sending the command to the monitor: {e}")))
         };
         let mut session = StreamSession {
             stdin: None,

@@ -11,6 +11,14 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use super::MAX_MESSAGE_SIZE;
 use super::proto::pulls_client::PullsClient;
 
+/// The ImageSpec naming `image`, as every client call that takes one wants it.
+pub fn image_spec(image: &str) -> k8s_cri::v1::ImageSpec {
+    k8s_cri::v1::ImageSpec {
+        image: image.to_string(),
+        ..Default::default()
+    }
+}
+
 /// `unix:///run/x.sock` or a plain path.
 pub fn socket_path(endpoint: &str) -> PathBuf {
     PathBuf::from(endpoint.strip_prefix("unix://").unwrap_or(endpoint))

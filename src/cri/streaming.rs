@@ -5,13 +5,24 @@
 use futures_util::future::BoxFuture;
 
 use crate::container::ContainerService;
-use crate::container::stream::StreamOpts;
+use crate::container::stream::{StreamOpts, StreamSession};
 use crate::sandbox::SandboxService;
 use crate::stream::{Backend, Opts, Session};
 
 pub struct StreamBackend {
     pub containers: ContainerService,
     pub sandboxes: SandboxService,
+}
+
+/// A container's stream session as the streaming server serves it.
+fn session(s: StreamSession) -> Session {
+    Session {
+        stdin: s.stdin,
+        stdout: s.stdout,
+        stderr: s.stderr,
+        resize: s.resize,
+        done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
+    }
 }
 
 pub fn opts(o: Opts) -> StreamOpts {
@@ -36,13 +47,7 @@ impl Backend for StreamBackend {
                 .exec_stream(&container_id, cmd, opts(o))
                 .await
                 .map_err(|e| super::status::chain(&e))?;
-            Ok(Session {
-                stdin: s.stdin,
-                stdout: s.stdout,
-                stderr: s.stderr,
-                resize: s.resize,
-                done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
-            })
+            Ok(session(s))
         })
     }
 
@@ -53,13 +58,7 @@ impl Backend for StreamBackend {
                 .attach_stream(&container_id, opts(o))
                 .await
                 .map_err(|e| super::status::chain(&e))?;
-            Ok(Session {
-                stdin: s.stdin,
-                stdout: s.stdout,
-                stderr: s.stderr,
-                resize: s.resize,
-                done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
-            })
+            Ok(session(s))
         })
     }
 

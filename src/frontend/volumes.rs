@@ -438,7 +438,14 @@ fn write_files(dir: &Path, files: &Files, group: Option<u32>) -> std::io::Result
 fn host_path(volume: &str, path: &Path, kind: &str) -> Result<(), VolumeError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path);
-    let fail = |what: &str| err(volume, format!("hostPath {} is not {what}", path.display()));
+    // The path exists and passes `ok`, or the volume fails naming `what` it should be.
+    let is = |ok: fn(&std::fs::Metadata) -> bool, what: &str| match &meta {
+        Ok(m) if ok(m) => Ok(()),
+        _ => Err(err(
+            volume,
+            format!("hostPath {} is not {what}", path.display()),
+        )),
+    };
     match kind {
         "" => Ok(()),
         "DirectoryOrCreate" => {
@@ -447,16 +454,9 @@ fn host_path(volume: &str, path: &Path, kind: &str) -> Result<(), VolumeError> {
                 set_mode(path, 0o755).map_err(|e| err(volume, e.to_string()))?;
                 return Ok(());
             }
-            meta.ok()
-                .filter(|m| m.is_dir())
-                .map(drop)
-                .ok_or_else(|| fail("a directory"))
+            is(|m| m.is_dir(), "a directory")
         }
-        "Directory" => meta
-            .ok()
-            .filter(|m| m.is_dir())
-            .map(drop)
-            .ok_or_else(|| fail("an existing directory")),
+        "Directory" => is(|m| m.is_dir(), "an existing directory"),
         "FileOrCreate" => {
             if meta.is_err() {
                 if let Some(parent) = path.parent()
@@ -476,31 +476,12 @@ fn host_path(volume: &str, path: &Path, kind: &str) -> Result<(), VolumeError> {
                 set_mode(path, 0o644).map_err(|e| err(volume, e.to_string()))?;
                 return Ok(());
             }
-            meta.ok()
-                .filter(|m| m.is_file())
-                .map(drop)
-                .ok_or_else(|| fail("a file"))
+            is(|m| m.is_file(), "a file")
         }
-        "File" => meta
-            .ok()
-            .filter(|m| m.is_file())
-            .map(drop)
-            .ok_or_else(|| fail("an existing file")),
-        "Socket" => meta
-            .ok()
-            .filter(|m| m.file_type().is_socket())
-            .map(drop)
-            .ok_or_else(|| fail("a socket")),
-        "CharDevice" => meta
-            .ok()
-            .filter(|m| m.file_type().is_char_device())
-            .map(drop)
-            .ok_or_else(|| fail("a character device")),
-        "BlockDevice" => meta
-            .ok()
-            .filter(|m| m.file_type().is_block_device())
-            .map(drop)
-            .ok_or_else(|| fail("a block device")),
+        "File" => is(|m| m.is_file(), "an existing file"),
+        "Socket" => is(|m| m.file_type().is_socket(), "a socket"),
+        "CharDevice" => is(|m| m.file_type().is_char_device(), "a character device"),
+        "BlockDevice" => is(|m| m.file_type().is_block_device(), "a block device"),
         other => Err(err(volume, format!("unknown hostPath type {other:?}"))),
     }
 }

@@ -55,6 +55,15 @@ enum Frame {
     },
 }
 
+/// The dotted path of `key` in the mapping at `path` (the key alone at the root).
+fn key_path(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
 fn plain_scalar(s: &str) -> Value {
     match s {
         "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
@@ -124,13 +133,7 @@ pub fn parse(text: &str) -> Result<Vec<Doc>, YamlError> {
         let child_path = |stack: &mut Vec<Frame>| -> Option<String> {
             match stack.last_mut() {
                 None => Some(String::new()),
-                Some(Frame::Map { key, path, .. }) => key.as_ref().map(|k| {
-                    if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    }
-                }),
+                Some(Frame::Map { key, path, .. }) => key.as_ref().map(|k| key_path(path, k)),
                 Some(Frame::Seq { items, path, .. }) => Some(format!("{path}[{}]", items.len())),
             }
         };
@@ -191,12 +194,7 @@ pub fn parse(text: &str) -> Result<Vec<Doc>, YamlError> {
                     && key.is_none()
                 {
                     let k = s.to_string();
-                    let p = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    lines.insert(p, line);
+                    lines.insert(key_path(path, &k), line);
                     *key = Some(k);
                     continue;
                 }
@@ -226,12 +224,7 @@ pub fn parse(text: &str) -> Result<Vec<Doc>, YamlError> {
                         Value::String(s) => s.clone(),
                         other => other.to_string(),
                     };
-                    let p = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    lines.insert(p, line);
+                    lines.insert(key_path(path, &k), line);
                     *key = Some(k);
                     continue;
                 }

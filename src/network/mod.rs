@@ -243,12 +243,7 @@ impl NetworkService {
             path: record.to_path_buf(),
             source,
         })?;
-        crate::metrics::global()
-            .network_seconds
-            .get_or_create(&crate::metrics::Operation {
-                operation: "add".into(),
-            })
-            .observe(started.elapsed().as_secs_f64());
+        crate::metrics::global().network("add", started.elapsed().as_secs_f64());
         Ok(att)
     }
 
@@ -269,12 +264,7 @@ impl NetworkService {
             path: record.to_path_buf(),
             source,
         })?;
-        crate::metrics::global()
-            .network_seconds
-            .get_or_create(&crate::metrics::Operation {
-                operation: "del".into(),
-            })
-            .observe(started.elapsed().as_secs_f64());
+        crate::metrics::global().network("del", started.elapsed().as_secs_f64());
         Ok(())
     }
 

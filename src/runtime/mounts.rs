@@ -358,15 +358,17 @@ pub fn mount_fs(kind: &str, source: &str, target: &OwnedFd, opts: &Options) -> i
     )?;
     if !opts.propagation.is_empty() {
         // The handle reaches the covered directory; walking its path reaches the new mount.
-        let real = std::fs::read_link(fd_path(target))?;
-        mount(
-            None::<&str>,
-            &real,
-            None::<&str>,
-            opts.propagation,
-            None::<&str>,
-        )?;
+        set_propagation(&std::fs::read_link(fd_path(target))?, opts.propagation)?;
     }
+    Ok(())
+}
+
+/// Sets the propagation of the mount at `real` (nothing to do for none).
+fn set_propagation(real: &Path, propagation: MsFlags) -> io::Result<()> {
+    if propagation.is_empty() {
+        return Ok(());
+    }
+    mount(None::<&str>, real, None::<&str>, propagation, None::<&str>)?;
     Ok(())
 }
 
@@ -383,10 +385,12 @@ pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
     )?;
     // The mount now sits on the target: reach it through the same handle's path again.
     let extra = opts.flags & !(MsFlags::MS_BIND | MsFlags::MS_REC | MsFlags::MS_REMOUNT);
+    if extra.is_empty() && opts.propagation.is_empty() {
+        return Ok(());
+    }
+    // Re-resolve: the handle points at the covered inode; the path walks to the new mount.
+    let real = std::fs::read_link(fd_path(target))?;
     if !extra.is_empty() {
-        let path = fd_path(target);
-        // Re-resolve: the handle points at the covered inode; the path walks to the new mount.
-        let real = std::fs::read_link(&path)?;
         mount(
             None::<&str>,
             &real,
@@ -397,26 +401,8 @@ pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
         if opts.recursive_ro {
             crate::sys::mount_readonly_recursive(&real)?;
         }
-        if !opts.propagation.is_empty() {
-            mount(
-                None::<&str>,
-                &real,
-                None::<&str>,
-                opts.propagation,
-                None::<&str>,
-            )?;
-        }
-    } else if !opts.propagation.is_empty() {
-        let real = std::fs::read_link(fd_path(target))?;
-        mount(
-            None::<&str>,
-            &real,
-            None::<&str>,
-            opts.propagation,
-            None::<&str>,
-        )?;
     }
-    Ok(())
+    set_propagation(&real, opts.propagation)
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, futimens};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, fchown, linkat, symlinkat};
 
-use super::unpack::{Dirs, OPAQUE_XATTR, UnpackError, UnpackStats, beneath, clear, rejected};
+use super::unpack::{
+    Dirs, OPAQUE_XATTR, UnpackError, UnpackStats, beneath, chown_nofollow, rejected,
+};
 use crate::sys;
 
 /// A hardlink entry whose target was not in its own layer (yet).
@@ -175,11 +177,7 @@ pub fn copy_up(
             .last()
             .map(OsString::as_os_str)
             .unwrap_or_default();
-        let pfd = dirs.parent(parents, shown)?;
-        if clear(pfd, name, false, shown)? {
-            dirs.invalidate();
-        }
-        let pfd = dirs.parent(parents, shown)?;
+        let pfd = dirs.cleared_parent(parents, name, shown)?;
         if own {
             linkat(tdir.as_fd(), tname, pfd, name.as_os_str(), AtFlags::empty())
                 .map_err(|e| io(e.into()))?;
@@ -209,14 +207,7 @@ fn copy_file(
         // A link to a symlink is another symlink with the same target.
         let target = nix::fcntl::readlinkat(tdir, tname).map_err(|e| io(e.into()))?;
         symlinkat(target.as_os_str(), dir, name).map_err(|e| io(e.into()))?;
-        nix::unistd::fchownat(
-            dir,
-            name,
-            Some(Uid::from_raw(stat.st_uid)),
-            Some(Gid::from_raw(stat.st_gid)),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| io(e.into()))?;
+        chown_nofollow(dir, name, stat.st_uid, stat.st_gid).map_err(|e| io(e.into()))?;
         return Ok(0);
     }
     if kind(stat) != SFlag::S_IFREG {

@@ -193,6 +193,37 @@ impl Dirs {
     pub(super) fn invalidate(&mut self) {
         self.cached = None;
     }
+
+    /// The parent directory of `name` (a non-directory about to be made), with whatever held
+    /// the name removed first (see `clear`).
+    pub(super) fn cleared_parent(
+        &mut self,
+        parents: &[OsString],
+        name: &OsStr,
+        shown: &str,
+    ) -> Result<BorrowedFd<'_>, UnpackError> {
+        let pfd = self.parent(parents, shown)?;
+        if clear(pfd, name, false, shown)? {
+            self.invalidate();
+        }
+        self.parent(parents, shown)
+    }
+}
+
+/// Sets the owner of `name` in `dir` itself, never what a symlink there points at.
+pub(super) fn chown_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    uid: u32,
+    gid: u32,
+) -> nix::Result<()> {
+    fchownat(
+        dir,
+        name,
+        Some(Uid::from_raw(uid)),
+        Some(Gid::from_raw(gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
 }
 
 /// Per-entry attributes, with PAX records applied.
@@ -326,11 +357,7 @@ pub fn unpack<R: Read>(
                 dir_times.push((comps.clone(), a.mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
-                let pfd = dirs.parent(parents, &shown)?;
-                if clear(pfd, name, false, &shown)? {
-                    dirs.invalidate();
-                }
-                let pfd = dirs.parent(parents, &shown)?;
+                let pfd = dirs.cleared_parent(parents, name, &shown)?;
                 let fd = openat(
                     pfd,
                     name.as_os_str(),
@@ -354,22 +381,11 @@ pub fn unpack<R: Read>(
                     .link_name_bytes()
                     .ok_or_else(|| rejected(&shown, "symlink without a target"))?
                     .into_owned();
-                let pfd = dirs.parent(parents, &shown)?;
-                if clear(pfd, name, false, &shown)? {
-                    dirs.invalidate();
-                }
-                let pfd = dirs.parent(parents, &shown)?;
+                let pfd = dirs.cleared_parent(parents, name, &shown)?;
                 // The target is stored as given: it is never followed while unpacking.
                 symlinkat(OsStr::from_bytes(&target), pfd, name.as_os_str())
                     .map_err(|e| io(e.into()))?;
-                fchownat(
-                    pfd,
-                    name.as_os_str(),
-                    Some(Uid::from_raw(a.uid)),
-                    Some(Gid::from_raw(a.gid)),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| io(e.into()))?;
+                chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| io(e.into()))?;
                 utimensat(
                     pfd,
                     name.as_os_str(),
@@ -426,14 +442,10 @@ pub fn unpack<R: Read>(
                 if SFlag::from_bits_truncate(tstat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
                     return Err(rejected(&shown, "hardlink to a directory"));
                 }
-                let pfd = dirs.parent(parents, &shown)?;
                 if comps == target {
-                    continue; // a link to itself: nothing to do
+                    continue; // a link to itself (its directory opened above): nothing to do
                 }
-                if clear(pfd, name, false, &shown)? {
-                    dirs.invalidate();
-                }
-                let pfd = dirs.parent(parents, &shown)?;
+                let pfd = dirs.cleared_parent(parents, name, &shown)?;
                 linkat(
                     tdir.as_fd(),
                     tname.as_os_str(),
@@ -464,21 +476,10 @@ pub fn unpack<R: Read>(
                         (f, makedev(major.into(), minor.into()))
                     }
                 };
-                let pfd = dirs.parent(parents, &shown)?;
-                if clear(pfd, name, false, &shown)? {
-                    dirs.invalidate();
-                }
-                let pfd = dirs.parent(parents, &shown)?;
+                let pfd = dirs.cleared_parent(parents, name, &shown)?;
                 mknodat(pfd, name.as_os_str(), sflag, Mode::empty(), dev)
                     .map_err(|e| io(e.into()))?;
-                fchownat(
-                    pfd,
-                    name.as_os_str(),
-                    Some(Uid::from_raw(a.uid)),
-                    Some(Gid::from_raw(a.gid)),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| io(e.into()))?;
+                chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| io(e.into()))?;
                 // The name was just created as a node, not a symlink, in a directory no one else
                 // writes to, so following is moot.
                 fchmodat(

@@ -57,6 +57,22 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Starts the command or attachment asked for; None for port forwarding, which has no
+    /// session of its own.
+    async fn start(self, backend: &dyn Backend) -> Option<Result<Session, String>> {
+        Some(match self {
+            Request::Exec {
+                container_id,
+                cmd,
+                opts,
+            } => backend.exec(container_id, cmd, opts).await,
+            Request::Attach { container_id, opts } => backend.attach(container_id, opts).await,
+            Request::PortForward { .. } => return None,
+        })
+    }
+}
+
 /// Sets a terminal's size: width, height.
 pub type Resize = Box<dyn Fn(u16, u16) -> std::io::Result<()> + Send + Sync>;
 
@@ -352,6 +368,16 @@ async fn route(
             Err(e) => tracing::debug!(error = %e, "streaming upgrade failed"),
         }
     });
+    let mut r = switching_protocols("SPDY/3.1");
+    r.headers_mut().insert(
+        "x-stream-protocol-version",
+        hyper::header::HeaderValue::from_static(protocol),
+    );
+    r
+}
+
+/// A 101 answer upgrading the connection to `upgrade`; the caller adds its protocol's headers.
+fn switching_protocols(upgrade: &'static str) -> hyper::Response<Full<Bytes>> {
     let mut r = hyper::Response::new(Full::new(Bytes::new()));
     *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
@@ -359,14 +385,7 @@ async fn route(
         "connection",
         hyper::header::HeaderValue::from_static("Upgrade"),
     );
-    h.insert(
-        "upgrade",
-        hyper::header::HeaderValue::from_static("SPDY/3.1"),
-    );
-    h.insert(
-        "x-stream-protocol-version",
-        hyper::header::HeaderValue::from_static(protocol),
-    );
+    h.insert("upgrade", hyper::header::HeaderValue::from_static(upgrade));
     r
 }
 

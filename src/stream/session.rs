@@ -346,14 +346,8 @@ async fn remote_command(
             }
         }
     };
-    let started = match request {
-        Request::Exec {
-            container_id,
-            cmd,
-            opts,
-        } => backend.exec(container_id, cmd, opts).await,
-        Request::Attach { container_id, opts } => backend.attach(container_id, opts).await,
-        Request::PortForward { .. } => return,
+    let Some(started) = request.start(&*backend).await else {
+        return;
     };
     let Session {
         mut stdin,

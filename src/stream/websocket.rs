@@ -110,17 +110,8 @@ pub(super) fn upgrade(
             request => remote_command(ws, protocol, request, backend, idle).await,
         }
     });
-    let mut r = hyper::Response::new(Full::new(Bytes::new()));
-    *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+    let mut r = super::switching_protocols("websocket");
     let h = r.headers_mut();
-    h.insert(
-        "connection",
-        hyper::header::HeaderValue::from_static("Upgrade"),
-    );
-    h.insert(
-        "upgrade",
-        hyper::header::HeaderValue::from_static("websocket"),
-    );
     if let Ok(v) = hyper::header::HeaderValue::from_str(&accept) {
         h.insert("sec-websocket-accept", v);
     }
@@ -217,14 +208,8 @@ async fn remote_command(
     let v5 = protocol.starts_with("v5.");
     let (sink, mut incoming) = ws.split();
     let (out_tx, writer) = channel_writer(sink, base64);
-    let started = match request {
-        Request::Exec {
-            container_id,
-            cmd,
-            opts,
-        } => backend.exec(container_id, cmd, opts).await,
-        Request::Attach { container_id, opts } => backend.attach(container_id, opts).await,
-        Request::PortForward { .. } => return,
+    let Some(started) = request.start(&*backend).await else {
+        return;
     };
     let Session {
         mut stdin,

@@ -191,10 +191,7 @@ pub fn container_config(
             name: c.name.clone(),
             attempt,
         }),
-        image: Some(cri::ImageSpec {
-            image: image.to_string(),
-            ..Default::default()
-        }),
+        image: Some(crate::cri::client::image_spec(image)),
         command: c
             .command
             .iter()

@@ -58,6 +58,18 @@ fn labels(ctx: &PodContext) -> HashMap<String, String> {
     l
 }
 
+/// A dnsConfig's options as resolv.conf writes them: `name:value`, or `name`.
+fn dns_options(d: &k8s_openapi::api::core::v1::PodDNSConfig) -> Vec<String> {
+    d.options
+        .iter()
+        .flatten()
+        .map(|o| match &o.value {
+            Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
+            None => o.name.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
 /// The sandbox of the pod's `attempt`th incarnation.
 pub fn sandbox_config(ctx: &PodContext, attempt: u32) -> cri::PodSandboxConfig {
     let spec = ctx.spec;
@@ -66,15 +78,7 @@ pub fn sandbox_config(ctx: &PodContext, attempt: u32) -> cri::PodSandboxConfig {
         Some("None") => spec.dns_config.as_ref().map(|d| cri::DnsConfig {
             servers: d.nameservers.clone().unwrap_or_default(),
             searches: d.searches.clone().unwrap_or_default(),
-            options: d
-                .options
-                .iter()
-                .flatten()
-                .map(|o| match &o.value {
-                    Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                    None => o.name.clone().unwrap_or_default(),
-                })
-                .collect(),
+            options: dns_options(d),
         }),
         // No cluster DNS here: the node's resolv.conf, with any dnsConfig added.
         _ => spec.dns_config.as_ref().map(|d| {
@@ -94,15 +98,7 @@ pub fn sandbox_config(ctx: &PodContext, attempt: u32) -> cri::PodSandboxConfig {
             cri::DnsConfig {
                 servers,
                 searches,
-                options: d
-                    .options
-                    .iter()
-                    .flatten()
-                    .map(|o| match &o.value {
-                        Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                        None => o.name.clone().unwrap_or_default(),
-                    })
-                    .collect(),
+                options: dns_options(d),
             }
         }),
     };

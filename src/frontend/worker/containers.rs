@@ -228,27 +228,13 @@ impl Worker {
         let cfg = match convert::container_config(&ctx, c, attempt, &image, Some(&term_file)) {
             Ok(cfg) => cfg,
             Err(e) => {
-                self.rec
-                    .event("Warning", "Failed", &c.name, format!("Error: {}", e.0));
-                if let Some(rec) = self.rec.container(&c.name) {
-                    rec.state = State::waiting("CreateContainerConfigError", e.0);
-                    rec.id = previous;
-                }
-                self.wake = Some(now() + 2);
-                return;
+                return self.create_failed(&c.name, "CreateContainerConfigError", e.0, previous);
             }
         };
         // The run before last goes; the last one stays for its logs.
         let sandbox_config = self.sandbox_config_for(&ctx);
         if let Err(msg) = self.check_non_root(c, &image).await {
-            self.rec
-                .event("Warning", "Failed", &c.name, format!("Error: {msg}"));
-            if let Some(rec) = self.rec.container(&c.name) {
-                rec.state = State::waiting("CreateContainerConfigError", msg);
-                rec.id = previous;
-            }
-            self.wake = Some(now() + 2);
-            return;
+            return self.create_failed(&c.name, "CreateContainerConfigError", msg, previous);
         }
         let created = self
             .sh
@@ -262,18 +248,8 @@ impl Worker {
         let id = match created {
             Ok(r) => r.into_inner().container_id,
             Err(s) => {
-                self.rec.event(
-                    "Warning",
-                    "Failed",
-                    &c.name,
-                    format!("Error: {}", s.message()),
-                );
-                if let Some(rec) = self.rec.container(&c.name) {
-                    rec.state = State::waiting("CreateContainerError", s.message());
-                    rec.id = previous;
-                }
-                self.wake = Some(now() + 2);
-                return;
+                let message = s.message().to_string();
+                return self.create_failed(&c.name, "CreateContainerError", message, previous);
             }
         };
         if let Some(old) = previous {
@@ -351,6 +327,24 @@ impl Worker {
             self.spawn_probe(c, &id, ProbeKind::Liveness);
             self.spawn_probe(c, &id, ProbeKind::Readiness);
         }
+    }
+
+    /// A container that could not be made: a warning event, waiting for `reason`, its last
+    /// run kept for its logs, another try in 2 s.
+    fn create_failed(
+        &mut self,
+        name: &str,
+        reason: &str,
+        message: String,
+        previous: Option<String>,
+    ) {
+        self.rec
+            .event("Warning", "Failed", name, format!("Error: {message}"));
+        if let Some(rec) = self.rec.container(name) {
+            rec.state = State::waiting(reason, message);
+            rec.id = previous;
+        }
+        self.wake = Some(now() + 2);
     }
 
     async fn remove_container(&mut self, id: &str) {

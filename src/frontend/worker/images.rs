@@ -28,23 +28,24 @@ fn pull_policy(c: &Container) -> String {
 }
 
 impl Worker {
-    /// The image to run: pulled by policy, with the pod's pull secrets.
-    pub(super) async fn ensure_image(&mut self, c: &Container) -> Result<String, (String, String)> {
-        let image = c.image.clone().unwrap_or_default();
-        let policy = pull_policy(c);
-        let present = self
-            .sh
+    /// The runtime's record of `image`, if it has the image.
+    async fn image_status(&mut self, image: &str) -> Option<cri::Image> {
+        self.sh
             .img
             .image_status(cri::ImageStatusRequest {
-                image: Some(cri::ImageSpec {
-                    image: image.clone(),
-                    ..Default::default()
-                }),
+                image: Some(crate::cri::client::image_spec(image)),
                 verbose: false,
             })
             .await
             .ok()
-            .and_then(|r| r.into_inner().image);
+            .and_then(|r| r.into_inner().image)
+    }
+
+    /// The image to run: pulled by policy, with the pod's pull secrets.
+    pub(super) async fn ensure_image(&mut self, c: &Container) -> Result<String, (String, String)> {
+        let image = c.image.clone().unwrap_or_default();
+        let policy = pull_policy(c);
+        let present = self.image_status(&image).await;
         match (policy.as_str(), &present) {
             ("Never", None) => {
                 let msg =
@@ -77,10 +78,7 @@ impl Worker {
             .sh
             .img
             .pull_image(cri::PullImageRequest {
-                image: Some(cri::ImageSpec {
-                    image: image.clone(),
-                    ..Default::default()
-                }),
+                image: Some(crate::cri::client::image_spec(&image)),
                 auth,
                 sandbox_config: None,
             })
@@ -169,25 +167,12 @@ impl Worker {
             .or_else(|| pod_sc.and_then(|s| s.run_as_user));
         let uid = match uid {
             Some(u) => Some(u),
-            None => self
-                .sh
-                .img
-                .image_status(cri::ImageStatusRequest {
-                    image: Some(cri::ImageSpec {
-                        image: image.to_string(),
-                        ..Default::default()
-                    }),
-                    verbose: false,
-                })
-                .await
-                .ok()
-                .and_then(|r| r.into_inner().image)
-                .and_then(|i| {
-                    if !i.username.is_empty() {
-                        return Some(-1);
-                    }
-                    i.uid.map(|u| u.value)
-                }),
+            None => self.image_status(image).await.and_then(|i| {
+                if !i.username.is_empty() {
+                    return Some(-1);
+                }
+                i.uid.map(|u| u.value)
+            }),
         };
         match uid {
             Some(0) | None => Err("container has runAsNonRoot and image will run as root".into()),

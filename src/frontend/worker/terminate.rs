@@ -57,15 +57,7 @@ impl Worker {
         let mut apps = Vec::new();
         for c in &spec.containers {
             if let Some(id) = running(self, &c.name) {
-                self.stop_probes(&c.name);
-                if reason == "Killing" {
-                    self.rec.event(
-                        "Normal",
-                        "Killing",
-                        &c.name,
-                        format!("Stopping container {}", c.name),
-                    );
-                }
+                self.begin_stop(&c.name, reason);
                 apps.push((c.clone(), id));
             }
         }
@@ -88,15 +80,7 @@ impl Worker {
                 continue;
             }
             if let Some(id) = running(self, &c.name) {
-                self.stop_probes(&c.name);
-                if reason == "Killing" {
-                    self.rec.event(
-                        "Normal",
-                        "Killing",
-                        &c.name,
-                        format!("Stopping container {}", c.name),
-                    );
-                }
+                self.begin_stop(&c.name, reason);
                 let mut rt = self.sh.rt.clone();
                 if let Some((n, m)) = stop_with_hook(&mut rt, &self.target, c, &id, deadline).await
                 {
@@ -129,6 +113,20 @@ impl Worker {
     }
 
     /// The pod outlived `activeDeadlineSeconds`: it is killed, whatever it was doing, and fails.
+    /// A running container about to be stopped for `reason`: its probes end, and a kill
+    /// (`Killing`) is told as kubelet tells it.
+    fn begin_stop(&mut self, name: &str, reason: &str) {
+        self.stop_probes(name);
+        if reason == "Killing" {
+            self.rec.event(
+                "Normal",
+                "Killing",
+                name,
+                format!("Stopping container {name}"),
+            );
+        }
+    }
+
     pub(super) async fn deadline_exceeded(&mut self) {
         const MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
         self.rec.event("Warning", "DeadlineExceeded", "", MESSAGE);

@@ -24,6 +24,20 @@ pub(super) struct Exec {
     pub(super) timed_out: bool,
 }
 
+impl Exec {
+    /// Tells the client the command ended with `code`.
+    pub(super) fn report_exit(&mut self, code: i32) {
+        send_report(
+            &mut self.conn,
+            &ExecReport {
+                exit_code: code,
+                timed_out: self.timed_out,
+                error: None,
+            },
+        );
+    }
+}
+
 impl Monitor {
     /// Takes every waiting connection: a command to run, or an attachment to the container's
     /// stdio (see `attach`).

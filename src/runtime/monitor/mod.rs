@@ -35,7 +35,7 @@ mod exec;
 mod restore;
 
 use attach::{Attacher, StdinState};
-use exec::{Exec, send_report};
+use exec::Exec;
 pub use restore::criu_errors;
 
 use super::attach::AttachRequest;
@@ -634,14 +634,7 @@ impl Monitor {
                 .and_then(exit_code)
                 .map(|(c, _)| c)
                 .unwrap_or(-1);
-            send_report(
-                &mut e.conn,
-                &ExecReport {
-                    exit_code: code,
-                    timed_out: e.timed_out,
-                    error: None,
-                },
-            );
+            e.report_exit(code);
         }
         let (code, signal) = match status {
             Some(s) => s,
@@ -681,15 +674,7 @@ impl Monitor {
                         found = exit_code(s);
                     } else if let Some(i) = self.execs.iter().position(|e| Some(e.pid) == s.pid()) {
                         let mut e = self.execs.swap_remove(i);
-                        let code = exit_code(s).map(|(c, _)| c).unwrap_or(-1);
-                        send_report(
-                            &mut e.conn,
-                            &ExecReport {
-                                exit_code: code,
-                                timed_out: e.timed_out,
-                                error: None,
-                            },
-                        );
+                        e.report_exit(exit_code(s).map(|(c, _)| c).unwrap_or(-1));
                     }
                 }
             }
