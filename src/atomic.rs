@@ -13,6 +13,16 @@ use serde::de::DeserializeOwned;
 
 /// Writes `data` to `path` atomically with the given mode.
 pub fn write(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    write_with(path, mode, |f| f.write_all(data))
+}
+
+/// Writes `path` atomically with the given mode, its content written by `fill` (for content
+/// too large to hold in memory first).
+pub fn write_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -35,7 +45,7 @@ pub fn write(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
             .truncate(true)
             .mode(mode)
             .open(&tmp)?;
-        f.write_all(data)?;
+        fill(&mut f)?;
         f.sync_all()?;
         crate::fault::point("state.write.before");
         fs::rename(&tmp, path)?;

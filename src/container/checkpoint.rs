@@ -101,9 +101,9 @@ impl ContainerService {
         };
         let id = r.id.as_str();
         let mon_path = b.dir.join("monitor.json");
-        let mon: MonitorConfig = std::fs::read(&mon_path)
+        let mon: MonitorConfig = atomic::read_json(&mon_path)
             .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
+            .flatten()
             .ok_or_else(|| failed(id, format!("{} is unreadable", mon_path.display())))?;
         if mon.tty {
             return Err(refused(id, "it has a terminal"));
@@ -124,9 +124,9 @@ impl ContainerService {
             return Err(failed(id, "no init process recorded"));
         };
         let spec_path = b.dir.join("config.json");
-        let spec: oci_spec::runtime::Spec = std::fs::read(&spec_path)
+        let spec: oci_spec::runtime::Spec = atomic::read_json(&spec_path)
             .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
+            .flatten()
             .ok_or_else(|| failed(id, format!("{} is unreadable", spec_path.display())))?;
 
         let work = b.dir.join("checkpoint.tmp");
@@ -427,34 +427,24 @@ impl ContainerService {
     }
 }
 
-/// The archive: every file of `work` in a tar at `at`, written beside it and renamed over.
+/// The archive: every file of `work` in a tar at `at`, written atomically. The small files go
+/// first, so a restore finds `config.dump` without reading past the CRIU images.
 fn write_archive(work: &Path, at: &Path) -> std::io::Result<()> {
-    let dir = at.parent().unwrap_or(Path::new("/"));
-    let name = at.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    let result = (|| {
-        let f = std::fs::File::create(&tmp)?;
+    let mut names: Vec<_> = std::fs::read_dir(work)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()?;
+    names.sort_by_key(|n| (work.join(n).is_dir(), n.clone()));
+    crate::atomic::write_with(at, 0o644, |f| {
         let mut tar = tar::Builder::new(std::io::BufWriter::new(f));
         tar.follow_symlinks(false);
-        let mut names: Vec<_> = std::fs::read_dir(work)?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()?;
-        names.sort();
-        for n in names {
-            let p = work.join(&n);
+        for n in &names {
+            let p = work.join(n);
             if p.is_dir() {
-                tar.append_dir_all(&n, &p)?;
+                tar.append_dir_all(n, &p)?;
             } else {
-                tar.append_path_with_name(&p, &n)?;
+                tar.append_path_with_name(&p, n)?;
             }
         }
-        let f = tar.into_inner()?.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, at)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+        std::io::Write::flush(&mut tar.into_inner()?)
+    })
 }
