@@ -2048,3 +2048,56 @@ async fn cli_runp_create_start_and_stats() {
     assert!(err.contains("metadata.attempt"), "{err}");
     env.remove_pod(&pod).await;
 }
+
+/// Gone, or a zombie waiting for its reaper.
+fn ended(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A started container outlives its monitor (the daemon may restart; a monitor may be killed):
+/// the record then says exited, its end unknown, while the process still runs. Removing the
+/// container ends that process before the record goes, so nothing runs that no record owns.
+#[tokio::test]
+async fn removing_a_container_whose_monitor_died_ends_its_process() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("orphan");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let id = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let info = env.d.container_info(&id).await;
+    let init = info["pid"].as_i64().unwrap() as i32;
+    let monitor = info["monitorPid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let t = Instant::now();
+    loop {
+        let st = env.status(&id).await;
+        if st.state == cri::ContainerState::ContainerExited as i32 {
+            assert_eq!(st.reason, "Unknown", "{st:?}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "still {st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !ended(init),
+        "the container's process ended with its monitor"
+    );
+    env.d
+        .runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        ended(init),
+        "process {init} outlived its container's removal"
+    );
+    env.remove_pod(&pod).await;
+}

@@ -176,6 +176,22 @@ impl ContainerService {
         if r.state == REMOVED {
             return Ok(());
         }
+        // Nothing of a container outlives its record: its process may live on under a record
+        // that says otherwise (its monitor died), and the monitor may still be finishing.
+        if let Some(init) = r.init.filter(|i| i.alive()) {
+            kill_all(init, r.own_pid_ns, r.mnt_ns, r.cgroup.as_ref());
+        }
+        if let Some(m) = r.monitor.filter(|m| m.alive()) {
+            let _ = m.signal(libc::SIGKILL);
+        }
+        for p in [r.init, r.monitor].into_iter().flatten() {
+            if !wait_for_exit(p, Duration::from_secs(10)).await {
+                return Err(Error::Unkillable {
+                    id: r.id.clone(),
+                    pid: p.pid,
+                });
+            }
+        }
         let b = self.bundle(&r.id);
         discard_files(b.clone()).await;
         if let Some(cg) = &r.cgroup {

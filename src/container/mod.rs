@@ -84,6 +84,8 @@ pub enum Error {
     CheckpointRefused { id: String, reason: String },
     #[error("checkpointing container {id}: {message}")]
     Checkpoint { id: String, message: String },
+    #[error("container {id} is not removed: its process {pid} still runs after SIGKILL")]
+    Unkillable { id: String, pid: i32 },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }

@@ -116,6 +116,8 @@ impl ToStatus for container::Error {
             E::WrongState { .. } | E::CheckpointRefused { .. } => Code::FailedPrecondition,
             E::Checkpoint { .. } => Code::Unknown,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
+            // A process in the kernel's hold (uninterruptible sleep): the caller retries.
+            E::Unkillable { .. } => Code::Unavailable,
             E::Start { .. } | E::Exec { .. } | E::Attach { .. } | E::Io { .. } => Code::Internal,
             E::Sandbox(e) => e.code(),
             E::Image(e) => e.code(),

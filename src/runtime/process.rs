@@ -90,6 +90,27 @@ pub fn pids_in_namespace(kind: &str, ns: u64) -> Vec<i32> {
         .collect()
 }
 
+/// In a child the monitor just forked: the kernel kills it if the monitor ends before the
+/// child execs (`outlive_monitor` lifts that). `monitor` is a pidfd of the monitor, opened
+/// before the fork: readable means it is already gone, and the child ends now. A half-made
+/// container or exec'd command never lingers after its monitor, whatever step it waits in.
+pub fn die_with_monitor(monitor: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    let mut fds = [PollFd::new(monitor, PollFlags::POLLIN)];
+    if poll(&mut fds, PollTimeout::ZERO)? > 0 {
+        sys::exit_now(137);
+    }
+    Ok(())
+}
+
+/// Just before the process settings (and so before any seccomp filter): a started container
+/// or command outlives its monitor as it always has; the daemon finds it through its record.
+pub fn outlive_monitor() -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(None)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +126,96 @@ mod tests {
         assert!(!stranger.alive());
         assert!(stranger.pidfd().is_err());
         assert!(ProcessId::of(i32::MAX).is_err());
+    }
+
+    /// Runs one of the helpers below in a fresh copy of this test binary (one test thread, so
+    /// the fork there happens in a process doing nothing else); returns the forked child's pid.
+    fn helper_child(mode: &str) -> i32 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "runtime::process::tests::forking_helper",
+                "--nocapture",
+            ])
+            .args(["--test-threads", "1"])
+            .env("CRIUS_TEST_FORK", mode)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid = text
+            .lines()
+            .find_map(|l| l.split_once("child ").map(|(_, p)| p))
+            .unwrap_or_else(|| panic!("no child pid from the helper: {text}"));
+        pid.trim().parse().unwrap()
+    }
+
+    /// Whether `pid` ends (or is a zombie) within 10 s.
+    fn ends(pid: i32) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            match stat(pid) {
+                Err(_) => return true,
+                Ok(('Z', _)) => return true,
+                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        false
+    }
+
+    /// Not a test on its own (it returns at once): the body `helper_child` runs. The child
+    /// watches this process as a monitor's child watches its monitor, then waits forever;
+    /// this process ends, with (`armed`) or without (`late`) the child's watch in place first.
+    #[test]
+    fn forking_helper() {
+        let Ok(mode) = std::env::var("CRIUS_TEST_FORK") else {
+            return;
+        };
+        let me = sys::pidfd_open(std::process::id() as i32).unwrap();
+        let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+        match sys::fork().unwrap() {
+            nix::unistd::ForkResult::Child => {
+                drop(ready_r);
+                // The test reads the helper's output to its end: not through us.
+                if let Ok(null) = std::fs::File::open("/dev/null") {
+                    let _ = sys::dup_to(&null, 1, false);
+                    let _ = sys::dup_to(&null, 2, false);
+                }
+                if mode == "late" {
+                    // Waits for this process to end first: the watch must see it already gone.
+                    let mut fds = [nix::poll::PollFd::new(
+                        std::os::fd::AsFd::as_fd(&me),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE);
+                }
+                let _ = die_with_monitor(std::os::fd::AsFd::as_fd(&me));
+                let _ = nix::unistd::write(&ready_w, b"1");
+                loop {
+                    nix::unistd::pause();
+                }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(ready_w);
+                if mode == "armed" {
+                    let mut b = [0u8; 1];
+                    let _ = nix::unistd::read(&ready_r, &mut b);
+                }
+                println!("child {child}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_child_ends_with_its_monitor_until_it_execs() {
+        for mode in ["armed", "late"] {
+            let child = helper_child(mode);
+            if !ends(child) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(child),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("{mode}: child {child} outlived its parent");
+            }
+        }
     }
 }

@@ -220,10 +220,14 @@ fn lookup_err(id: &str, l: Lookup) -> Error {
 
 /// Waits until `pid` has exited, at most `timeout`; true if it did.
 pub async fn wait_for_exit(pid: ProcessId, timeout: Duration) -> bool {
-    let Ok(fd) = pid.pidfd() else {
-        return true; // already gone
+    let fd = match pid.pidfd() {
+        Ok(fd) => Some(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return true,
+        // Out of descriptors, say: not a sign the process ended.
+        Err(_) => None,
     };
-    let Ok(afd) = crate::sys::async_fd(fd, tokio::io::Interest::READABLE) else {
+    let Some(afd) = fd.and_then(|fd| crate::sys::async_fd(fd, tokio::io::Interest::READABLE).ok())
+    else {
         // Fall back to polling the identity.
         let deadline = tokio::time::Instant::now() + timeout;
         while pid.alive() {

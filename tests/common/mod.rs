@@ -899,6 +899,7 @@ impl Drop for Daemon {
             eprintln!("---- daemon log ----\n{}", self.log_text());
         }
         self.kill_leftovers();
+        self.kill_strays();
     }
 }
 
@@ -933,6 +934,71 @@ impl Daemon {
             let _ = p.signal(libc::SIGKILL);
         }
         unmount_under(&[&self.state, &self.root]);
+    }
+
+    /// After the daemon and `kill_leftovers`: any process still naming this daemon's directory
+    /// in its command line (a monitor no record owns, or a child of one not yet exec'd) is
+    /// killed and told in `strays.log` under the target's temp dir, which `cargo xtask ci`
+    /// prints: the test passed, but what it left says where the runtime let go of a process.
+    pub fn kill_strays(&self) {
+        let dir = self.dir.path().display().to_string();
+        let scan = || {
+            let mut out = Vec::new();
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.contains(&dir) {
+                    out.push((pid, cmd.trim().to_string()));
+                }
+            }
+            out
+        };
+        // What `kill_leftovers` signalled may take a moment to go.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut found = scan();
+        while !found.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            found = scan();
+        }
+        if found.is_empty() {
+            return;
+        }
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let mut report = String::new();
+        for (pid, cmd) in &found {
+            let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}"));
+            let state = read("stat")
+                .ok()
+                .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().next()?.to_string()))
+                .unwrap_or_default();
+            let wchan = read("wchan").unwrap_or_default();
+            let ppid = read("status")
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("PPid:").map(|v| v.trim().to_string()))
+                })
+                .unwrap_or_default();
+            report.push_str(&format!(
+                "{test}: pid {pid} (parent {ppid}, state {state}, in {wchan}): {cmd}\n"
+            ));
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        eprint!("stray processes killed:\n{report}");
+        let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("strays.log");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
+            let _ = f.write_all(report.as_bytes());
+        }
     }
 
     /// The daemon's per-RPC durations from its debug log, in milliseconds.

@@ -130,3 +130,21 @@ impl Inventory {
         Ok(())
     }
 }
+
+/// Where the test harness tells what it had to kill after a daemon (tests/common `kill_strays`).
+const STRAYS: &str = "target/tmp/strays.log";
+
+/// Starts the record of strays afresh.
+pub fn forget_strays() {
+    let _ = std::fs::remove_file(STRAYS);
+}
+
+/// Prints what the harness killed since `forget_strays`: each test still passed, but each
+/// line is a process the runtime let go of, named with the test that saw it.
+pub fn report_strays(after: &str) {
+    if let Ok(text) = std::fs::read_to_string(STRAYS)
+        && !text.trim().is_empty()
+    {
+        eprintln!("xtask: WARNING: {after}: the harness killed processes no record owned:\n{text}");
+    }
+}

@@ -329,11 +329,15 @@ fn main() -> Result<()> {
             // The package first: the host's package test installs it.
             deb::build(&dist()?)?;
             let before = leftovers::Inventory::take();
+            leftovers::forget_strays();
             integration()?;
             conformance()?;
+            leftovers::report_strays("the host's tests");
             leftovers::Inventory::take().check_since(&before, "the host's tests")?;
+            leftovers::forget_strays();
             test_vm(&[])?;
             bench(&["--smoke".to_string()])?;
+            leftovers::report_strays("the VM tier and the benchmark");
             leftovers::Inventory::take().check_since(&before, "the VM tier and the benchmark")
         }
         "conformance" => conformance(),

@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -57,6 +57,8 @@ pub struct Plan<'a> {
     /// With a systemd scope: a byte here means the monitor has seen the init placed in it; end
     /// of file means it was not.
     pub placement: Option<OwnedFd>,
+    /// A pidfd of the monitor that forked us: until the exec we end with it.
+    pub monitor: BorrowedFd<'a>,
 }
 
 /// Runs the container init in the forked child; never returns.
@@ -168,7 +170,9 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
         userns,
         pid_report,
         placement,
+        monitor,
     } = plan;
+    crate::runtime::process::die_with_monitor(monitor).map_err(fail("dying with the monitor"))?;
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
     // starts with no signal blocked or ignored.
     sys::reset_signals().map_err(fail("reset signals"))?;

@@ -128,6 +128,7 @@ fn cap_set(set: Option<&oci_spec::runtime::Capabilities>) -> Result<caps::CapsHa
 /// The process half shared by container init and exec: rlimits, oom_score_adj, AppArmor,
 /// groups, user, capabilities, no_new_privs, seccomp.
 pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), InitError> {
+    crate::runtime::process::outlive_monitor().map_err(fail("parent death signal"))?;
     own_stdio(p.user().uid(), p.user().gid());
     for r in p.rlimits().as_deref().unwrap_or_default() {
         nix::sys::resource::setrlimit(resource(r.typ()), r.soft(), r.hard())

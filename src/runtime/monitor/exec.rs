@@ -164,6 +164,8 @@ impl Monitor {
                 detail: e.to_string(),
             }
         };
+        crate::runtime::process::die_with_monitor(self.own_fd.as_fd())
+            .map_err(fail("dying with the monitor"))?;
         sys::reset_signals().map_err(fail("reset signals"))?;
         // The command counts against the container's limits, like the container's own processes.
         if let Some(cg) = cgroup {

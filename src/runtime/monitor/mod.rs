@@ -92,6 +92,8 @@ struct Monitor {
     /// The init's pidfd (close-on-exec), for exec'd commands to join its namespaces: the
     /// init's pid means nothing inside its own PID namespace, where those commands start.
     init_fd: OwnedFd,
+    /// A pidfd of this monitor (see `process::die_with_monitor`).
+    own_fd: OwnedFd,
     log: Option<LogWriter>,
     outputs: Vec<(OwnedFd, Stream)>,
     signals: SignalFd,
@@ -204,6 +206,9 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
         set_nonblocking(fd)?;
     }
     let (err_r, err_w) = cloexec_pipe()?;
+    // Our own pidfd, for the children we fork to die with us until they exec.
+    let own_fd =
+        sys::pidfd_open(std::process::id() as i32).map_err(step("pidfd of the monitor"))?;
 
     let sock_path = bundle.join(MONITOR_SOCKET);
     let _ = std::fs::remove_file(&sock_path);
@@ -325,6 +330,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                         userns: cfg.userns.as_deref(),
                         pid_report: pid_w,
                         placement: placed_r,
+                        monitor: own_fd.as_fd(),
                     },
                     child_stdio,
                     err_w,
@@ -416,6 +422,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     let monitor = Monitor {
         child,
         init_fd,
+        own_fd,
         log,
         outputs,
         signals,
