@@ -378,7 +378,8 @@ fn main() -> Result<()> {
             eprintln!(
                 "               [--large-mb MB] [--concurrent N] [--idle-seconds S] [--out FILE]"
             );
-            eprintln!("               [--probed-pods N] [--probe-seconds S]");
+            eprintln!("               [--probed-pods N] [--probe-seconds S] [--kubelet-pods N]");
+            eprintln!("               [--forward-mb MB] [--crius BINARY]");
             eprintln!("  chaos        the crash-anywhere test alone [--iterations N] [--seed S]");
             eprintln!(
                 "  soak         many probed pods with churn [--pods N] [--minutes M] [--churn C]"

@@ -26,6 +26,8 @@ pub struct Options {
     pub rounds: usize,
     pub smoke: bool,
     pub large_mb: usize,
+    /// The port-forward download (MiB).
+    pub forward_mb: usize,
     pub concurrent: usize,
     pub memory_pods: Vec<usize>,
     pub idle_seconds: u64,
@@ -44,6 +46,7 @@ impl Options {
             rounds: 5,
             smoke: false,
             large_mb: 250,
+            forward_mb: 256,
             concurrent: 20,
             memory_pods: vec![20, 100],
             idle_seconds: 60,
@@ -63,6 +66,7 @@ impl Options {
             match a.as_str() {
                 "--rounds" => o.rounds = val()?.parse()?,
                 "--large-mb" => o.large_mb = val()?.parse()?,
+                "--forward-mb" => o.forward_mb = val()?.parse()?,
                 "--concurrent" => o.concurrent = val()?.parse()?,
                 "--idle-seconds" => o.idle_seconds = val()?.parse()?,
                 "--probed-pods" => o.probed_pods = val()?.parse()?,
@@ -74,6 +78,7 @@ impl Options {
                     o.smoke = true;
                     o.rounds = 1;
                     o.large_mb = 0;
+                    o.forward_mb = 16;
                     o.concurrent = 5;
                     o.memory_pods = vec![5];
                     o.idle_seconds = 0;
@@ -717,8 +722,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     for round in 0..o.rounds {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
-            let mb = if o.smoke { 16 } else { 256 };
-            stream::rows(&mut rts[i], &busybox, mb, &mut res).await?;
+            stream::rows(&mut rts[i], &o.crius_bin, &busybox, o.forward_mb, &mut res).await?;
         }
     }
     cni_rows(o, tmp, &mut rts, &busybox, &mut res).await?;

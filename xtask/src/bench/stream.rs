@@ -1,7 +1,8 @@
 //! The streaming part of the benchmark, through one client for both runtimes (crius's own
 //! SPDY client, the protocol kubelet proxies): `exec true` over the streaming path (Exec, the
-//! upgrade, the exit status), and port forwarding to busybox httpd in a pod: the throughput of
-//! one large download and the time of a small request on a new connection.
+//! upgrade, the exit status), and port forwarding to busybox httpd in a pod (by the release
+//! binary's `crius port-forward`): the throughput of one large download and the time of a small
+//! request on a new connection.
 
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,13 @@ async fn get(port: u16, path: &str) -> Result<usize> {
     Ok(total)
 }
 
-pub async fn rows(rt: &mut Rt, image: &str, mb: usize, res: &mut Results) -> Result<()> {
+pub async fn rows(
+    rt: &mut Rt,
+    client: &std::path::Path,
+    image: &str,
+    mb: usize,
+    res: &mut Results,
+) -> Result<()> {
     let name = rt.name();
     let (pod, ctr) = web_pod(rt, image, mb).await?;
     // exec true, the whole streaming path.
@@ -88,26 +95,22 @@ pub async fn rows(rt: &mut Rt, image: &str, mb: usize, res: &mut Results) -> Res
         res.add("streaming exec true (Exec+upgrade+exit)", "ms", name, ms);
     }
     // Port forwarding.
-    let url = rt
-        .rt
-        .port_forward(cri::PortForwardRequest {
-            pod_sandbox_id: pod.clone(),
-            port: vec![8080],
-        })
-        .await?
-        .into_inner()
-        .url;
     let local = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let forwarder = tokio::spawn(async move {
-        crius::cli::stream::port_forward(&url, &[(local, 8080)], async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    // The client is the release binary's `crius port-forward`, the same for both runtimes (it
+    // speaks CRI to whichever socket it is given): the library linked into xtask is built
+    // without optimisation, and as the client it held both runtimes to its own speed.
+    let forwarder = Forwarder(
+        std::process::Command::new(client)
+            .arg("--socket")
+            .arg(&rt.peer.socket)
+            .args(["port-forward", &pod, &format!("{local}:8080")])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("{}: starting the port forwarder", client.display()))?,
+    );
     let start = Instant::now();
     while tokio::net::TcpStream::connect(("127.0.0.1", local))
         .await
@@ -139,7 +142,16 @@ pub async fn rows(rt: &mut Rt, image: &str, mb: usize, res: &mut Results) -> Res
         }
         res.add("port-forward new connection + small GET", "ms", name, ms);
     }
-    let _ = stop.send(());
-    forwarder.await.context("port forwarder")??;
+    drop(forwarder);
     rt.remove_pod(&pod).await
+}
+
+/// The forwarding process, ended with the rows.
+struct Forwarder(std::process::Child);
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
