@@ -392,46 +392,74 @@ pub fn bpf_load_device_program(insns: &[u64]) -> io::Result<std::os::fd::OwnedFd
     const BPF_PROG_LOAD: libc::c_long = 5;
     const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
     let license = c"Apache-2.0";
-    let mut log = vec![0u8; 16 << 10];
     let mut name = [0u8; 16];
     name[..12].copy_from_slice(b"crius_device");
-    let attr = ProgLoad {
-        prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
-        insn_cnt: u32::try_from(insns.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        kern_version: 0,
-        prog_flags: 0,
-        prog_name: name,
-        prog_ifindex: 0,
-        expected_attach_type: 0,
+    let insn_cnt = u32::try_from(insns.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?;
+    // Without the verifier's log first (writing it costs time); with it only to explain a
+    // refusal. The verifier gives up with EAGAIN when a signal is pending for the loading
+    // thread (a child's SIGCHLD, say): tried again, as libbpf does.
+    let load = |log: Option<&mut Vec<u8>>| -> io::Result<i32> {
+        let (log_level, log_size, log_buf) = match log {
+            Some(l) => (1, l.len() as u32, l.as_mut_ptr() as u64),
+            None => (0, 0, 0),
+        };
+        let attr = ProgLoad {
+            prog_type: BPF_PROG_TYPE_CGROUP_DEVICE,
+            insn_cnt,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level,
+            log_size,
+            log_buf,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name: name,
+            prog_ifindex: 0,
+            expected_attach_type: 0,
+        };
+        let mut tries = 0;
+        loop {
+            // SAFETY: every pointer in `attr` (instructions, license, log buffer) is valid for
+            // the length given and outlives the call; the kernel writes only into the log.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_PROG_LOAD,
+                    &attr as *const ProgLoad,
+                    std::mem::size_of::<ProgLoad>(),
+                )
+            };
+            if fd >= 0 {
+                return Ok(fd as i32);
+            }
+            let err = io::Error::last_os_error();
+            tries += 1;
+            if err.raw_os_error() != Some(libc::EAGAIN) || tries >= 5 {
+                return Err(err);
+            }
+        }
     };
-    // SAFETY: every pointer in `attr` (instructions, license, log buffer) is valid for the
-    // length given and outlives the call; the kernel writes only into the log buffer.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_LOAD,
-            &attr as *const ProgLoad,
-            std::mem::size_of::<ProgLoad>(),
-        )
+    let fd = match load(None) {
+        Ok(fd) => fd,
+        Err(first) => {
+            let mut log = vec![0u8; 16 << 10];
+            match load(Some(&mut log)) {
+                Ok(fd) => fd,
+                Err(err) => {
+                    let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                    let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
+                    return Err(if text.is_empty() {
+                        first
+                    } else {
+                        io::Error::new(err.kind(), format!("{err}: {text}"))
+                    });
+                }
+            }
+        }
     };
-    if fd < 0 {
-        let err = io::Error::last_os_error();
-        let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
-        let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
-        return Err(if text.is_empty() {
-            err
-        } else {
-            io::Error::new(err.kind(), format!("{err}: {text}"))
-        });
-    }
     // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// Attaches a device program to a cgroup (`BPF_CGROUP_DEVICE`, alongside any the ancestors
