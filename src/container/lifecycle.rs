@@ -172,26 +172,48 @@ impl ContainerService {
             Err(e) => return Err(e),
         };
         self.stop(id, 0).await?;
-        let mut r = entry.lock().await;
-        if r.state == REMOVED {
-            return Ok(());
-        }
         // Nothing of a container outlives its record: its process may live on under a record
-        // that says otherwise (its monitor died), and the monitor may still be finishing.
-        if let Some(init) = r.init.filter(|i| i.alive()) {
-            kill_all(init, r.own_pid_ns, r.mnt_ns, r.cgroup.as_ref());
-        }
-        if let Some(m) = r.monitor.filter(|m| m.alive()) {
-            let _ = m.signal(libc::SIGKILL);
-        }
-        for p in [r.init, r.monitor].into_iter().flatten() {
-            if !wait_for_exit(p, Duration::from_secs(10)).await {
-                return Err(Error::Unkillable {
-                    id: r.id.clone(),
-                    pid: p.pid,
-                });
+        // that says otherwise (its monitor died), and the monitor may still be finishing. They
+        // are ended without the lock, so listings and statuses go on meanwhile; a start that
+        // came in between made new ones, which go too.
+        let mut r = loop {
+            let (full_id, init, monitor, own_pid_ns, mnt_ns, cgroup) = {
+                let r = entry.lock().await;
+                if r.state == REMOVED {
+                    return Ok(());
+                }
+                let cgroup = r.cgroup.clone();
+                (
+                    r.id.clone(),
+                    r.init,
+                    r.monitor,
+                    r.own_pid_ns,
+                    r.mnt_ns,
+                    cgroup,
+                )
+            };
+            if let Some(init) = init.filter(|i| i.alive()) {
+                kill_all(init, own_pid_ns, mnt_ns, cgroup.as_ref());
             }
-        }
+            if let Some(m) = monitor.filter(|m| m.alive()) {
+                let _ = m.signal(libc::SIGKILL);
+            }
+            for p in [init, monitor].into_iter().flatten() {
+                if !wait_for_exit(p, Duration::from_secs(10)).await {
+                    return Err(Error::Unkillable {
+                        id: full_id,
+                        pid: p.pid,
+                    });
+                }
+            }
+            let r = entry.lock().await;
+            if r.state == REMOVED {
+                return Ok(());
+            }
+            if (r.init, r.monitor) == (init, monitor) {
+                break r;
+            }
+        };
         let b = self.bundle(&r.id);
         discard_files(b.clone()).await;
         if let Some(cg) = &r.cgroup {

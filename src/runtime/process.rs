@@ -44,12 +44,30 @@ impl ProcessId {
         matches!(stat(self.pid), Ok((state, start)) if start == self.start_time && state != 'Z')
     }
 
+    /// Whether this process has certainly ended: its /proc entry is gone, belongs to another
+    /// process, or shows a zombie. A /proc that cannot be read (out of descriptors) says
+    /// nothing, unlike `alive`'s false.
+    pub fn ended(&self) -> bool {
+        match stat(self.pid) {
+            Ok((state, start)) => start != self.start_time || state == 'Z',
+            Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+        }
+    }
+
     /// A pidfd for this process, checked to be the same process after opening.
     pub fn pidfd(&self) -> io::Result<OwnedFd> {
         let fd = sys::pidfd_open(self.pid)?;
+        let gone = || io::Error::from_raw_os_error(libc::ESRCH);
         match stat(self.pid) {
             Ok((_, start)) if start == self.start_time => Ok(fd),
-            _ => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+            Ok(_) => Err(gone()),
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) =>
+            {
+                Err(gone())
+            }
+            // Out of descriptors, say: unknown, not gone.
+            Err(e) => Err(e),
         }
     }
 
@@ -165,6 +183,10 @@ mod tests {
     /// Not a test on its own (it returns at once): the body `helper_child` runs. The child
     /// watches this process as a monitor's child watches its monitor, then waits forever;
     /// this process ends, with (`armed`) or without (`late`) the child's watch in place first.
+    /// `sys::fork` wants a single-threaded caller: here the only other thread is libtest's
+    /// main thread, waiting on a channel, so the child inherits no lock held elsewhere. The
+    /// signal is tied to this (forking) thread, which ends right after the test body, as a
+    /// monitor's only thread ends with the monitor.
     #[test]
     fn forking_helper() {
         let Ok(mode) = std::env::var("CRIUS_TEST_FORK") else {

@@ -230,7 +230,7 @@ pub async fn wait_for_exit(pid: ProcessId, timeout: Duration) -> bool {
     else {
         // Fall back to polling the identity.
         let deadline = tokio::time::Instant::now() + timeout;
-        while pid.alive() {
+        while !pid.ended() {
             if tokio::time::Instant::now() >= deadline {
                 return false;
             }

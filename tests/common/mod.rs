@@ -938,8 +938,9 @@ impl Daemon {
 
     /// After the daemon and `kill_leftovers`: any process still naming this daemon's directory
     /// in its command line (a monitor no record owns, or a child of one not yet exec'd) is
-    /// killed and told in `strays.log` under the target's temp dir, which `cargo xtask ci`
-    /// prints: the test passed, but what it left says where the runtime let go of a process.
+    /// killed and told on stderr and in `strays.log` under the target's temp dir (on the host;
+    /// the VM sees the tree read-only), which `cargo xtask ci` prints after the host tier: the
+    /// test passed, but what it left says where the runtime let go of a process.
     pub fn kill_strays(&self) {
         let dir = self.dir.path().display().to_string();
         let scan = || {

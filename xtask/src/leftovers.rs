@@ -131,7 +131,9 @@ impl Inventory {
     }
 }
 
-/// Where the test harness tells what it had to kill after a daemon (tests/common `kill_strays`).
+/// Where the test harness tells what it had to kill after a daemon (tests/common `kill_strays`);
+/// on the host only: the VM tier sees the tree read-only, and its suites print the same lines
+/// on their own output.
 const STRAYS: &str = "target/tmp/strays.log";
 
 /// Starts the record of strays afresh.

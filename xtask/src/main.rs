@@ -334,10 +334,8 @@ fn main() -> Result<()> {
             conformance()?;
             leftovers::report_strays("the host's tests");
             leftovers::Inventory::take().check_since(&before, "the host's tests")?;
-            leftovers::forget_strays();
             test_vm(&[])?;
             bench(&["--smoke".to_string()])?;
-            leftovers::report_strays("the VM tier and the benchmark");
             leftovers::Inventory::take().check_since(&before, "the VM tier and the benchmark")
         }
         "conformance" => conformance(),

@@ -134,21 +134,40 @@ fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, In
 
 /// Joins the pod's user namespace as its root (the IDs the container's files are made with
 /// until the process takes its own); with `pid_report`, also a new PID namespace of that user
-/// namespace, entered by forking: the parent reports the child's pid and exits.
-fn enter_userns(userns: &Path, pid_report: Option<OwnedFd>) -> Result<(), InitError> {
+/// namespace, entered by forking: the parent reports the child's pid and exits. Dies with
+/// `monitor` throughout, as the rest of the setup does.
+fn enter_userns(
+    userns: &Path,
+    pid_report: Option<OwnedFd>,
+    monitor: BorrowedFd<'_>,
+) -> Result<(), InitError> {
+    let die_with_monitor = || {
+        crate::runtime::process::die_with_monitor(monitor).map_err(fail("dying with the monitor"))
+    };
     join_namespace("user", userns)?;
     let root = Gid::from_raw(0);
     nix::unistd::setresgid(root, root, root).map_err(fail("setgid 0 in the user namespace"))?;
     let root = Uid::from_raw(0);
     nix::unistd::setresuid(root, root, root).map_err(fail("setuid 0 in the user namespace"))?;
+    // The new IDs lifted the parent-death signal.
+    die_with_monitor()?;
     let Some(report) = pid_report else {
         return Ok(());
     };
     unshare(CloneFlags::CLONE_NEWPID).map_err(fail("new pid namespace"))?;
+    // For the child to see us go: only then is the monitor (a subreaper) its parent, and only a
+    // signal armed after that is tied to the monitor rather than to us.
+    let me = sys::pidfd_open(std::process::id() as i32).map_err(fail("pidfd of the init"))?;
     match sys::fork().map_err(fail("fork into the pid namespace"))? {
         nix::unistd::ForkResult::Child => {
             drop(report);
-            Ok(())
+            let mut fds = [nix::poll::PollFd::new(
+                me.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE)
+                .map_err(fail("waiting for the parent to report"))?;
+            die_with_monitor()
         }
         nix::unistd::ForkResult::Parent { child } => {
             let mut f = std::fs::File::from(report);
@@ -192,7 +211,7 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
         None => Vec::new(),
     };
     if let Some(ns) = userns {
-        enter_userns(ns, pid_report)?;
+        enter_userns(ns, pid_report, monitor)?;
     }
     for ns in join.iter().filter(|n| n.kind != "pid" && n.kind != "user") {
         join_namespace(&ns.kind, &ns.path)?;

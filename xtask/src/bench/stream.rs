@@ -102,7 +102,7 @@ pub async fn rows(
     // The client is the release binary's `crius port-forward`, the same for both runtimes (it
     // speaks CRI to whichever socket it is given): the library linked into xtask is built
     // without optimisation, and as the client it held both runtimes to its own speed.
-    let forwarder = Forwarder(
+    let mut forwarder = Forwarder(
         std::process::Command::new(client)
             .arg("--socket")
             .arg(&rt.peer.socket)
@@ -116,6 +116,9 @@ pub async fn rows(
         .await
         .is_err()
     {
+        if let Some(status) = forwarder.0.try_wait()? {
+            bail!("{name}: the port forwarder ended ({status}) before listening");
+        }
         if start.elapsed() > Duration::from_secs(10) {
             bail!("{name}: the port forwarder never listened");
         }
