@@ -15,6 +15,11 @@ pub struct ProcessId {
     pub start_time: u64,
 }
 
+/// The answer of a process that is gone: its /proc entry missing, or ESRCH.
+fn no_such_process(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 /// State letter and start time of a process, from `/proc/<pid>/stat`.
 fn stat(pid: i32) -> io::Result<(char, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -50,7 +55,7 @@ impl ProcessId {
     pub fn ended(&self) -> bool {
         match stat(self.pid) {
             Ok((state, start)) => start != self.start_time || state == 'Z',
-            Err(e) => e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH),
+            Err(e) => no_such_process(&e),
         }
     }
 
@@ -61,11 +66,7 @@ impl ProcessId {
         match stat(self.pid) {
             Ok((_, start)) if start == self.start_time => Ok(fd),
             Ok(_) => Err(gone()),
-            Err(e)
-                if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) =>
-            {
-                Err(gone())
-            }
+            Err(e) if no_such_process(&e) => Err(gone()),
             // Out of descriptors, say: unknown, not gone.
             Err(e) => Err(e),
         }
@@ -78,11 +79,7 @@ impl ProcessId {
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
                 r => r,
             },
-            Err(e)
-                if e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound =>
-            {
-                Ok(())
-            }
+            Err(e) if no_such_process(&e) => Ok(()),
             Err(e) => Err(e),
         }
     }
