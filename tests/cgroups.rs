@@ -796,6 +796,52 @@ async fn systemd_driver_makes_transient_units() {
         "an ended container's scope is gone"
     );
 
+    // The race made certain: the monitor is stopped until systemd has removed the OOM-killed
+    // container's scope, so its memory.events cannot be read any more; the pod's count tells.
+    let gate = tempfile::tempdir().unwrap();
+    let mut cfg = with_resources(
+        &env,
+        "late-hog",
+        &[
+            "sh",
+            "-c",
+            "until [ -e /gate/go ]; do sleep 0.05; done; exec dd if=/dev/zero of=/dev/null bs=60M count=1",
+        ],
+        cri::LinuxContainerResources {
+            memory_limit_in_bytes: 32 * MIB,
+            ..Default::default()
+        },
+    );
+    cfg.mounts.push(cri::Mount {
+        container_path: "/gate".into(),
+        host_path: gate.path().display().to_string(),
+        ..Default::default()
+    });
+    let late = env.run(&pod, &own, cfg).await;
+    let late_scope = format!("crius-{late}.scope");
+    let monitor = nix::unistd::Pid::from_raw(
+        verbose(&env, &late).await["monitorPid"]
+            .as_i64()
+            .expect("a monitor pid") as i32,
+    );
+    nix::sys::signal::kill(monitor, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::fs::write(gate.path().join("go"), b"").unwrap();
+    let t = Instant::now();
+    while unit_property(&late_scope, "ActiveState") != "inactive" {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "systemd did not remove the emptied scope"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(monitor, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let st = env.wait_exit(&late, Duration::from_secs(120)).await;
+    assert_eq!(
+        (st.exit_code, st.reason.as_str()),
+        (137, "OOMKilled"),
+        "{st:?}"
+    );
+
     // A cgroupfs-style parent cannot hold scopes: refused, naming the field.
     let mut bad = env.sandbox_config("bad");
     bad.linux.as_mut().unwrap().cgroup_parent = "/kubepods/burstable/pod-bad".into();

@@ -22,7 +22,6 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::{CloneFlags, setns, unshare};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
@@ -32,10 +31,12 @@ use oci_spec::runtime::{Process, Spec};
 
 mod attach;
 mod exec;
+mod oom;
 mod restore;
 
 use attach::{Attacher, StdinState};
 use exec::Exec;
+use oom::OomWatch;
 pub use restore::criu_errors;
 
 use super::attach::AttachRequest;
@@ -104,12 +105,10 @@ struct Monitor {
     seccomp: Option<Compiled>,
     /// Whether the container is in a user namespace of its pod, which exec'd commands join.
     userns: bool,
-    /// The container's cgroup: exec'd commands join it, and its memory.events tell an OOM kill.
+    /// The container's cgroup, which exec'd commands join.
     cgroup: Option<std::path::PathBuf>,
-    /// A watch on the cgroup's memory.events and the most OOM kills it showed: under systemd
-    /// the cgroup may be gone (its scope stopped) by the time the init is reaped.
-    oom_watch: Option<Inotify>,
-    oom_seen: u64,
+    /// OOM kills in that cgroup, watched from before the init ran.
+    oom: Option<OomWatch>,
     exit_file: std::path::PathBuf,
     /// The container's stdin (held so it stays open until `stdin_once` closes it).
     stdin: StdinState,
@@ -268,18 +267,10 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
 
     // OOM kills are watched from before the container runs: one right after its exec would
     // otherwise go unseen once systemd has taken the emptied scope away.
-    let oom_watch = cfg
-        .cgroup
-        .as_ref()
-        .and_then(|_| Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok());
-    let watch_oom = || {
-        if let (Some(w), Some(cg)) = (&oom_watch, &cfg.cgroup) {
-            let _ = w.add_watch(&cg.join("memory.events"), AddWatchFlags::IN_MODIFY);
-        }
-    };
+    let mut oom = cfg.cgroup.as_deref().map(OomWatch::new);
     // A systemd scope exists only once the init is placed in it.
     if !cfg.placed {
-        watch_oom();
+        oom.iter_mut().for_each(OomWatch::begin);
     }
     let child = if let Some(r) = &cfg.restore {
         let init::Stdio::Pipes {
@@ -312,7 +303,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
             placement,
         )?;
         if cfg.placed {
-            watch_oom();
+            oom.iter_mut().for_each(OomWatch::begin);
         }
         child
     } else {
@@ -352,7 +343,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                         let _ = std::fs::remove_file(&sock_path);
                         return Err(e);
                     }
-                    watch_oom();
+                    oom.iter_mut().for_each(OomWatch::begin);
                     let _ = std::fs::File::from(w).write_all(&[1]);
                 }
                 let child = match pid_r {
@@ -432,8 +423,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
         seccomp,
         userns: cfg.userns.is_some(),
         cgroup: cfg.cgroup.clone(),
-        oom_watch,
-        oom_seen: 0,
+        oom,
         exit_file: cfg.exit_file.clone(),
         stdin: StdinState {
             fd: stdin_keep,
@@ -519,8 +509,8 @@ impl Monitor {
                     fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
                 }
                 let outputs_end = fds.len();
-                if let Some(w) = &self.oom_watch {
-                    fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+                if let Some(fd) = self.oom.as_ref().and_then(OomWatch::fd) {
+                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 }
                 let attach_start = fds.len();
                 let polls_stdin = self.attach_poll_fds(&mut fds);
@@ -552,7 +542,7 @@ impl Monitor {
                 )
             };
             if oom_ready {
-                self.note_oom_kills();
+                self.oom.iter_mut().for_each(OomWatch::note);
             }
             self.enforce_deadlines();
             // Output first, so nothing written before the exit is lost.
@@ -608,6 +598,8 @@ impl Monitor {
                             {
                                 status = Some(s);
                                 exited_at = Some(Instant::now());
+                                // Read at once: an emptied systemd scope is soon removed.
+                                self.oom.iter_mut().for_each(OomWatch::note);
                             }
                         }
                         Ok(Signal::SIGUSR1) => {
@@ -651,9 +643,7 @@ impl Monitor {
                 .and_then(exit_code)
                 .unwrap_or((255, None)),
         };
-        // A SIGKILL while the cgroup counts OOM kills is the OOM killer's doing.
-        self.note_oom_kills();
-        let oom_killed = signal == Some(libc::SIGKILL) && self.oom_seen > 0;
+        let oom_killed = self.oom.as_mut().is_some_and(|o| o.killed(signal));
         let record = ExitRecord {
             exit_code: code,
             signal,
@@ -689,16 +679,6 @@ impl Monitor {
         found
     }
 
-    /// Drains the memory.events watch and keeps the highest OOM kill count seen.
-    fn note_oom_kills(&mut self) {
-        if let Some(w) = &self.oom_watch {
-            while matches!(w.read_events(), Ok(e) if !e.is_empty()) {}
-        }
-        if let Some(cg) = &self.cgroup {
-            self.oom_seen = self.oom_seen.max(oom_kills(cg));
-        }
-    }
-
     fn enforce_deadlines(&mut self) {
         let now = Instant::now();
         for e in self.execs.iter_mut() {
@@ -732,17 +712,4 @@ fn receive_terminal(console: &UnixStream) -> Result<OwnedFd, StepError> {
         }
     }
     fd.ok_or_else(|| StepError::new("the container's terminal", "the init sent none"))
-}
-
-/// The `oom_kill` count of a cgroup's memory.events.
-fn oom_kills(cgroup: &Path) -> u64 {
-    std::fs::read_to_string(cgroup.join("memory.events"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("oom_kill ")
-                    .and_then(|n| n.trim().parse().ok())
-            })
-        })
-        .unwrap_or(0)
 }
