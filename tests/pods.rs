@@ -1730,6 +1730,8 @@ async fn container_events_for_the_evented_pleg() {
             env.container_config("once", &["sh", "-c", "exit 3"]),
         )
         .await;
+    // Read only once it has ended: each event still shows the container as it was then.
+    env.wait_exit(&c, Duration::from_secs(30)).await;
     use cri::ContainerEventType as T;
     let mut seen = Vec::new();
     for want in [
@@ -1753,8 +1755,14 @@ async fn container_events_for_the_evented_pleg() {
         seen.push((mine.state, mine.exit_code));
     }
     use cri::ContainerState as S;
-    assert_eq!(seen[0].0, S::ContainerCreated as i32);
-    assert_eq!(seen[2], (S::ContainerExited as i32, 3), "{seen:?}");
+    assert_eq!(
+        seen,
+        [
+            (S::ContainerCreated as i32, 0),
+            (S::ContainerRunning as i32, 0),
+            (S::ContainerExited as i32, 3)
+        ]
+    );
     env.d
         .runtime()
         .remove_container(cri::RemoveContainerRequest {

@@ -17,13 +17,16 @@ pub const SUBSCRIBER_BUFFER: usize = 1024;
 const REPLAY_FOR: Duration = Duration::from_secs(300);
 
 /// What happened to a container, and when.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Notice {
     pub container_id: String,
     pub sandbox_id: String,
     /// A `cri::ContainerEventType`.
     pub kind: i32,
     pub at: i64,
+    /// The container's status when it happened (a start right after a creation must not show
+    /// in the creation's event); none for a removal.
+    pub status: Option<Box<cri::ContainerStatus>>,
 }
 
 pub const CREATED: i32 = cri::ContainerEventType::ContainerCreatedEvent as i32;
@@ -111,6 +114,7 @@ mod tests {
             sandbox_id: "pod".into(),
             kind,
             at: 1,
+            status: None,
         }
     }
 

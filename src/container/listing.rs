@@ -16,6 +16,49 @@ impl ContainerService {
         out
     }
 
+    /// A record as ContainerStatus shows it.
+    pub(super) fn cri_status(r: &Record) -> cri::ContainerStatus {
+        let (uid, gid, groups) = r.user.clone();
+        cri::ContainerStatus {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            state: r.state,
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            exit_code: r.exit_code,
+            image: r.config.image.clone(),
+            image_ref: r.image_ref.clone(),
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
+            mounts: r.config.mounts.clone(),
+            log_path: r
+                .log_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            resources: r
+                .config
+                .linux
+                .as_ref()
+                .and_then(|l| l.resources.clone())
+                .map(|res| cri::ContainerResources {
+                    linux: Some(res),
+                    ..Default::default()
+                }),
+            image_id: r.image_id.clone(),
+            user: Some(cri::ContainerUser {
+                linux: Some(cri::LinuxContainerUser {
+                    uid: uid.into(),
+                    gid: gid.into(),
+                    supplemental_groups: groups.iter().map(|g| i64::from(*g)).collect(),
+                }),
+            }),
+        }
+    }
+
     pub(super) fn to_cri(r: &Record) -> cri::Container {
         cri::Container {
             id: r.id.clone(),
@@ -71,45 +114,7 @@ impl ContainerService {
         let mut r = entry.lock().await;
         Self::present(&r)?;
         self.sync_exit(&mut r);
-        let (uid, gid, groups) = r.user.clone();
-        let status = cri::ContainerStatus {
-            id: r.id.clone(),
-            metadata: r.config.metadata.clone(),
-            state: r.state,
-            created_at: r.created_at,
-            started_at: r.started_at,
-            finished_at: r.finished_at,
-            exit_code: r.exit_code,
-            image: r.config.image.clone(),
-            image_ref: r.image_ref.clone(),
-            reason: r.reason.clone(),
-            message: r.message.clone(),
-            labels: r.config.labels.clone(),
-            annotations: r.config.annotations.clone(),
-            mounts: r.config.mounts.clone(),
-            log_path: r
-                .log_path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            resources: r
-                .config
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.clone())
-                .map(|res| cri::ContainerResources {
-                    linux: Some(res),
-                    ..Default::default()
-                }),
-            image_id: r.image_id.clone(),
-            user: Some(cri::ContainerUser {
-                linux: Some(cri::LinuxContainerUser {
-                    uid: uid.into(),
-                    gid: gid.into(),
-                    supplemental_groups: groups.iter().map(|g| i64::from(*g)).collect(),
-                }),
-            }),
-        };
+        let status = Self::cri_status(&r);
         let mut info = HashMap::new();
         if verbose {
             let b = self.bundle(&r.id);

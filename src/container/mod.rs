@@ -169,6 +169,7 @@ fn notice(r: &Record, kind: i32, at: i64) -> events::Notice {
         sandbox_id: r.sandbox_id.clone(),
         kind,
         at,
+        status: (kind != events::DELETED).then(|| Box::new(ContainerService::cri_status(r))),
     }
 }
 
