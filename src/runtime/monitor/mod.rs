@@ -4,8 +4,9 @@
 //! and then lives on its own (own session, no tie to the daemon): it copies the container's
 //! output into the CRI log and to attachers (CRI Attach), reopens the log on SIGUSR1, runs
 //! ExecSync and streamed commands asked for on its socket, feeds attachers' input to the
-//! container's stdin, reaps the init and writes the exit record atomically. The daemon may die and come back
-//! meanwhile; the record is what it reads.
+//! container's stdin, reaps the init and writes the exit record atomically, with whether the OOM
+//! killer ended it (see `oom`). The daemon may die and come back meanwhile; the record is what it
+//! reads.
 //!
 //! Exec is here because it is the cheap place for it: the monitor's children already land in the
 //! container's PID namespace, it holds the parsed spec, and forking a small single-threaded
@@ -291,7 +292,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
             .ok_or_else(|| StepError::new("config.json", "no root"))?;
         drop((err_r, err_w, pid_r, pid_w));
         let placement = placed_r.zip(placed_w);
-        let child = restore::run(
+        restore::run(
             &cfg,
             r,
             &rootfs,
@@ -301,11 +302,8 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                 stderr,
             },
             placement,
-        )?;
-        if cfg.placed {
-            oom.iter_mut().for_each(OomWatch::begin);
-        }
-        child
+            || oom.iter_mut().for_each(OomWatch::begin),
+        )?
     } else {
         match sys::fork().map_err(step("fork"))? {
             ForkResult::Child => {
@@ -497,6 +495,10 @@ impl Monitor {
                     wait_ms = Some(wait_ms.map_or(ms, |w| w.min(ms)));
                 }
             }
+            if let Some(at) = self.oom.as_ref().and_then(OomWatch::settles_at) {
+                let ms = at.saturating_duration_since(now).as_millis() as u64 + 1;
+                wait_ms = Some(wait_ms.map_or(ms, |w| w.min(ms)));
+            }
             let timeout = match wait_ms {
                 Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
                 None => PollTimeout::NONE,
@@ -541,8 +543,10 @@ impl Monitor {
                     attach_ready,
                 )
             };
-            if oom_ready {
-                self.oom.iter_mut().for_each(OomWatch::note);
+            if let Some(o) = self.oom.as_mut()
+                && (oom_ready || o.settles_at().is_some_and(|t| t <= Instant::now()))
+            {
+                o.note();
             }
             self.enforce_deadlines();
             // Output first, so nothing written before the exit is lost.

@@ -1,24 +1,34 @@
 //! Whether the container's init was ended by the OOM killer: its cgroup's `oom_kill` count in
 //! memory.events, watched from before the init runs. Under the systemd driver the scope's cgroup
-//! goes as soon as it empties, and the kernel drops a pending (rate-limited) notification with
-//! it, so the count can be gone before the monitor has read it (runc, conmon and containerd lose
-//! the reason this way). The pod's cgroup outlives its containers and counts its subtree's OOM
-//! kills (memory.events is hierarchical): a kill there that no sibling cgroup still present and
-//! no process of the pod cgroup itself accounts for was in a removed cgroup, taken to be this
-//! one. Plain files only; used by the monitor alone.
+//! goes as soon as it empties, and the kernel drops a pending notification with it (it sends one
+//! per file at most every 10 ms, holding back the rest), so the count can be gone before the
+//! monitor has read it (runc, conmon and containerd lose the reason this way). So a change is
+//! taken as read only once the count has been read again after the kernel's holding time; when
+//! the cgroup went before that, the pod's cgroup tells: it outlives its containers and counts its
+//! subtree's OOM kills (memory.events is hierarchical), and a kill there that no sibling cgroup
+//! still present and no process of the pod cgroup itself accounts for was this container's.
+//! Plain files only; used by the monitor alone.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+/// Longer than the kernel holds back a cgroup file's notification (10 ms), with room for a slow
+/// machine's work queue.
+const SETTLE: Duration = Duration::from_millis(100);
 
 pub(super) struct OomWatch {
     cgroup: PathBuf,
     inotify: Option<Inotify>,
     /// The most OOM kills the container's memory.events showed.
     seen: u64,
+    /// When the count must be read again to be sure no held-back change is missed: set by each
+    /// notification, cleared by a read at or after it.
+    unsettled: Option<Instant>,
     /// The pod cgroup's counts when the watch began.
     pod: Option<PodCounts>,
 }
@@ -29,6 +39,7 @@ impl OomWatch {
             cgroup: cgroup.to_path_buf(),
             inotify: Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok(),
             seen: 0,
+            unsettled: None,
             pod: None,
         }
     }
@@ -42,7 +53,7 @@ impl OomWatch {
         self.pod = self
             .cgroup
             .parent()
-            .and_then(|p| PodCounts::read(p, &self.cgroup));
+            .and_then(|p| PodCounts::read(p, &self.cgroup, true));
     }
 
     /// What to poll for changes of memory.events.
@@ -50,18 +61,39 @@ impl OomWatch {
         self.inotify.as_ref().map(|w| w.as_fd())
     }
 
+    /// When `note` should be called again though nothing was notified.
+    pub(super) fn settles_at(&self) -> Option<Instant> {
+        self.unsettled
+    }
+
     /// Drains the watch and keeps the highest count seen.
     pub(super) fn note(&mut self) {
         if let Some(w) = &self.inotify {
-            while matches!(w.read_events(), Ok(e) if !e.is_empty()) {}
+            let mut notified = false;
+            while let Ok(events) = w.read_events() {
+                if events.is_empty() {
+                    break;
+                }
+                // The watch's end (IN_IGNORED, the cgroup removed) is no change of the count.
+                notified |= events
+                    .iter()
+                    .any(|e| e.mask.contains(AddWatchFlags::IN_MODIFY));
+            }
+            if notified {
+                self.unsettled = Some(Instant::now() + SETTLE);
+            }
         }
         if let Some(n) = oom_kills(&self.cgroup.join("memory.events")) {
             self.seen = self.seen.max(n);
+            if self.unsettled.is_some_and(|t| t <= Instant::now()) {
+                self.unsettled = None;
+            }
         }
     }
 
     /// Whether an init that ended by `signal` was OOM killed: a SIGKILL while its cgroup counted
-    /// an OOM kill, or, its cgroup gone, one in the pod that nothing else accounts for.
+    /// an OOM kill, or, its cgroup gone with a change unread, one in the pod that nothing else
+    /// accounts for.
     pub(super) fn killed(&mut self, signal: Option<i32>) -> bool {
         if signal != Some(libc::SIGKILL) {
             return false;
@@ -70,11 +102,13 @@ impl OomWatch {
         if self.seen > 0 {
             return true;
         }
-        if self.cgroup.exists() {
+        // A SIGKILL from elsewhere (StopContainer's last step) leaves nothing unread: a kill in
+        // a sibling removed since is not taken for this container's.
+        if self.unsettled.is_none() || self.cgroup.exists() {
             return false;
         }
         match (&self.pod, self.cgroup.parent()) {
-            (Some(before), Some(pod)) => PodCounts::read(pod, &self.cgroup)
+            (Some(before), Some(pod)) => PodCounts::read(pod, &self.cgroup, false)
                 .is_some_and(|now| now.unexplained_since(before) > 0),
             _ => false,
         }
@@ -91,8 +125,11 @@ struct PodCounts {
 }
 
 impl PodCounts {
-    fn read(pod: &Path, own: &Path) -> Option<PodCounts> {
-        let total = oom_kills(&pod.join("memory.events"))?;
+    /// The counts now. A kill while they are read must not look unexplained: the baseline
+    /// reads the parts before the whole, later reads the whole before the parts.
+    fn read(pod: &Path, own: &Path, baseline: bool) -> Option<PodCounts> {
+        let total = || oom_kills(&pod.join("memory.events"));
+        let early = if baseline { None } else { Some(total()?) };
         // memory.events.local is newer than memory.events (Linux 5.2): none, none counted.
         let local = oom_kills(&pod.join("memory.events.local")).unwrap_or(0);
         let mut children = HashMap::new();
@@ -105,6 +142,10 @@ impl PodCounts {
                 children.insert(entry.file_name(), n);
             }
         }
+        let total = match early {
+            Some(n) => n,
+            None => total()?,
+        };
         Some(PodCounts {
             total,
             local,
@@ -142,37 +183,48 @@ fn oom_kills(file: &Path) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn events(dir: &Path, name: &str, kills: u64) {
+    fn events(dir: &Path, name: &str, max: u64, kills: u64) {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(
             dir.join(name),
-            format!("low 0\nhigh 0\nmax 7\noom 1\noom_kill {kills}\noom_group_kill 0\n"),
+            format!("low 0\nhigh 0\nmax {max}\noom {kills}\noom_kill {kills}\noom_group_kill 0\n"),
         )
         .unwrap();
     }
 
-    /// A pod cgroup laid out as plain files: the container's, a sibling's, the pod's own.
-    fn pod(root: &Path, total: u64, local: u64, own: Option<u64>, sibling: u64) -> PathBuf {
-        events(root, "memory.events", total);
-        events(root, "memory.events.local", local);
-        events(&root.join("sibling.scope"), "memory.events", sibling);
-        let own_dir = root.join("own.scope");
-        match own {
-            Some(n) => events(&own_dir, "memory.events", n),
-            None => {
-                let _ = std::fs::remove_dir_all(&own_dir);
-            }
+    /// A pod cgroup laid out as plain files: the pod's counts and a sibling's (None: removed).
+    fn pod(root: &Path, total: u64, local: u64, sibling: Option<u64>) {
+        events(root, "memory.events", 0, total);
+        events(root, "memory.events.local", 0, local);
+        let dir = root.join("sibling.scope");
+        match sibling {
+            Some(n) => events(&dir, "memory.events", 0, n),
+            None => std::fs::remove_dir_all(&dir).unwrap(),
         }
-        own_dir
+    }
+
+    /// The container's cgroup, watched, in a pod with one sibling and no kills yet.
+    fn watched(root: &Path) -> (PathBuf, OomWatch) {
+        pod(root, 0, 0, Some(0));
+        let own = root.join("own.scope");
+        events(&own, "memory.events", 0, 0);
+        let mut w = OomWatch::new(&own);
+        w.begin();
+        (own, w)
+    }
+
+    /// The container ran into its limit (memory.events changed, notified) and its cgroup went
+    /// before the count was read again.
+    fn pressed_then_removed(own: &Path) {
+        events(own, "memory.events", 3, 0);
+        std::fs::remove_dir_all(own).unwrap();
     }
 
     #[test]
     fn the_container_count_decides_while_it_can_be_read() {
         let t = tempfile::tempdir().unwrap();
-        let own = pod(t.path(), 0, 0, Some(0), 0);
-        let mut w = OomWatch::new(&own);
-        w.begin();
-        pod(t.path(), 1, 0, Some(1), 0);
+        let (own, mut w) = watched(t.path());
+        events(&own, "memory.events", 3, 1);
         assert!(
             !w.killed(Some(libc::SIGTERM)),
             "only a SIGKILL is the OOM killer's"
@@ -183,44 +235,67 @@ mod tests {
     #[test]
     fn a_kill_the_pod_counted_is_the_removed_cgroups() {
         let t = tempfile::tempdir().unwrap();
-        let own = pod(t.path(), 2, 0, Some(0), 2);
-        let mut w = OomWatch::new(&own);
-        w.begin();
-        // The container's cgroup went (systemd stopped its scope) before it was read again.
-        pod(t.path(), 3, 0, None, 2);
+        let (own, mut w) = watched(t.path());
+        pressed_then_removed(&own);
+        pod(t.path(), 1, 0, Some(0));
         assert!(w.killed(Some(libc::SIGKILL)));
     }
 
     #[test]
     fn kills_a_sibling_or_the_pod_itself_took_are_not_the_containers() {
         let t = tempfile::tempdir().unwrap();
-        let own = pod(t.path(), 2, 0, Some(0), 2);
-        let mut w = OomWatch::new(&own);
-        w.begin();
-        pod(t.path(), 3, 0, None, 3);
+        let (own, mut w) = watched(t.path());
+        pressed_then_removed(&own);
+        pod(t.path(), 1, 0, Some(1));
         assert!(!w.killed(Some(libc::SIGKILL)), "the sibling's kill");
-        pod(t.path(), 4, 1, None, 3);
+        pod(t.path(), 2, 1, Some(1));
         assert!(
             !w.killed(Some(libc::SIGKILL)),
             "a kill in the pod cgroup itself"
         );
         // A sibling that appeared after the watch began counts from zero.
-        events(&t.path().join("late.scope"), "memory.events", 1);
-        pod(t.path(), 5, 1, None, 3);
+        events(&t.path().join("late.scope"), "memory.events", 0, 1);
+        pod(t.path(), 3, 1, Some(1));
         assert!(!w.killed(Some(libc::SIGKILL)), "the late sibling's kill");
-        pod(t.path(), 6, 1, None, 3);
+        pod(t.path(), 4, 1, Some(1));
         assert!(w.killed(Some(libc::SIGKILL)), "one left over");
+    }
+
+    #[test]
+    fn a_kill_from_elsewhere_with_nothing_unread_is_not_taken_for_one() {
+        let t = tempfile::tempdir().unwrap();
+        let (own, mut w) = watched(t.path());
+        // A sibling was OOM killed and removed (its scope gone), then the container was ended
+        // by a SIGKILL of the daemon's after its cgroup went; its count never changed.
+        pod(t.path(), 1, 0, None);
+        std::fs::remove_dir_all(&own).unwrap();
+        assert!(!w.killed(Some(libc::SIGKILL)));
+    }
+
+    #[test]
+    fn a_change_read_again_after_the_kernels_holding_time_is_settled() {
+        let t = tempfile::tempdir().unwrap();
+        let (own, mut w) = watched(t.path());
+        events(&own, "memory.events", 3, 0);
+        w.note();
+        assert!(w.settles_at().is_some(), "read too soon to be sure");
+        std::thread::sleep(SETTLE + Duration::from_millis(10));
+        w.note();
+        assert_eq!(w.settles_at(), None);
+        pod(t.path(), 1, 0, None);
+        std::fs::remove_dir_all(&own).unwrap();
+        assert!(!w.killed(Some(libc::SIGKILL)), "nothing was left unread");
     }
 
     #[test]
     fn nothing_is_claimed_without_the_pods_counts() {
         let t = tempfile::tempdir().unwrap();
         let own = t.path().join("pod").join("own.scope");
-        events(&own, "memory.events", 0);
+        events(&own, "memory.events", 0, 0);
         let mut w = OomWatch::new(&own);
         w.begin();
-        std::fs::remove_dir_all(&own).unwrap();
-        events(&t.path().join("pod"), "memory.events", 1);
+        pressed_then_removed(&own);
+        events(&t.path().join("pod"), "memory.events", 0, 1);
         assert!(!w.killed(Some(libc::SIGKILL)), "no baseline was taken");
     }
 }

@@ -29,13 +29,14 @@ pub(super) struct Ends {
 
 /// Runs `criu restore` and returns the restored init, now a child of this process.
 /// `placement` is the daemon's word that criu's process was put in its systemd scope (it is
-/// reported as forked first, like an init).
+/// reported as forked first, like an init); `placed` runs once it is there, before criu goes on.
 pub(super) fn run(
     cfg: &MonitorConfig,
     r: &RestoreConfig,
     rootfs: &Path,
     ends: Ends,
     placement: Option<(OwnedFd, OwnedFd)>,
+    placed: impl FnOnce(),
 ) -> Result<Pid, StepError> {
     nix::sys::prctl::set_child_subreaper(true).map_err(step("child subreaper"))?;
     let net = match &r.net {
@@ -113,6 +114,7 @@ pub(super) fn run(
                     let _ = waitpid(child, None);
                     return Err(e);
                 }
+                placed();
                 let _ = std::fs::File::from(w).write_all(&[1]);
             }
             let status = waitpid(child, None).map_err(step("waiting for criu"))?;
