@@ -65,10 +65,12 @@ impl Events {
     /// A new subscription: the start-up exits still worth telling, then every notice.
     pub fn subscribe(&self) -> Subscription {
         let rx = self.tx.subscribe();
-        let (since, found) = &*self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+        let (since, found) = &mut *self.recovered.lock().unwrap_or_else(|p| p.into_inner());
         let replay = if since.elapsed() < REPLAY_FOR {
             found.clone()
         } else {
+            // Past telling: let them go.
+            std::mem::take(found);
             Vec::new()
         };
         Subscription { replay, rx }

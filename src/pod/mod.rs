@@ -263,7 +263,8 @@ impl PodService {
     }
 
     /// GetContainerEvents: every container event with its pod's status as PodSandboxStatus
-    /// gives it (the event's container as it was then, as containerd gives it), until the subscriber falls behind (then it is dropped and should relist).
+    /// gives it (the event's container as it was then, as containerd gives it), until the
+    /// subscriber falls behind (then it is dropped and should relist).
     pub fn events(
         &self,
     ) -> impl futures_util::Stream<Item = Result<cri::ContainerEventResponse, events::Ended>> + use<>
@@ -279,9 +280,8 @@ impl PodService {
                     Ok(n) => {
                         // A pod removed since has no status to give: the event still says so.
                         let pod = me.status(&n.sandbox_id, false).await.ok();
-                        let mut statuses = pod
-                            .as_ref()
-                            .map(|p| p.containers_statuses.clone())
+                        let (pod_status, mut statuses) = pod
+                            .map(|p| (p.status, p.containers_statuses))
                             .unwrap_or_default();
                         // The container's own status as it was when the event happened.
                         if let Some(then) = n.status {
@@ -294,7 +294,7 @@ impl PodService {
                             container_id: n.container_id,
                             container_event_type: n.kind,
                             created_at: n.at,
-                            pod_sandbox_status: pod.and_then(|p| p.status),
+                            pod_sandbox_status: pod_status,
                             containers_statuses: statuses,
                         };
                         Some((Ok(event), Some(sub)))
