@@ -33,9 +33,23 @@ async fn checkpoint(env: &PodEnv, id: &str, at: &str) -> Result<(), tonic::Statu
         .map(drop)
 }
 
-async fn count(env: &PodEnv, id: &str) -> u64 {
-    let out = env.exec(id, &["cat", "/count"], 10).await.unwrap();
-    out.0.trim().parse().unwrap()
+/// The counter's value once it is above `floor` (it writes /count anew five times a second; a
+/// read between the truncation and the write finds it empty).
+async fn count_above(env: &PodEnv, id: &str, floor: u64) -> u64 {
+    let t = std::time::Instant::now();
+    loop {
+        let out = env.exec(id, &["cat", "/count"], 10).await.unwrap();
+        match out.0.trim().parse::<u64>() {
+            Ok(n) if n > floor => return n,
+            _ => {}
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the counter did not go above {floor}: {:?}",
+            out.0
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
@@ -65,9 +79,7 @@ async fn goes_on_in_another_pod(env: PodEnv) {
     let c = env
         .run(&pod, &sb, env.container_config("counter", COUNTER))
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = count(&env, &c).await;
-    assert!(before > 0);
+    let before = count_above(&env, &c, 0).await;
     checkpoint(&env, &c, archive.to_str().unwrap())
         .await
         .unwrap();
@@ -94,8 +106,7 @@ async fn goes_on_in_another_pod(env: PodEnv) {
         env.status(&c).await.state,
         cri::ContainerState::ContainerRunning as i32
     );
-    let at_checkpoint = count(&env, &c).await;
-    assert!(at_checkpoint >= before);
+    let at_checkpoint = count_above(&env, &c, before).await;
 
     // Restored into another pod: the image is the archive's path.
     let sb2 = env.sandbox_config("second");
@@ -109,17 +120,14 @@ async fn goes_on_in_another_pod(env: PodEnv) {
         env.status(&r).await.state,
         cri::ContainerState::ContainerRunning as i32
     );
-    let restored = count(&env, &r).await;
+    let restored = count_above(&env, &r, 0).await;
     // It went on from its count: not from 1, not beyond what the original had reached.
     assert!(
         restored >= before,
         "restored at {restored}, checkpointed after {before}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        count(&env, &r).await > restored,
-        "the restored counter stopped"
-    );
+    // It counts on.
+    count_above(&env, &r, restored).await;
     // Its rootfs changes came along: a file written, a file of the image deleted.
     let files = env
         .exec(&r, &["sh", "-c", "cat /kept; ls /bin/vi 2>&1"], 10)
@@ -135,15 +143,23 @@ async fn goes_on_in_another_pod(env: PodEnv) {
         .unwrap();
     assert_eq!(web.0, "served\n");
     // Its stdout reaches the new container's log.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let log = env.log(&sb2, "restored");
-    let lines = log_lines(&log, "stdout");
-    assert!(
-        lines.iter().any(|l| l.starts_with("count ")),
-        "no output in the restored log: {log}"
-    );
+    let t = std::time::Instant::now();
+    loop {
+        let log = env.log(&sb2, "restored");
+        if log_lines(&log, "stdout")
+            .iter()
+            .any(|l| l.starts_with("count "))
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no output in the restored log: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Both go on independently; stopping the restored one ends it like any container.
-    assert!(count(&env, &c).await > at_checkpoint);
+    count_above(&env, &c, at_checkpoint).await;
     env.d
         .runtime()
         .stop_container(cri::StopContainerRequest {

@@ -104,6 +104,8 @@ spec:
     livenessProbe:
       tcpSocket: {{port: 80}}
       periodSeconds: 2
+      timeoutSeconds: 5
+      failureThreshold: 10
   - name: talker
     image: {image}
     command: ["sh", "-c", "i=0; while true; do echo talk $i; i=$((i+1)); sleep 0.5; done"]

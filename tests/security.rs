@@ -1092,6 +1092,9 @@ async fn groups_by_supplemental_groups_policy() {
     env.remove_pod(&pod).await;
 }
 
+/// How long a process may take to show the label its exec gives it.
+const LABEL_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 fn label_of(pid: impl std::fmt::Display) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/attr/current"))
         .unwrap()
@@ -1338,7 +1341,16 @@ async fn selinux_labels_processes_and_files() {
     imaged.d.pull(&imaged.image).await.unwrap();
     let sb = imaged.sandbox_config("imaged");
     let p = imaged.run_pod(&sb).await.unwrap();
-    let l = label_of(imaged.pause_pid(&p).await);
+    // The holder takes its label with the exec of the image's command, right after the answer.
+    let holder = imaged.pause_pid(&p).await;
+    let t = std::time::Instant::now();
+    let l = loop {
+        let l = label_of(holder);
+        if l.starts_with("system_u:system_r:container_t:s0:c") || t.elapsed() > LABEL_WAIT {
+            break l;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert!(l.starts_with("system_u:system_r:container_t:s0:c"), "{l}");
     let c = imaged
         .run(&p, &sb, imaged.container_config("c", LONG))

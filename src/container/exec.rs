@@ -35,9 +35,9 @@ impl ContainerService {
         let mut r = entry.lock().await;
         self.sync_exit(&mut r);
         // A PID 1 that is exiting has let go of its namespaces (ESRCH on joining them) before
-        // it is a zombie: give it a moment to be seen gone.
+        // it is a zombie: give it a moment (a loaded machine's) to be seen gone.
         if let (RUNNING, Some(init)) = (r.state, r.init) {
-            for _ in 0..20 {
+            for _ in 0..200 {
                 if !init.alive() {
                     break;
                 }

@@ -161,7 +161,7 @@ pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
 }
 
 /// Removes a cgroup off the async threads: a busy one (zombies not yet reaped) is killed and
-/// retried for up to half a second.
+/// retried for up to ten seconds.
 pub async fn remove_cgroup(cg: &Cgroup) -> io::Result<()> {
     let cg = cg.clone();
     tokio::task::spawn_blocking(move || cg.remove())
