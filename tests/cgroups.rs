@@ -652,7 +652,6 @@ async fn device_controller_allows_only_the_containers_devices() {
     env.remove_pod(&ppod).await;
 }
 
-/// A unit property as `systemctl show -P` prints it.
 /// Waits until systemd has stopped an emptied scope and removed its cgroup.
 async fn scope_gone(unit: &str, cgroup: Option<&Path>) {
     let t = Instant::now();
@@ -674,6 +673,7 @@ impl Drop for Resume {
     }
 }
 
+/// A unit property as `systemctl show -P` prints it.
 fn unit_property(unit: &str, property: &str) -> String {
     let out = std::process::Command::new("systemctl")
         .args(["show", "-P", property, unit])

@@ -388,7 +388,7 @@ async fn stop_honours_signal_and_grace_period() {
     // timeout 0 kills at once
     let now = env.run(&pod, &sb, env.container_config("now", LONG)).await;
     let took = stop(&env, &now, 0).await;
-    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
     assert_eq!(env.status(&now).await.exit_code, 137);
     env.remove_pod(&pod).await;
 }

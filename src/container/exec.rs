@@ -35,17 +35,10 @@ impl ContainerService {
         let mut r = entry.lock().await;
         self.sync_exit(&mut r);
         // A PID 1 that is exiting has let go of its namespaces (ESRCH on joining them) before
-        // it is a zombie: give it a moment (a loaded machine's) to be seen gone.
-        if let (RUNNING, Some(init)) = (r.state, r.init) {
-            for _ in 0..200 {
-                if !init.alive() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
+        // it is a zombie. One that is not exiting is the command's own failure (a missing
+        // binary, say), answered at once.
         match (r.state, r.init) {
-            (RUNNING, Some(init)) if init.alive() => e,
+            (RUNNING, Some(init)) if !init.exiting() => e,
             (RUNNING, _) => Error::WrongState {
                 id: r.id.clone(),
                 state: "exiting",

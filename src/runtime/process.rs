@@ -20,8 +20,11 @@ fn no_such_process(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// State letter and start time of a process, from `/proc/<pid>/stat`.
-fn stat(pid: i32) -> io::Result<(char, u64)> {
+/// The kernel's flag for a process that has begun to exit (`PF_EXITING`).
+const PF_EXITING: u64 = 0x4;
+
+/// State letter, flags and start time of a process, from `/proc/<pid>/stat`.
+fn stat(pid: i32) -> io::Result<(char, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name may hold spaces and parentheses: fields resume after the last ')'.
     let rest = text
@@ -30,23 +33,35 @@ fn stat(pid: i32) -> io::Result<(char, u64)> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let state = fields.first().and_then(|s| s.chars().next()).unwrap_or('?');
+    let flags = fields.get(6).and_then(|s| s.parse().ok()).unwrap_or(0);
     let start = fields
         .get(19)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))?;
-    Ok((state, start))
+    Ok((state, flags, start))
 }
 
 impl ProcessId {
     /// The identity of a running process.
     pub fn of(pid: i32) -> io::Result<ProcessId> {
-        let (_, start_time) = stat(pid)?;
+        let (_, _, start_time) = stat(pid)?;
         Ok(ProcessId { pid, start_time })
     }
 
     /// Whether this very process still runs (a zombie does not).
     pub fn alive(&self) -> bool {
-        matches!(stat(self.pid), Ok((state, start)) if start == self.start_time && state != 'Z')
+        matches!(stat(self.pid), Ok((state, _, start)) if start == self.start_time && state != 'Z')
+    }
+
+    /// Whether this process has begun to exit (it lets go of its namespaces before it is a
+    /// zombie) or has ended.
+    pub fn exiting(&self) -> bool {
+        match stat(self.pid) {
+            Ok((state, flags, start)) => {
+                start != self.start_time || state == 'Z' || flags & PF_EXITING != 0
+            }
+            Err(e) => no_such_process(&e),
+        }
     }
 
     /// Whether this process has certainly ended: its /proc entry is gone, belongs to another
@@ -54,7 +69,7 @@ impl ProcessId {
     /// nothing, unlike `alive`'s false.
     pub fn ended(&self) -> bool {
         match stat(self.pid) {
-            Ok((state, start)) => start != self.start_time || state == 'Z',
+            Ok((state, _, start)) => start != self.start_time || state == 'Z',
             Err(e) => no_such_process(&e),
         }
     }
@@ -64,7 +79,7 @@ impl ProcessId {
         let fd = sys::pidfd_open(self.pid)?;
         let gone = || io::Error::from_raw_os_error(libc::ESRCH);
         match stat(self.pid) {
-            Ok((_, start)) if start == self.start_time => Ok(fd),
+            Ok((_, _, start)) if start == self.start_time => Ok(fd),
             Ok(_) => Err(gone()),
             Err(e) if no_such_process(&e) => Err(gone()),
             // Out of descriptors, say: unknown, not gone.
@@ -170,7 +185,7 @@ mod tests {
         while std::time::Instant::now() < deadline {
             match stat(pid) {
                 Err(_) => return true,
-                Ok(('Z', _)) => return true,
+                Ok(('Z', _, _)) => return true,
                 Ok(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
             }
         }
