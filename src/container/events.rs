@@ -70,7 +70,7 @@ impl Events {
             found.clone()
         } else {
             // Past telling: let them go.
-            std::mem::take(found);
+            *found = Vec::new();
             Vec::new()
         };
         Subscription { replay, rx }

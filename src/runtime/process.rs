@@ -154,6 +154,11 @@ mod tests {
             ..me
         };
         assert!(!stranger.alive());
+        assert!(!me.exiting());
+        assert!(
+            stranger.exiting(),
+            "another process under that pid: this one ended"
+        );
         assert!(stranger.pidfd().is_err());
         assert!(ProcessId::of(i32::MAX).is_err());
     }

@@ -2,12 +2,12 @@
 //! memory.events, watched from before the init runs. Under the systemd driver the scope's cgroup
 //! goes as soon as it empties, and the kernel drops a pending notification with it (it sends one
 //! per file at most every 10 ms, holding back the rest), so the count can be gone before the
-//! monitor has read it (runc, conmon and containerd lose the reason this way). So a change is
-//! taken as read only once the count has been read again after the kernel's holding time; when
-//! the cgroup went before that, the pod's cgroup tells: it outlives its containers and counts its
-//! subtree's OOM kills (memory.events is hierarchical), and a kill there that no sibling cgroup
-//! still present and no process of the pod cgroup itself accounts for was this container's.
-//! Plain files only; used by the monitor alone.
+//! monitor has read it (runc issue 5071 and conmon issue 426 describe the reason lost so). So a
+//! change is taken as read only once the count has been read again after the kernel's holding
+//! time; when the cgroup went before that, the pod's cgroup tells: it outlives its containers and
+//! counts its subtree's OOM kills (memory.events is hierarchical), and a kill there that no
+//! sibling cgroup still present and no process of the pod cgroup itself accounts for was this
+//! container's. Plain files only; used by the monitor alone.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -83,9 +83,11 @@ impl OomWatch {
                 self.unsettled = Some(Instant::now() + SETTLE);
             }
         }
+        // Taken before the read: the read must come after the holding time, not only end after it.
+        let now = Instant::now();
         if let Some(n) = oom_kills(&self.cgroup.join("memory.events")) {
             self.seen = self.seen.max(n);
-            if self.unsettled.is_some_and(|t| t <= Instant::now()) {
+            if self.unsettled.is_some_and(|t| t <= now) {
                 self.unsettled = None;
             }
         }
