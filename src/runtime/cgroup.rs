@@ -187,22 +187,24 @@ impl Cgroup {
 
     /// A `key value` file (memory.stat, cpu.stat, memory.events) as a map.
     pub fn keyed(&self, name: &str) -> BTreeMap<String, u64> {
-        self.read(name)
-            .map(|s| {
-                s.lines()
-                    .filter_map(|l| {
-                        let mut p = l.split_whitespace();
-                        Some((p.next()?.to_string(), p.next()?.parse().ok()?))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        read_keyed(&self.file(name)).unwrap_or_default()
     }
 
     /// A single-number file; `max` and missing files are `None`.
     pub fn number(&self, name: &str) -> Option<u64> {
         self.read(name).ok()?.trim().parse().ok()
     }
+}
+
+/// A `key value` cgroup file at `path` as a map.
+pub fn read_keyed(path: &Path) -> io::Result<BTreeMap<String, u64>> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split_whitespace();
+            Some((p.next()?.to_string(), p.next()?.parse().ok()?))
+        })
+        .collect())
 }
 
 /// CRI's LinuxContainerResources, as plain numbers (0: unset).

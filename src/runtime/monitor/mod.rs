@@ -268,7 +268,10 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
 
     // OOM kills are watched from before the container runs: one right after its exec would
     // otherwise go unseen once systemd has taken the emptied scope away.
-    let mut oom = cfg.cgroup.as_deref().map(OomWatch::new);
+    let mut oom = cfg
+        .cgroup
+        .as_deref()
+        .map(|cg| OomWatch::new(cg, cfg.placed));
     // A systemd scope exists only once the init is placed in it.
     if !cfg.placed {
         oom.iter_mut().for_each(OomWatch::begin);

@@ -4,10 +4,10 @@
 //! per file at most every 10 ms, holding back the rest), so the count can be gone before the
 //! monitor has read it (runc issue 5071 and conmon issue 426 describe the reason lost so). So a
 //! change is taken as read only once the count has been read again after the kernel's holding
-//! time; when the cgroup went before that, the pod's cgroup tells: it outlives its containers and
-//! counts its subtree's OOM kills (memory.events is hierarchical), and a kill there that no
-//! sibling cgroup still present and no process of the pod cgroup itself accounts for was this
-//! container's. Plain files only; used by the monitor alone.
+//! time; when a scope's cgroup went before that, the pod's cgroup tells: it outlives its
+//! containers and counts its subtree's OOM kills (memory.events is hierarchical), and a kill
+//! there that no sibling cgroup still present and no process of the pod cgroup itself accounts
+//! for was this container's. Plain files only; used by the monitor alone.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -29,17 +29,20 @@ pub(super) struct OomWatch {
     /// When the count must be read again to be sure no held-back change is missed: set by each
     /// notification, cleared by a read at or after it.
     unsettled: Option<Instant>,
-    /// The pod cgroup's counts when the watch began.
+    /// Whether systemd removes the cgroup when it empties (a scope), so the pod may have to tell.
+    scope: bool,
+    /// The pod cgroup's counts when the watch began (a scope's only).
     pod: Option<PodCounts>,
 }
 
 impl OomWatch {
-    pub(super) fn new(cgroup: &Path) -> OomWatch {
+    pub(super) fn new(cgroup: &Path, scope: bool) -> OomWatch {
         OomWatch {
             cgroup: cgroup.to_path_buf(),
             inotify: Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok(),
             seen: 0,
             unsettled: None,
+            scope,
             pod: None,
         }
     }
@@ -50,10 +53,14 @@ impl OomWatch {
         if let Some(w) = &self.inotify {
             let _ = w.add_watch(&self.cgroup.join("memory.events"), AddWatchFlags::IN_MODIFY);
         }
-        self.pod = self
-            .cgroup
-            .parent()
-            .and_then(|p| PodCounts::read(p, &self.cgroup, true));
+        // A cgroup the daemon removes outlives the monitor's last read: no witness needed, and
+        // none read on every container start.
+        if self.scope {
+            self.pod = self
+                .cgroup
+                .parent()
+                .and_then(|p| PodCounts::read(p, &self.cgroup, true));
+        }
     }
 
     /// What to poll for changes of memory.events.
@@ -170,15 +177,8 @@ impl PodCounts {
 
 /// The `oom_kill` count of a memory.events file; None when it cannot be read.
 fn oom_kills(file: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(file).ok()?;
-    Some(
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix("oom_kill ")
-                    .and_then(|n| n.trim().parse().ok())
-            })
-            .unwrap_or(0),
-    )
+    let events = crate::runtime::cgroup::read_keyed(file).ok()?;
+    Some(events.get("oom_kill").copied().unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -210,7 +210,7 @@ mod tests {
         pod(root, 0, 0, Some(0));
         let own = root.join("own.scope");
         events(&own, "memory.events", 0, 0);
-        let mut w = OomWatch::new(&own);
+        let mut w = OomWatch::new(&own, true);
         w.begin();
         (own, w)
     }
@@ -290,11 +290,25 @@ mod tests {
     }
 
     #[test]
+    fn a_cgroup_the_daemon_removes_takes_no_witness() {
+        let t = tempfile::tempdir().unwrap();
+        pod(t.path(), 0, 0, Some(0));
+        let own = t.path().join("own.scope");
+        events(&own, "memory.events", 0, 0);
+        let mut w = OomWatch::new(&own, false);
+        w.begin();
+        assert!(w.pod.is_none(), "no pod counts read at start");
+        pressed_then_removed(&own);
+        pod(t.path(), 1, 0, Some(0));
+        assert!(!w.killed(Some(libc::SIGKILL)));
+    }
+
+    #[test]
     fn nothing_is_claimed_without_the_pods_counts() {
         let t = tempfile::tempdir().unwrap();
         let own = t.path().join("pod").join("own.scope");
         events(&own, "memory.events", 0, 0);
-        let mut w = OomWatch::new(&own);
+        let mut w = OomWatch::new(&own, true);
         w.begin();
         pressed_then_removed(&own);
         events(&t.path().join("pod"), "memory.events", 0, 1);
