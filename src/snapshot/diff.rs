@@ -3,56 +3,89 @@
 //! character device) as an empty `.wh.NAME`, an opaque directory as `DIR/.wh..wh..opq`. `unpack`
 //! reads it back into a fresh upper directory with the same hostile-input rules as any layer.
 
-use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
+use super::tree::{Dir, Entry};
 use crate::sys;
 
 /// Writes the changes held in `upper` to `out`; returns the paths the layer deletes (absolute in
-/// the container's root), which CRI-O's archive layout lists in `deleted.files`.
+/// the container's root), which CRI-O's archive layout lists in `deleted.files`. The container
+/// may still be running: the layer is read by descriptor (see `tree`), so a name it swaps for a
+/// link to a host file or directory adds the link, never the host's file.
 pub fn write_diff<W: Write>(upper: &Path, out: W) -> io::Result<Vec<String>> {
     let mut tar = tar::Builder::new(out);
     tar.follow_symlinks(false);
     let mut deleted = Vec::new();
-    add_dir(&mut tar, upper, Path::new(""), &mut deleted)?;
+    add_dir(&mut tar, &Dir::open(upper)?, Path::new(""), 0, &mut deleted)?;
     tar.into_inner()?.flush()?;
     Ok(deleted)
 }
 
+fn header(entry: &Entry) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_metadata_in_mode(&entry.meta, tar::HeaderMode::Complete);
+    h
+}
+
+/// How deep a layer's directories may nest in a diff (each level holds a descriptor and a
+/// stack frame; a container could nest them without end).
+const MAX_DEPTH: usize = 512;
+
 fn add_dir<W: Write>(
     tar: &mut tar::Builder<W>,
-    dir: &Path,
+    dir: &Dir,
     rel: &Path,
+    depth: usize,
     deleted: &mut Vec<String>,
 ) -> io::Result<()> {
-    let mut names: Vec<_> = fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()?;
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "{}: directories nested deeper than {MAX_DEPTH}",
+            rel.display()
+        )));
+    }
     // The same layer gives the same archive.
-    names.sort();
-    for name in names {
-        let full = dir.join(&name);
+    for name in dir.names()? {
         let path = rel.join(&name);
-        let meta = fs::symlink_metadata(&full)?;
-        let kind = meta.file_type();
-        if kind.is_char_device() && meta.rdev() == 0 {
+        // Gone meanwhile, or a mount: nothing of the layer.
+        let Some(entry) = dir.entry(&name)? else {
+            continue;
+        };
+        let kind = entry.meta.file_type();
+        if kind.is_char_device() && entry.meta.rdev() == 0 {
             let marker = rel.join(format!(".wh.{}", name.to_string_lossy()));
             empty_file(tar, &marker)?;
             deleted.push(format!("/{}", path.display()));
         } else if kind.is_dir() {
-            tar.append_dir(&path, &full)?;
-            let fd = File::open(&full)?;
-            if sys::fgetxattr(&fd, b"trusted.overlay.opaque")?.as_deref() == Some(b"y") {
+            let mut h = header(&entry);
+            h.set_size(0);
+            tar.append_data(&mut h, &path, io::empty())?;
+            let sub = entry.open_dir()?;
+            if sys::fgetxattr(sub.file()?, b"trusted.overlay.opaque")?.as_deref() == Some(b"y") {
                 empty_file(tar, &path.join(".wh..wh..opq"))?;
             }
-            add_dir(tar, &full, &path, deleted)?;
+            add_dir(tar, &sub, &path, depth + 1, deleted)?;
+        } else if kind.is_symlink() {
+            let mut h = header(&entry);
+            h.set_size(0);
+            tar.append_link(&mut h, &path, entry.link_target()?)?;
+        } else if kind.is_file() {
+            let mut h = header(&entry);
+            let file = entry.open_file()?;
+            // The size the handle has now: a file still being written is cut there.
+            let len = file.metadata()?.len();
+            h.set_size(len);
+            tar.append_data(&mut h, &path, io::Read::take(file, len))?;
         } else if kind.is_socket() {
             // A socket file is nothing without its process; CRIU restores bound ones itself.
             continue;
         } else {
-            tar.append_path_with_name(&full, &path)?;
+            // A device node or FIFO: its header alone.
+            let mut h = header(&entry);
+            h.set_size(0);
+            tar.append_data(&mut h, &path, io::empty())?;
         }
     }
     Ok(())
@@ -73,6 +106,7 @@ fn empty_file<W: Write>(tar: &mut tar::Builder<W>, path: &Path) -> io::Result<()
 mod tests {
     use super::*;
     use crate::snapshot::{UnpackOptions, unpack::unpack};
+    use std::fs;
 
     #[test]
     fn a_layer_written_as_a_diff_unpacks_to_the_same_files() {
@@ -82,6 +116,11 @@ mod tests {
         fs::write(upper.join("etc/conf.d/a"), b"alpha").unwrap();
         fs::write(upper.join("count"), b"41\n").unwrap();
         std::os::unix::fs::symlink("count", upper.join("link")).unwrap();
+        // A link to a file and a directory outside: the links themselves, nothing behind them.
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("secret"), b"host").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), upper.join("out")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), upper.join("outdir")).unwrap();
         let mut out = Vec::new();
         let deleted = write_diff(&upper, &mut out).unwrap();
         assert!(deleted.is_empty());
@@ -94,5 +133,15 @@ mod tests {
             fs::read_link(back.join("link")).unwrap(),
             Path::new("count")
         );
+        assert_eq!(
+            fs::read_link(back.join("out")).unwrap(),
+            outside.path().join("secret")
+        );
+        assert!(
+            fs::symlink_metadata(back.join("outdir"))
+                .unwrap()
+                .is_symlink()
+        );
+        assert!(!String::from_utf8_lossy(&out).contains("host"));
     }
 }

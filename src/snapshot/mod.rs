@@ -11,6 +11,7 @@ pub mod copyup;
 pub mod diff;
 #[cfg(test)]
 mod props;
+mod tree;
 pub mod unpack;
 pub mod usage;
 

@@ -76,23 +76,41 @@ impl LayerUsage {
     }
 }
 
-/// Bytes (allocated blocks) and inodes below `dir`.
+/// Bytes (allocated blocks) and inodes below `dir`, walked by descriptor (see `tree`): a
+/// running container swapping a directory for a link to a host one sends it nowhere.
 pub fn walk(dir: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
+    use std::rc::Rc;
     let (mut bytes, mut inodes) = (0u64, 0u64);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            inodes += 1;
-            bytes += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
+    let Ok(top) = super::tree::Dir::open(dir) else {
+        return (0, 0);
+    };
+    // Directories still to walk, each by its parent (open while any is left) and name, so the
+    // descriptors held stay few however wide the tree.
+    let mut todo: Vec<(Rc<super::tree::Dir>, std::ffi::OsString)> = Vec::new();
+    let mut next = Some(top);
+    loop {
+        if let Some(d) = next.take() {
+            let d = Rc::new(d);
+            for name in d.names().unwrap_or_default() {
+                let Ok(Some(e)) = d.entry(&name) else {
+                    continue;
+                };
+                inodes += 1;
+                bytes += e.meta.blocks() * 512;
+                if e.meta.is_dir() {
+                    todo.push((d.clone(), name));
+                }
             }
         }
+        let Some((parent, name)) = todo.pop() else {
+            break;
+        };
+        next = parent
+            .entry(&name)
+            .ok()
+            .flatten()
+            .and_then(|e| e.open_dir().ok());
     }
     (bytes, inodes)
 }
