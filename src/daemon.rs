@@ -127,6 +127,12 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             root: cfg.root.clone(),
             lock: lock_path.clone(),
         })?;
+    // Helpers run from a copy of this binary that no container can write (CVE-2019-5736).
+    let sealing = crate::runtime::exe::seal(&cfg.state).map_err(|e| Error::Io {
+        path: std::path::PathBuf::from(crate::runtime::SELF_EXE),
+        source: e,
+    })?;
+    tracing::info!(?sealing, "helpers run from a sealed executable");
 
     if cfg.cgroup.driver == "systemd"
         && !crate::runtime::cgroup::expand_slice(&format!("{}.slice", cfg.cgroup.parent))

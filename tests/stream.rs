@@ -241,12 +241,15 @@ fn upgrade_raw(url: &str) -> (std::net::TcpStream, String) {
     let (addr, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
+    // One write: a server that refuses the request (TLS on that port) may close the
+    // connection after its first bytes, and a later write would fail.
+    let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
          X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
-    )
-    .unwrap();
+    );
+    if s.write_all(request.as_bytes()).is_err() {
+        return (s, String::new());
+    }
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") && s.read(&mut b).is_ok_and(|n| n == 1) {

@@ -21,7 +21,7 @@ impl ContainerService {
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
         // Under systemd the monitor reports the forked init and waits for it to be placed.
         let placed = r.cgroup.clone().filter(|cg| self.scoped(Some(cg)));
-        let mut child = tokio::process::Command::new(runtime::SELF_EXE)
+        let mut child = tokio::process::Command::new(runtime::exe::helper())
             .arg0("crius")
             .arg("monitor")
             .arg(&b.dir)

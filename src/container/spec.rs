@@ -247,6 +247,22 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
     for (i, m) in config.mounts.iter().enumerate() {
         let field = format!("mounts[{i}]");
         let dest = clean_container_path(&m.container_path, &format!("{field}.container_path"))?;
+        if dest == "/" {
+            return Err(invalid(
+                format!("{field}.container_path"),
+                "a volume cannot replace the container's root",
+            ));
+        }
+        // A volume there would take the runtime's writes to /proc (CVE-2025-52881).
+        if !crate::runtime::mounts::proc_destination_allowed(&dest) {
+            return Err(invalid(
+                format!("{field}.container_path"),
+                format!(
+                    "{dest:?} is in /proc, where only the files lxcfs emulates may be mounted ({})",
+                    crate::runtime::mounts::PROC_MOUNTABLE.join(", ")
+                ),
+            ));
+        }
         check_abs(&m.host_path, &format!("{field}.host_path"))?;
         if !seen.insert(dest.clone()) {
             return Err(invalid(
@@ -491,7 +507,9 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
     let cwd = if !config.working_dir.is_empty() {
         clean_container_path(&config.working_dir, "working_dir")?
     } else if !ctx.image.config.config.working_dir.is_empty() {
-        ctx.image.config.config.working_dir.clone()
+        // An image's WorkingDir may be relative (to the root, as Docker reads it).
+        let wd = &ctx.image.config.config.working_dir;
+        clean_container_path(&format!("/{wd}"), "image WorkingDir")?
     } else {
         "/".to_string()
     };

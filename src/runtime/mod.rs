@@ -10,12 +10,14 @@
 pub mod attach;
 pub mod cgroup;
 pub mod devices;
+pub mod exe;
 pub mod init;
 pub mod logs;
 pub mod monitor;
 pub mod mounts;
 pub mod pause;
 pub mod process;
+pub mod procfs;
 pub mod seccomp;
 pub mod selinux;
 pub mod step;
@@ -26,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use process::ProcessId;
 
-/// The binary the helpers run from: this very executable, even if the file was replaced since.
+/// This very executable, even if the file was replaced since (helpers run from `exe::helper`).
 pub const SELF_EXE: &str = "/proc/self/exe";
 
 /// A namespace to join, by kind (`net`, `ipc`, `uts`, `pid`) and handle path.

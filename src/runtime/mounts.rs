@@ -1,7 +1,8 @@
 //! Mounting inside a container's rootfs before `pivot_root`, safely: every destination is
 //! resolved with `openat2(RESOLVE_IN_ROOT)`, so a symlink in the image (`/etc/hosts -> /etc/shadow`
 //! or `-> ../../host`) resolves inside the rootfs, never on the host; the mount then goes onto the
-//! resolved file through `/proc/self/fd/N`. Also parses OCI mount options into flags.
+//! resolved file through `/proc/self/fd/N`; a walk never follows a link of procfs. Also parses
+//! OCI mount options into flags, and says which destinations under `/proc` may be mounted.
 
 use std::ffi::OsStr;
 use std::io;
@@ -12,6 +13,27 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, openat, openat2};
 use nix::mount::{MsFlags, mount};
 use nix::sys::stat::{Mode, mkdirat};
+
+/// Destinations under `/proc` a mount may have: the files lxcfs emulates (the list runc allows).
+/// Anything else there would take the runtime's procfs writes (CVE-2025-52881).
+pub const PROC_MOUNTABLE: [&str; 10] = [
+    "/proc/cpuinfo",
+    "/proc/diskstats",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/proc/swaps",
+    "/proc/uptime",
+    "/proc/loadavg",
+    "/proc/slabinfo",
+    "/proc/sys/kernel/ns_last_pid",
+    "/proc/sys/crypto/fips_enabled",
+];
+
+/// Whether a volume may be mounted at `dest` (clean and absolute) as far as `/proc` goes: not
+/// on `/proc` itself nor under it, but for [`PROC_MOUNTABLE`].
+pub fn proc_destination_allowed(dest: &str) -> bool {
+    !(dest == "/proc" || dest.starts_with("/proc/")) || PROC_MOUNTABLE.contains(&dest)
+}
 
 /// Mount flags, propagation and filesystem data parsed from OCI mount options.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,16 +147,20 @@ pub fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     crate::sys::move_mount(tree, &t)
 }
 
-/// Attaches a detached mount on an open target (from [`target`]), then gives it
-/// `propagation`.
-pub fn attach_at(tree: &OwnedFd, target: &OwnedFd, propagation: MsFlags) -> io::Result<()> {
-    crate::sys::move_mount(tree, target)?;
-    if !propagation.is_empty() {
-        // The handle points at the covered inode; its path walks to the new mount.
-        let real = std::fs::read_link(fd_path(target))?;
-        mount(None::<&str>, &real, None::<&str>, propagation, None::<&str>)?;
+/// Gives a detached tree `propagation` (`MS_SLAVE | MS_REC` and the like), before it is
+/// attached: nothing is looked up by path again.
+fn tree_propagation(tree: &OwnedFd, propagation: MsFlags) -> io::Result<()> {
+    if propagation.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let kind = propagation & !MsFlags::MS_REC;
+    crate::sys::mount_set_propagation(tree, kind.bits(), propagation.contains(MsFlags::MS_REC))
+}
+
+/// Attaches a detached mount on an open target (from [`target`]) with `propagation`.
+pub fn attach_at(tree: &OwnedFd, target: &OwnedFd, propagation: MsFlags) -> io::Result<()> {
+    tree_propagation(tree, propagation)?;
+    crate::sys::move_mount(tree, target)
 }
 
 /// Mounts an overlay of `lowers` (topmost first; none: an empty directory made in `layer`)
@@ -287,6 +313,17 @@ pub fn target(root: &OwnedFd, path: &str, dir: bool) -> io::Result<OwnedFd> {
         let kind =
             nix::sys::stat::SFlag::from_bits_truncate(st.st_mode) & nix::sys::stat::SFlag::S_IFMT;
         if kind == nix::sys::stat::SFlag::S_IFLNK {
+            // procfs's links (`self`, `fd/N`) lead to the walker's own process, and from
+            // there to whatever it holds open: a mount or a working directory must not.
+            if crate::runtime::procfs::on_procfs(&fd)? {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{}: a link in /proc, which the runtime does not follow",
+                        comp.to_string_lossy()
+                    ),
+                ));
+            }
             links += 1;
             if links > MAX_LINKS {
                 return Err(io::Error::from_raw_os_error(libc::ELOOP));
@@ -372,37 +409,38 @@ fn set_propagation(real: &Path, propagation: MsFlags) -> io::Result<()> {
     Ok(())
 }
 
-/// Bind-mounts `source` (a host path) on an open target; read-only and other flags need a
-/// remount, which is done here.
-pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
-    let rec = opts.flags & MsFlags::MS_REC;
-    mount(
-        Some(source),
-        &fd_path(target),
-        None::<&str>,
-        MsFlags::MS_BIND | rec,
-        None::<&str>,
-    )?;
-    // The mount now sits on the target: reach it through the same handle's path again.
-    let extra = opts.flags & !(MsFlags::MS_BIND | MsFlags::MS_REC | MsFlags::MS_REMOUNT);
-    if extra.is_empty() && opts.propagation.is_empty() {
-        return Ok(());
-    }
-    // Re-resolve: the handle points at the covered inode; the path walks to the new mount.
-    let real = std::fs::read_link(fd_path(target))?;
-    if !extra.is_empty() {
-        mount(
-            None::<&str>,
-            &real,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra,
-            None::<&str>,
-        )?;
-        if opts.recursive_ro {
-            crate::sys::mount_readonly_recursive(&real)?;
+/// The per-mount attributes (`MOUNT_ATTR_*`) among mount flags.
+fn mount_attrs(flags: MsFlags) -> u64 {
+    const MOUNT_ATTR_NOATIME: u64 = 0x10;
+    const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
+    const MOUNT_ATTR_NODIRATIME: u64 = 0x80;
+    let mut attrs = 0;
+    for (flag, attr) in [
+        (MsFlags::MS_RDONLY, ATTR_RDONLY),
+        (MsFlags::MS_NOSUID, ATTR_NOSUID),
+        (MsFlags::MS_NODEV, ATTR_NODEV),
+        (MsFlags::MS_NOEXEC, ATTR_NOEXEC),
+        (MsFlags::MS_NOATIME, MOUNT_ATTR_NOATIME),
+        (MsFlags::MS_STRICTATIME, MOUNT_ATTR_STRICTATIME),
+        (MsFlags::MS_NODIRATIME, MOUNT_ATTR_NODIRATIME),
+    ] {
+        if flags.contains(flag) {
+            attrs |= attr;
         }
     }
-    set_propagation(&real, opts.propagation)
+    attrs
+}
+
+/// Bind-mounts `source` (a host path) on an open target: a detached copy of its tree is given
+/// its flags and propagation and then attached onto the target itself, so no path inside the
+/// rootfs is resolved again (a volume the container shares could have changed by then).
+pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
+    let tree = crate::sys::open_tree_clone(source, opts.flags.contains(MsFlags::MS_REC))?;
+    let attrs = mount_attrs(opts.flags);
+    if attrs != 0 {
+        crate::sys::mount_setattr(&tree, attrs, None, opts.recursive_ro)?;
+    }
+    attach_at(&tree, target, opts.propagation)
 }
 
 #[cfg(test)]

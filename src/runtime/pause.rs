@@ -303,6 +303,7 @@ fn signal_fd() -> Result<SignalFd, StepError> {
 }
 
 fn setup(cfg: &PauseConfig) -> Result<(), StepError> {
+    let proc = super::procfs::ProcFs::open().map_err(step("/proc"))?;
     if cfg.placed {
         super::await_placement().map_err(|e| StepError::new("placement", e))?;
     }
@@ -335,7 +336,7 @@ fn setup(cfg: &PauseConfig) -> Result<(), StepError> {
         sys::loopback_up().map_err(step("loopback up"))?;
     }
     for (k, v) in &cfg.sysctls {
-        super::init::write_sysctl(k, v)?;
+        super::init::write_sysctl(proc.borrow(), k, v)?;
     }
     Ok(())
 }
@@ -432,7 +433,9 @@ const HOLD_READY: &str = "hold-ready";
 fn label_next_exec(label: Option<&str>) -> Result<(), StepError> {
     match label {
         Some(l) => {
-            super::selinux::set_exec_label(Some(l)).map_err(step(format!("SELinux label {l}")))
+            let proc = super::procfs::ProcFs::open().map_err(step("/proc"))?;
+            super::selinux::set_exec_label(proc.borrow(), Some(l))
+                .map_err(step(format!("SELinux label {l}")))
         }
         None => Ok(()),
     }

@@ -7,6 +7,7 @@ use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use crate::runtime::procfs::ProcRef;
 use crate::sys;
 
 const SELINUXFS: &str = "/sys/fs/selinux";
@@ -29,9 +30,10 @@ pub fn valid(context: &str) -> bool {
     f.write_all(context.as_bytes()).is_ok()
 }
 
-/// Labels what this thread (and a child forked from it) execs next; `None` clears it.
-pub fn set_exec_label(context: Option<&str>) -> io::Result<()> {
-    std::fs::write("/proc/thread-self/attr/exec", context.unwrap_or(""))
+/// Labels what this thread (and a child forked from it) execs next; `None` clears it. Written
+/// through the runtime's own procfs handle (see `procfs`).
+pub fn set_exec_label(proc: ProcRef<'_>, context: Option<&str>) -> io::Result<()> {
+    proc.write("thread-self/attr/exec", context.unwrap_or("").as_bytes())
 }
 
 /// The label of a running process.

@@ -49,7 +49,7 @@ pub(super) async fn spawn_pause(
     let json = serde_json::to_string(cfg).map_err(|e| Error::Pause {
         message: e.to_string(),
     })?;
-    let spawned = tokio::process::Command::new(runtime::SELF_EXE)
+    let spawned = tokio::process::Command::new(runtime::exe::helper())
         .arg0("crius")
         .arg("pause")
         .arg(json)

@@ -8,9 +8,15 @@
 
 #![allow(unsafe_code)]
 
+mod fd;
+mod mount;
+
+pub use fd::*;
+pub use mount::*;
+
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
 fn cstring(s: &[u8]) -> io::Result<CString> {
@@ -22,6 +28,19 @@ fn check(ret: libc::c_int) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
     }
 }
 
@@ -226,150 +245,6 @@ pub fn seccomp_filter(program: &[libc::sock_filter], flags: u32) -> io::Result<(
     }
 }
 
-/// Mount attributes for [`mount_setattr`] (linux/mount.h).
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
-pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
-pub const MOUNT_ATTR_NODEV: u64 = 0x4;
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
-pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-const AT_RECURSIVE: libc::c_int = 0x8000;
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-fn c_path(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
-}
-
-fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-/// Makes the mount at `path` and every mount below it read-only (`mount_setattr(2)` with
-/// `AT_RECURSIVE`), which a bind remount cannot do for submounts.
-pub fn mount_readonly_recursive(path: &Path) -> io::Result<()> {
-    let cpath = c_path(path)?;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: `cpath` and `attr` outlive the call; the size passed is the struct's own.
-    check_long(unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            cpath.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    })
-    .map(drop)
-}
-
-/// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`), with the mounts below
-/// it when `recursive`; close-on-exec.
-pub fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    let cpath = c_path(path)?;
-    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
-    if recursive {
-        flags |= AT_RECURSIVE as libc::c_uint;
-    }
-    // SAFETY: `cpath` outlives the call; a non-negative result is a new descriptor we own.
-    let fd = check_long(unsafe {
-        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, cpath.as_ptr(), flags)
-    })?;
-    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Sets mount attributes on the mount `mount` refers to (and the mounts below it when
-/// `recursive`); with `userns` the mount becomes an idmapped mount, which only a detached mount
-/// that was never attached may become.
-pub fn mount_setattr<F: AsFd>(
-    mount: F,
-    set: u64,
-    userns: Option<std::os::fd::BorrowedFd<'_>>,
-    recursive: bool,
-) -> io::Result<()> {
-    let mut attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    if let Some(ns) = userns {
-        attr.attr_set |= MOUNT_ATTR_IDMAP;
-        attr.userns_fd = ns.as_raw_fd() as u64;
-    }
-    let mut flags = libc::AT_EMPTY_PATH;
-    if recursive {
-        flags |= AT_RECURSIVE;
-    }
-    // SAFETY: an empty C string and `attr` outlive the call; the size is the struct's own.
-    check_long(unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            mount.as_fd().as_raw_fd(),
-            c"".as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    })
-    .map(drop)
-}
-
-/// Attaches the detached mount `mount` on the file or directory `target` is open on
-/// (`move_mount(2)`).
-pub fn move_mount<F: AsFd, T: AsFd>(mount: F, target: T) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    // SAFETY: the empty C strings outlive the call; the descriptors are borrowed for its length.
-    check_long(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mount.as_fd().as_raw_fd(),
-            c"".as_ptr(),
-            target.as_fd().as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    })
-    .map(drop)
-}
-
-/// Whether the kernel has `mount_setattr(2)` (5.12 and later).
-pub fn has_mount_setattr() -> bool {
-    // SAFETY: invalid arguments on purpose: only ENOSYS versus any other error matters, and a
-    // null path with a bad descriptor cannot touch anything.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            -1,
-            std::ptr::null::<libc::c_char>(),
-            0,
-            std::ptr::null::<u8>(),
-            0,
-        )
-    };
-    !(ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
-}
-
 /// Loads a cgroup device program (`BPF_PROG_TYPE_CGROUP_DEVICE`) given as raw 8-byte eBPF
 /// instructions; a verifier refusal comes back with the verifier's log.
 pub fn bpf_load_device_program(insns: &[u64]) -> io::Result<std::os::fd::OwnedFd> {
@@ -537,6 +412,19 @@ pub fn pty_peer<F: AsFd>(master: F) -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
+/// Unlocks a pty master's peer for opening (`TIOCSPTLCK` 0, what `unlockpt` does).
+pub fn unlock_pty<F: AsFd>(master: F) -> io::Result<()> {
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int through the pointer, which outlives the call.
+    check(unsafe {
+        libc::ioctl(
+            master.as_fd().as_raw_fd(),
+            libc::TIOCSPTLCK,
+            &unlock as *const libc::c_int,
+        )
+    })
+}
+
 /// Sets a terminal's size (`TIOCSWINSZ` on its master).
 pub fn set_window_size<F: AsFd>(fd: F, width: u16, height: u16) -> io::Result<()> {
     let ws = libc::winsize {
@@ -566,57 +454,6 @@ pub fn window_size<F: AsFd>(fd: F) -> io::Result<(u16, u16)> {
 pub fn set_controlling_tty<F: AsFd>(fd: F) -> io::Result<()> {
     // SAFETY: TIOCSCTTY takes an integer argument; the descriptor is open and borrowed.
     check(unsafe { libc::ioctl(fd.as_fd().as_raw_fd(), libc::TIOCSCTTY, 0) })
-}
-
-/// Closes every descriptor from `first` up, except those the caller moved below it.
-pub fn close_from(first: u32) -> io::Result<()> {
-    // SAFETY: close_range only closes descriptors; callers own everything at or above `first`
-    // (they call this in a child about to exec).
-    check(unsafe { libc::close_range(first, u32::MAX, 0) })
-}
-
-/// Clears FD_CLOEXEC so a descriptor survives exec (for descriptors handed to a child by number).
-pub fn keep_on_exec<F: AsFd>(fd: F) -> io::Result<()> {
-    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
-    fcntl(fd.as_fd(), FcntlArg::F_SETFD(FdFlag::empty()))
-        .map(drop)
-        .map_err(io::Error::from)
-}
-
-/// Duplicates `fd` onto the exact number `target` (close-on-exec when asked), replacing whatever
-/// `target` held. Used between fork and exec to lay out a child's descriptors.
-pub fn dup_to<F: AsFd>(fd: F, target: i32, cloexec: bool) -> io::Result<()> {
-    let raw = fd.as_fd().as_raw_fd();
-    if raw == target {
-        use nix::fcntl::{FcntlArg, FdFlag, fcntl};
-        let flags = if cloexec {
-            FdFlag::FD_CLOEXEC
-        } else {
-            FdFlag::empty()
-        };
-        return fcntl(fd.as_fd(), FcntlArg::F_SETFD(flags))
-            .map(drop)
-            .map_err(io::Error::from);
-    }
-    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-    // SAFETY: dup3 only manipulates the descriptor table; `raw` is open (borrowed) and the caller
-    // owns whatever `target` referred to.
-    check(unsafe { libc::dup3(raw, target, flags) })
-}
-
-/// Puts each descriptor at its target number (inherited across exec), for a program about to be
-/// exec'd with descriptors at fixed numbers. Each goes far above the targets first, so placing
-/// one never closes another still to be placed.
-pub fn place_fds(fds: &[(BorrowedFd<'_>, i32)], scratch: i32) -> io::Result<()> {
-    for (i, (fd, _)) in fds.iter().enumerate() {
-        dup_to(fd, scratch + i as i32, true)?;
-    }
-    for (i, (_, target)) in fds.iter().enumerate() {
-        // SAFETY: as in `dup_to`: the scratch descriptor was just made open above, and the
-        // caller gives up whatever `target` referred to.
-        check(unsafe { libc::dup3(scratch + i as i32, *target, 0) })?;
-    }
-    Ok(())
 }
 
 /// Unblocks every signal and restores every default disposition, as a freshly exec'd program
@@ -834,4 +671,22 @@ pub fn project_usage<F: AsFd>(on: F, id: u32) -> io::Result<(u64, u64)> {
         return Err(io::Error::last_os_error());
     }
     Ok((q.curspace, q.curinodes))
+}
+
+/// The working directory as the kernel reports it (`getcwd(2)` itself, not libc's wrapper, which
+/// hides the answer for a directory outside the caller's root): a path starting with `/`, or
+/// `(unreachable)...` when the directory cannot be reached from the root.
+pub fn getcwd_raw() -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which outlives the call.
+    let n = check_long(unsafe {
+        libc::syscall(
+            libc::SYS_getcwd,
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
+    })?;
+    // The length includes the terminating NUL.
+    buf.truncate((n as usize).saturating_sub(1));
+    Ok(buf)
 }

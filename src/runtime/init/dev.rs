@@ -176,21 +176,35 @@ fn make_node(
         )
         .map_err(fail(format!("{step}: bind {}", host.display())));
     }
-    mknodat(dir.as_fd(), name, kind, Mode::from_bits_truncate(mode), dev).map_err(fail(&step))?;
-    // mknod applied the umask; set the mode and owner exactly.
-    nix::sys::stat::fchmodat(
+    // With no umask the node has its mode from the start: nothing is set by name afterwards,
+    // where a container sharing this /dev could have swapped the node for a link to a host
+    // file (CVE-2025-31133).
+    let umask = nix::sys::stat::umask(Mode::empty());
+    let made = mknodat(dir.as_fd(), name, kind, Mode::from_bits_truncate(mode), dev);
+    nix::sys::stat::umask(umask);
+    made.map_err(fail(&step))?;
+    // The owner goes on through a handle of the node itself, checked to be the one made.
+    let node: OwnedFd = nix::fcntl::openat(
         dir.as_fd(),
         name,
-        Mode::from_bits_truncate(mode),
-        nix::sys::stat::FchmodatFlags::FollowSymlink,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
     )
     .map_err(fail(&step))?;
+    let st = nix::sys::stat::fstat(node.as_fd()).map_err(fail(&step))?;
+    let is = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if is != kind || (kind != SFlag::S_IFIFO && st.st_rdev != dev) {
+        return Err(InitError {
+            step,
+            detail: "replaced while it was made".into(),
+        });
+    }
     nix::unistd::fchownat(
-        dir.as_fd(),
-        name,
+        node.as_fd(),
+        "",
         Some(Uid::from_raw(uid)),
         Some(Gid::from_raw(gid)),
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        nix::fcntl::AtFlags::AT_EMPTY_PATH,
     )
     .map_err(fail(&step))
 }

@@ -1,15 +1,19 @@
-//! The container's init, between fork and exec, in the child of `crius monitor`: join the pod's
-//! namespaces, take a private mount namespace, mount the spec's filesystems inside the rootfs
-//! (resolved in-root, see `mounts`), create `/dev`, `pivot_root`, mask paths, then set up the
-//! process (stdio, rlimits, oom_score_adj, user, capabilities, no_new_privs) and exec. Any failure
-//! is written to the error pipe, which exec closes on success.
+//! The container's init, between fork and exec, in the child of `crius monitor`: close every
+//! descriptor it was not given, join the pod's namespaces, take a private mount namespace, mount
+//! the spec's filesystems inside the rootfs (resolved in-root, see `mounts`; none may land in
+//! `/proc` but lxcfs's files), create `/dev`, `pivot_root`, mask paths and make paths read-only
+//! by descriptor (`paths`), then set up the process (stdio, oom_score_adj and LSM labels
+//! through the runtime's own procfs handle, then with only stdio left open the working
+//! directory, checked to be inside the root, rlimits, user, capabilities, no_new_privs) and
+//! exec. The monitor made it non-dumpable, so no process of the container can open its
+//! descriptors or executable through `/proc` before the exec. Any failure is written to the
+//! error pipe, which exec closes on success.
 
 use std::convert::Infallible;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, setns, unshare};
@@ -18,11 +22,15 @@ use nix::unistd::{Gid, Uid};
 use oci_spec::runtime::Spec;
 
 mod dev;
+mod paths;
 mod process;
 
-pub use process::{apply_process, container_terminal, exec};
+pub use process::{
+    apply_process, container_terminal, enter_working_dir, exec, label_exec, set_oom_score_adj,
+};
 
 use super::mounts::{self, Options};
+use super::procfs::ProcRef;
 use super::seccomp::Compiled;
 use crate::sys;
 
@@ -42,6 +50,19 @@ pub enum Stdio {
     Console(OwnedFd),
 }
 
+impl Stdio {
+    fn raw_fds(&self) -> Vec<RawFd> {
+        match self {
+            Stdio::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => vec![stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
+            Stdio::Console(c) => vec![c.as_raw_fd()],
+        }
+    }
+}
+
 /// What the init sets up.
 pub struct Plan<'a> {
     pub spec: &'a Spec,
@@ -59,11 +80,13 @@ pub struct Plan<'a> {
     pub placement: Option<OwnedFd>,
     /// A pidfd of the monitor that forked us: until the exec we end with it.
     pub monitor: BorrowedFd<'a>,
+    /// The monitor's handle on procfs, for every write there (see `procfs`).
+    pub proc: ProcRef<'a>,
 }
 
 /// Runs the container init in the forked child; never returns.
 pub fn run(plan: Plan, stdio: Stdio, errors: OwnedFd) -> ! {
-    let e = match setup(plan, stdio) {
+    let e = match setup(plan, stdio, errors.as_raw_fd()) {
         Ok(never) => match never {},
         Err(e) => e,
     };
@@ -180,7 +203,7 @@ fn enter_userns(
     }
 }
 
-fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
+fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitError> {
     let Plan {
         spec,
         join,
@@ -190,7 +213,19 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
         pid_report,
         placement,
         monitor,
+        proc,
     } = plan;
+    // Nothing of the monitor's may reach the container (CVE-2024-21626, CVE-2016-9962): only
+    // what the init was given stays open, and all of it is gone or close-on-exec by the exec.
+    let mut keep = stdio.raw_fds();
+    keep.extend([errors, monitor.as_raw_fd(), proc.raw()]);
+    keep.extend(
+        pid_report
+            .iter()
+            .chain(placement.iter())
+            .map(AsRawFd::as_raw_fd),
+    );
+    sys::close_all_except(&keep).map_err(fail("closing the monitor's descriptors"))?;
     crate::runtime::process::die_with_monitor(monitor).map_err(fail("dying with the monitor"))?;
     // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
     // starts with no signal blocked or ignored.
@@ -205,6 +240,14 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
     if let Some(cg) = cgroup {
         std::fs::write(cg.join("cgroup.procs"), "0")
             .map_err(fail(format!("joining cgroup {}", cg.display())))?;
+    }
+    let process = spec.process().as_ref().ok_or_else(|| InitError {
+        step: "process".into(),
+        detail: "the spec has no process".into(),
+    })?;
+    // While still the host's root: a user namespace's root may not write it.
+    if let Some(adj) = process.oom_score_adj() {
+        set_oom_score_adj(proc, adj)?;
     }
     let mut idmapped = match userns {
         Some(ns) => idmapped_binds(spec, ns)?,
@@ -274,6 +317,10 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
         Mode::empty(),
     )
     .map_err(fail(format!("open rootfs {}", root.display())))?;
+    // The rootfs as the kernel names it, to tell where a mount really lands.
+    let real_root = proc
+        .fd_target(rootfd.as_raw_fd())
+        .map_err(fail(format!("open rootfs {}", root.display())))?;
 
     let mut has_dev = false;
     for (i, m) in spec
@@ -292,15 +339,20 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
             let meta = std::fs::metadata(&source)
                 .map_err(fail(format!("{step}: source {}", source.display())))?;
             let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+            paths::refuse_into_proc(proc, &real_root, &target, &step)?;
             mounts::attach_at(&tree, &target, opts.propagation).map_err(fail(&step))?;
         } else if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
             let source = m.source().clone().unwrap_or_default();
             let meta = std::fs::metadata(&source)
                 .map_err(fail(format!("{step}: source {}", source.display())))?;
             let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+            paths::refuse_into_proc(proc, &real_root, &target, &step)?;
             mounts::bind(&source, &target, &opts).map_err(fail(&step))?;
         } else {
             let target = mounts::target(&rootfd, &dest, true).map_err(fail(&step))?;
+            if !(kind == "proc" && dest == "/proc") {
+                paths::refuse_into_proc(proc, &real_root, &target, &step)?;
+            }
             let source = m
                 .source()
                 .as_ref()
@@ -312,28 +364,30 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
             }
         }
     }
+    drop(idmapped);
     if has_dev {
         dev::populate_dev(spec, &rootfd, userns.is_some())?;
     }
-    let process = spec.process().as_ref().ok_or_else(|| InitError {
-        step: "process".into(),
-        detail: "the spec has no process".into(),
-    })?;
     let cwd = process.cwd().display().to_string();
     mounts::target(&rootfd, &cwd, true).map_err(fail(format!("working directory {cwd}")))?;
+    // The host's /dev/null, checked, one detached copy per path to mask: taken while the host's
+    // tree is still ours to take it from, never from the container's /dev (CVE-2025-31133).
+    let masked = linux
+        .and_then(|l| l.masked_paths().clone())
+        .unwrap_or_default();
+    let nulls = paths::null_mounts(masked.len())?;
 
     pivot(&rootfd)?;
+    drop(rootfd);
 
+    paths::mask(&masked, nulls)?;
     if let Some(l) = linux {
-        for p in l.masked_paths().as_deref().unwrap_or_default() {
-            mask(p)?;
-        }
         for p in l.readonly_paths().as_deref().unwrap_or_default() {
-            read_only(p)?;
+            paths::read_only(p)?;
         }
         if let Some(sysctls) = l.sysctl() {
             for (k, v) in sysctls {
-                write_sysctl(k, v)?;
+                write_sysctl(proc, k, v)?;
             }
         }
     }
@@ -373,7 +427,10 @@ fn setup(plan: Plan, stdio: Stdio) -> Result<Infallible, InitError> {
             }
         }
     }
-    std::env::set_current_dir(&cwd).map_err(fail(format!("chdir {cwd}")))?;
+    label_exec(proc, process)?;
+    // From here the init holds stdio and the error pipe, nothing else.
+    sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
+    enter_working_dir(Path::new(&cwd))?;
     apply_process(process, seccomp)?;
     exec(process)
 }
@@ -403,64 +460,18 @@ fn pivot(rootfd: &OwnedFd) -> Result<(), InitError> {
     std::env::set_current_dir("/").map_err(fail("chdir /"))
 }
 
-fn mask(path: &str) -> Result<(), InitError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(fail(format!("mask {path}"))(e)),
-    };
-    if meta.is_dir() {
-        mount(
-            Some("tmpfs"),
-            path,
-            Some("tmpfs"),
-            MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-    } else {
-        mount(
-            Some("/dev/null"),
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-    }
-    .map_err(fail(format!("mask {path}")))
-}
-
-fn read_only(path: &str) -> Result<(), InitError> {
-    match mount(
-        Some(path),
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    ) {
-        Ok(()) => {}
-        Err(Errno::ENOENT) => return Ok(()),
-        Err(e) => return Err(fail(format!("read-only {path}"))(e)),
-    }
-    mount(
-        None::<&str>,
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(fail(format!("read-only {path}")))
-}
-
-/// Writes a sysctl (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`) for the caller's namespaces.
-pub fn write_sysctl(key: &str, value: &str) -> Result<(), InitError> {
+/// Writes a sysctl (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`) for the caller's namespaces,
+/// through the runtime's procfs handle.
+pub fn write_sysctl(proc: ProcRef<'_>, key: &str, value: &str) -> Result<(), InitError> {
     if key.contains("..") || key.starts_with('/') {
         return Err(InitError {
             step: format!("sysctl {key}"),
             detail: "invalid name".into(),
         });
     }
-    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
-    std::fs::write(&path, value).map_err(fail(format!("sysctl {key}={value}")))
+    let path = format!("sys/{}", key.replace('.', "/"));
+    proc.write(&path, value.as_bytes())
+        .map_err(fail(format!("sysctl {key}={value}")))
 }
 
 /// Whether a path component walk from the root reaches `path` without symlinks (for checks).

@@ -12,21 +12,44 @@ use nix::unistd::{Gid, Uid};
 use oci_spec::runtime::{PosixRlimitType, Process};
 
 use super::InitError;
+use crate::runtime::procfs::ProcRef;
 use crate::runtime::seccomp::Compiled;
 use crate::runtime::step::step as fail;
 use crate::sys;
 
+/// `DEVPTS_SUPER_MAGIC`.
+const DEVPTS_MAGIC: i64 = 0x1cd1;
+
 /// Makes a terminal in the container's own devpts (we are in its mount namespace, after
 /// pivot_root) and hands its master over `to` as `PTY_MESSAGE` with the descriptor; returns the
-/// slave. Every other descriptor the monitor holds is close-on-exec (it closed what it
-/// inherited at start), so exec leaves the container only what is put on 0, 1 and 2.
+/// slave. The master is opened as `/dev/pts/ptmx` without following any link, and must be the
+/// multiplexer of a devpts (5:2): whatever the container made of `/dev/ptmx` or its `/dev`, the
+/// terminal is a terminal of its own devpts or there is none (CVE-2025-52565's class). Every
+/// other descriptor is gone or close-on-exec, so exec leaves the container only what is put on
+/// 0, 1 and 2.
 pub fn container_terminal(to: &impl AsFd) -> Result<OwnedFd, InitError> {
-    let master = nix::pty::posix_openpt(
-        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_NOCTTY | nix::fcntl::OFlag::O_CLOEXEC,
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    let step = "opening the container's /dev/pts/ptmx";
+    let master = openat2(
+        nix::fcntl::AT_FDCWD,
+        "/dev/pts/ptmx",
+        OpenHow::new()
+            .flags(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
     )
-    .map_err(fail("opening the container's /dev/ptmx"))?;
-    nix::pty::grantpt(&master).map_err(fail("grantpt"))?;
-    nix::pty::unlockpt(&master).map_err(fail("unlockpt"))?;
+    .map_err(fail(step))?;
+    let fs = nix::sys::statfs::fstatfs(&master).map_err(fail(step))?;
+    let st = nix::sys::stat::fstat(master.as_fd()).map_err(fail(step))?;
+    if fs.filesystem_type().0 as i64 != DEVPTS_MAGIC || st.st_rdev != nix::sys::stat::makedev(5, 2)
+    {
+        return Err(InitError {
+            step: step.into(),
+            detail:
+                "it is not the multiplexer of a devpts: the container has no terminal of its own"
+                    .into(),
+        });
+    }
+    sys::unlock_pty(&master).map_err(fail("unlocking the terminal"))?;
     let slave = sys::pty_peer(&master).map_err(fail("opening the terminal"))?;
     let fds = [master.as_raw_fd()];
     let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
@@ -86,11 +109,14 @@ fn resource(t: PosixRlimitType) -> nix::sys::resource::Resource {
     }
 }
 
-/// Sets `oom_score_adj`, clamped to what this process may set: without CAP_SYS_RESOURCE a value
-/// below the current one is refused by the kernel, and a pod must not fail for it.
-fn set_oom_score_adj(want: i32) -> Result<(), InitError> {
-    let path = "/proc/self/oom_score_adj";
-    let current: i32 = std::fs::read_to_string(path)
+/// Sets `oom_score_adj` through the runtime's own procfs handle, clamped to what this process
+/// may set: without CAP_SYS_RESOURCE a value below the current one is refused by the kernel,
+/// and a pod must not fail for it. Called before the process joins a user namespace (whose
+/// root may not write the file of a process that is not dumpable).
+pub fn set_oom_score_adj(proc: ProcRef<'_>, want: i32) -> Result<(), InitError> {
+    let file = "self/oom_score_adj";
+    let current: i32 = proc
+        .read(file)
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
@@ -105,11 +131,40 @@ fn set_oom_score_adj(want: i32) -> Result<(), InitError> {
     } else {
         want
     };
-    match std::fs::write(path, value.to_string()) {
-        // Capabilities of a user namespace do not count for this: keep the current value.
+    match proc.write(file, value.to_string().as_bytes()) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) && value < current => Ok(()),
         r => r.map_err(fail(format!("oom_score_adj {value}"))),
     }
+}
+
+/// Labels the next exec for the LSMs the process asks for (AppArmor profile, SELinux label),
+/// through the runtime's own procfs handle, so nothing the container put at `/proc` receives
+/// the label instead of the kernel.
+pub fn label_exec(proc: ProcRef<'_>, p: &Process) -> Result<(), InitError> {
+    if let Some(profile) = p.apparmor_profile() {
+        apparmor_on_exec(proc, profile)?;
+    }
+    if let Some(label) = p.selinux_label() {
+        crate::runtime::selinux::set_exec_label(proc, Some(label))
+            .map_err(fail(format!("SELinux label {label}")))?;
+    }
+    Ok(())
+}
+
+/// Enters the process's working directory, once every descriptor but stdio is closed, and
+/// refuses one that lies outside the root (CVE-2024-21626: a directory reached through a
+/// descriptor the runtime held, or a link to one).
+pub fn enter_working_dir(cwd: &Path) -> Result<(), InitError> {
+    let step = format!("working directory {}", cwd.display());
+    std::env::set_current_dir(cwd).map_err(fail(&step))?;
+    let seen = sys::getcwd_raw().map_err(fail(&step))?;
+    if !seen.starts_with(b"/") {
+        return Err(InitError {
+            step,
+            detail: "it is outside the container's root".into(),
+        });
+    }
+    Ok(())
 }
 
 fn cap_set(set: Option<&oci_spec::runtime::Capabilities>) -> Result<caps::CapsHashSet, InitError> {
@@ -125,8 +180,9 @@ fn cap_set(set: Option<&oci_spec::runtime::Capabilities>) -> Result<caps::CapsHa
     Ok(out)
 }
 
-/// The process half shared by container init and exec: rlimits, oom_score_adj, AppArmor,
-/// groups, user, capabilities, no_new_privs, seccomp.
+/// The last of the process half shared by container init and exec, once in the working
+/// directory (`set_oom_score_adj` and `label_exec` came before): rlimits, umask, groups, user,
+/// capabilities, no_new_privs, seccomp.
 pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), InitError> {
     crate::runtime::process::outlive_monitor().map_err(fail("parent death signal"))?;
     own_stdio(p.user().uid(), p.user().gid());
@@ -134,18 +190,8 @@ pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), Init
         nix::sys::resource::setrlimit(resource(r.typ()), r.soft(), r.hard())
             .map_err(fail(format!("rlimit {:?}", r.typ())))?;
     }
-    if let Some(adj) = p.oom_score_adj() {
-        set_oom_score_adj(adj)?;
-    }
     if let Some(mask) = p.user().umask() {
         nix::sys::stat::umask(Mode::from_bits_truncate(mask));
-    }
-    if let Some(profile) = p.apparmor_profile() {
-        apparmor_on_exec(profile)?;
-    }
-    if let Some(label) = p.selinux_label() {
-        crate::runtime::selinux::set_exec_label(Some(label))
-            .map_err(fail(format!("SELinux label {label}")))?;
     }
     let nnp = p.no_new_privileges().unwrap_or(false);
     // Without no_new_privs only a privileged caller may install a filter, so it goes on now, and
@@ -203,14 +249,14 @@ pub fn apply_process(p: &Process, seccomp: Option<&Compiled>) -> Result<(), Init
 }
 
 /// Asks AppArmor to confine the next exec with `profile`.
-fn apparmor_on_exec(profile: &str) -> Result<(), InitError> {
+fn apparmor_on_exec(proc: ProcRef<'_>, profile: &str) -> Result<(), InitError> {
     let cmd = format!("exec {profile}");
     let step = format!("AppArmor profile {profile}");
-    match std::fs::write("/proc/thread-self/attr/apparmor/exec", &cmd) {
+    match proc.write("thread-self/attr/apparmor/exec", cmd.as_bytes()) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write("/proc/thread-self/attr/exec", &cmd).map_err(fail(step))
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => proc
+            .write("thread-self/attr/exec", cmd.as_bytes())
+            .map_err(fail(step)),
         Err(e) => Err(fail(step)(e)),
     }
 }

@@ -121,7 +121,7 @@ impl Monitor {
         match forked? {
             ForkResult::Child => {
                 drop(err_r);
-                let e = match self.exec_child(&req, stdio) {
+                let e = match self.exec_child(&req, stdio, err_w.as_raw_fd()) {
                     Ok(never) => match never {},
                     Err(e) => e,
                 };
@@ -143,12 +143,17 @@ impl Monitor {
         }
     }
 
-    /// The exec'd command's side of the fork: the container's namespaces (its PID namespace is
-    /// already ours), its process settings, then exec.
+    /// The exec'd command's side of the fork: only its own descriptors kept, the container's
+    /// cgroup, its `oom_score_adj` (while still the host's root), the container's namespaces
+    /// (its PID namespace is already ours), stdio, the LSM labels through the monitor's procfs
+    /// handle, then with only stdio and `errors` left open the working directory, checked to be
+    /// inside the root, the rest of the process settings, and exec. The monitor is not
+    /// dumpable, nor is this process until it execs.
     pub(super) fn exec_child(
         &self,
         req: &ExecRequest,
         stdio: ExecStdio<'_>,
+        errors: std::os::fd::RawFd,
     ) -> Result<std::convert::Infallible, InitError> {
         let (init, cgroup, process, seccomp, userns) = (
             &self.init_fd,
@@ -166,11 +171,30 @@ impl Monitor {
         };
         crate::runtime::process::die_with_monitor(self.own_fd.as_fd())
             .map_err(fail("dying with the monitor"))?;
+        // Nothing else of the monitor's (its log, its listener, other commands' connections)
+        // may reach the container.
+        let mut keep = vec![errors, init.as_raw_fd(), self.proc.raw()];
+        match &stdio {
+            ExecStdio::Pipes {
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                keep.extend(stdin.iter().map(|f| f.as_raw_fd()));
+                keep.extend([stdout.as_raw_fd(), stderr.as_raw_fd()]);
+            }
+            ExecStdio::Tty(conn) => keep.push(conn.as_raw_fd()),
+        }
+        sys::close_all_except(&keep).map_err(fail("closing the monitor's descriptors"))?;
         sys::reset_signals().map_err(fail("reset signals"))?;
+        let proc = self.proc.borrow();
         // The command counts against the container's limits, like the container's own processes.
         if let Some(cg) = cgroup {
             std::fs::write(cg.join("cgroup.procs"), "0")
                 .map_err(fail("joining the container's cgroup"))?;
+        }
+        if let Some(adj) = process.oom_score_adj() {
+            init::set_oom_score_adj(proc, adj)?;
         }
         let mut flags = CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWNET
@@ -191,15 +215,18 @@ impl Monitor {
                 match stdin {
                     Some(s) => sys::dup_to(&s, 0, false).map_err(fail("stdin"))?,
                     None => {
-                        let null = std::fs::File::open("/dev/null").map_err(fail("/dev/null"))?;
-                        sys::dup_to(&null, 0, false).map_err(fail("stdin"))?;
+                        // An empty pipe: no file of the container's or the host's.
+                        let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+                            .map_err(|e| fail("stdin")(e.into()))?;
+                        drop(w);
+                        sys::dup_to(&r, 0, false).map_err(fail("stdin"))?;
                     }
                 }
                 sys::dup_to(&stdout, 1, false).map_err(fail("stdout"))?;
                 sys::dup_to(&stderr, 2, false).map_err(fail("stderr"))?;
             }
             ExecStdio::Tty(conn) => {
-                // The container's own /dev/ptmx (its devpts): we are in its mount namespace.
+                // The container's own devpts: we are in its mount namespace.
                 let slave = init::container_terminal(conn)?;
                 nix::unistd::setsid().map_err(|e| fail("setsid")(e.into()))?;
                 sys::set_controlling_tty(&slave).map_err(fail("controlling terminal"))?;
@@ -208,11 +235,13 @@ impl Monitor {
                 }
             }
         }
-        let cwd = process.cwd();
-        std::env::set_current_dir(cwd).map_err(fail(&format!("chdir {}", cwd.display())))?;
         let mut p = process.clone();
         p.set_args(Some(req.args.clone()));
         p.set_terminal(Some(req.tty));
+        init::label_exec(proc, &p)?;
+        // From here the command holds stdio and the error pipe, nothing else.
+        sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
+        init::enter_working_dir(process.cwd())?;
         init::apply_process(&p, seccomp)?;
         init::exec(&p)
     }

@@ -43,6 +43,7 @@ pub use restore::criu_errors;
 use super::attach::AttachRequest;
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
+use super::procfs::ProcFs;
 use super::seccomp::{self, Compiled};
 use super::step::{StepError, step};
 use super::{
@@ -96,6 +97,8 @@ struct Monitor {
     init_fd: OwnedFd,
     /// A pidfd of this monitor (see `process::die_with_monitor`).
     own_fd: OwnedFd,
+    /// The host's procfs, for exec'd commands' writes there (see `procfs`).
+    proc: ProcFs,
     log: Option<LogWriter>,
     outputs: Vec<(OwnedFd, Stream)>,
     signals: SignalFd,
@@ -133,6 +136,10 @@ fn set_nonblocking(fd: &OwnedFd) -> Result<(), StepError> {
 fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     // Only what we open ourselves (close-on-exec) may reach the container.
     sys::close_from(3).map_err(step("close inherited descriptors"))?;
+    // Not dumpable, nor is what we fork until it execs: no process of a container can open
+    // our descriptors, memory or executable through /proc (CVE-2016-9962).
+    nix::sys::prctl::set_dumpable(false).map_err(step("not dumpable"))?;
+    let proc = ProcFs::open().map_err(step("/proc"))?;
     let _ = nix::unistd::setsid();
     let read = |name: &str| {
         std::fs::read(bundle.join(name)).map_err(step(bundle.join(name).display().to_string()))
@@ -212,9 +219,10 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
 
     let sock_path = bundle.join(MONITOR_SOCKET);
     let _ = std::fs::remove_file(&sock_path);
-    let (_dir, short) = super::short_socket_path(bundle, MONITOR_SOCKET)
+    let (dir, short) = super::short_socket_path(bundle, MONITOR_SOCKET)
         .map_err(step(bundle.display().to_string()))?;
     let listener = UnixListener::bind(&short).map_err(step(sock_path.display().to_string()))?;
+    drop(dir);
     std::fs::set_permissions(
         &sock_path,
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
@@ -323,6 +331,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                         pid_report: pid_w,
                         placement: placed_r,
                         monitor: own_fd.as_fd(),
+                        proc: proc.borrow(),
                     },
                     child_stdio,
                     err_w,
@@ -415,6 +424,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
         child,
         init_fd,
         own_fd,
+        proc,
         log,
         outputs,
         signals,
