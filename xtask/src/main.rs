@@ -88,8 +88,10 @@ fn conformance() -> Result<()> {
 /// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
 /// agent suite, the tests named `cgroup_v2` (QoS limits and swap) and `volumes_env` (secrets on
 /// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
-/// the whole suite. The last field is how the VM boots (`hack/vm-run`'s flag): the systemd
-/// cgroup driver's test with systemd as PID 1 (`-S`), the SELinux test with SELinux instead of
+/// the whole suite. The replays of runc's escapes run in the default boot, where AppArmor is
+/// on, and those whose mechanism bypasses an LSM label again with SELinux. The last field is
+/// how the VM boots (`hack/vm-run`'s flag): the systemd cgroup driver's test with systemd as
+/// PID 1 (`-S`), the SELinux test and the escapes' LSM halves with SELinux instead of
 /// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. critest runs there too, where
 /// its OOM and AppArmor specs must pass (its table is printed, so `--nocapture`). The package's
 /// test installs what `cargo xtask deb` built and runs its unit under systemd. The kubelet
@@ -97,7 +99,7 @@ fn conformance() -> Result<()> {
 /// systemd driver with systemd as PID 1. The crash-anywhere test runs there too, where pods
 /// have cgroups and its cgroup fault points are in reach, and the writable-layer test whose
 /// project quotas need the VM kernel's CONFIG_QUOTA.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 14] = [
+const VM_SUITES: [(&str, &[&str], Option<&str>); 16] = [
     ("cgroups", &["--skip", "systemd_driver"], None),
     ("cgroups", &["systemd_driver"], Some("-S")),
     ("pods", &[], None),
@@ -106,6 +108,12 @@ const VM_SUITES: [(&str, &[&str], Option<&str>); 14] = [
     ("checkpoint", &["systemd"], Some("-S")),
     ("security", &["--skip", "selinux"], None),
     ("security", &["selinux_labels"], Some("-Z")),
+    ("escapes", &[], None),
+    (
+        "escapes",
+        &["cve_2025_52881", "cve_2019_16884", "cve_2023_28642"],
+        Some("-Z"),
+    ),
     ("agent", &["cgroup_v2", "volumes_env"], None),
     ("conformance", &["--nocapture", CONFORMANCE_TEST], None),
     ("package", &["package_unit_keeps_pods"], Some("-S")),
