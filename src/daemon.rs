@@ -320,26 +320,26 @@ async fn serve_metrics(
 
 /// Pods and containers by state, and the helpers' memory, as of now.
 async fn refresh_gauges(sandboxes: &SandboxService, containers: &ContainerService) {
-    use k8s_cri::v1 as cri;
+    use crate::container::config::ContainerState;
     let m = crate::metrics::global();
     let pods = sandboxes.list(None).await;
     let ready = pods
         .iter()
-        .filter(|p| p.state == cri::PodSandboxState::SandboxReady as i32)
+        .filter(|p| p.state == crate::sandbox::PodState::Ready)
         .count() as i64;
     crate::metrics::Metrics::set_states(
         &m.pods,
         &[("ready", ready), ("notready", pods.len() as i64 - ready)],
     );
     let all = containers.list(None).await;
-    let count = |s: cri::ContainerState| all.iter().filter(|c| c.state == s as i32).count() as i64;
+    let count = |s: ContainerState| all.iter().filter(|c| c.state == s).count() as i64;
     crate::metrics::Metrics::set_states(
         &m.containers,
         &[
-            ("created", count(cri::ContainerState::ContainerCreated)),
-            ("running", count(cri::ContainerState::ContainerRunning)),
-            ("exited", count(cri::ContainerState::ContainerExited)),
-            ("unknown", count(cri::ContainerState::ContainerUnknown)),
+            ("created", count(ContainerState::Created)),
+            ("running", count(ContainerState::Running)),
+            ("exited", count(ContainerState::Exited)),
+            ("unknown", count(ContainerState::Unknown)),
         ],
     );
     let _ = tokio::task::spawn_blocking(crate::metrics::sample_processes).await;

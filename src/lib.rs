@@ -22,6 +22,8 @@ pub mod daemon;
 pub mod fault;
 pub mod frontend;
 pub mod image;
+#[cfg(test)]
+mod layout;
 pub mod metrics;
 pub mod mounttable;
 pub mod network;

@@ -99,7 +99,7 @@ impl ContainerService {
         &self,
         id: &str,
         sandbox: &sandbox::Record,
-        config: &cri::ContainerConfig,
+        config: &ContainerConfig,
     ) -> Result<Option<Cgroup>, Error> {
         // Refuses limits that cannot be enforced, with or without a cgroup.
         let files = self.limit_files(config)?;
@@ -148,9 +148,9 @@ impl ContainerService {
     /// cannot enforce.
     pub(super) fn limit_files(
         &self,
-        config: &cri::ContainerConfig,
+        config: &ContainerConfig,
     ) -> Result<Vec<(String, String)>, Error> {
-        let default = cri::LinuxContainerResources::default();
+        let default = config::Resources::default();
         let res = sandbox::resources(
             config
                 .linux
@@ -212,11 +212,7 @@ impl ContainerService {
 
     /// Changes a container's limits in place. A memory limit below what the container uses now
     /// is refused (the kernel would OOM-kill it); the container keeps running either way.
-    pub async fn update_resources(
-        &self,
-        id: &str,
-        res: cri::LinuxContainerResources,
-    ) -> Result<(), Error> {
+    pub async fn update_resources(&self, id: &str, res: config::Resources) -> Result<(), Error> {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
         Self::present(&r)?;
@@ -265,7 +261,7 @@ impl ContainerService {
         if let Some(linux) = r.config.linux.as_mut() {
             linux.resources = Some(res);
         } else {
-            r.config.linux = Some(cri::LinuxContainerConfig {
+            r.config.linux = Some(config::ContainerLinux {
                 resources: Some(res),
                 ..Default::default()
             });

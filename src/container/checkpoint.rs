@@ -90,7 +90,7 @@ impl ContainerService {
             let entry = self.entry(id)?;
             let r = entry.lock().await;
             Self::present(&r)?;
-            if r.state != RUNNING {
+            if r.state != ContainerState::Running {
                 return Err(Error::WrongState {
                     id: r.id.clone(),
                     state: state_name(r.state),

@@ -8,8 +8,8 @@ impl ContainerService {
     pub async fn create(
         &self,
         sandbox_id: &str,
-        config: cri::ContainerConfig,
-        _sandbox_config: Option<cri::PodSandboxConfig>,
+        config: ContainerConfig,
+        _sandbox_config: Option<crate::sandbox::config::PodConfig>,
     ) -> Result<String, Error> {
         let meta = config
             .metadata
@@ -91,7 +91,7 @@ impl ContainerService {
         let ns = sc
             .and_then(|s| s.namespace_options.clone())
             .unwrap_or_default();
-        let target_pid = if ns.pid == cri::NamespaceMode::Target as i32 {
+        let target_pid = if ns.pid == NamespaceMode::Target {
             Some(self.target_pid_ns(&ns.target_id, &sandbox.id).await?)
         } else {
             None
@@ -130,7 +130,7 @@ impl ContainerService {
             .await;
         match result {
             Ok(record) => {
-                let created = notice(&record, events::CREATED, record.created_at);
+                let created = notice(&record, events::EventKind::Created, record.created_at);
                 self.inner.records.insert(id.clone(), record);
                 self.inner.events.emit(created);
                 Ok(id)
@@ -177,7 +177,7 @@ impl ContainerService {
             ));
         }
         match r.init {
-            Some(p) if r.state == RUNNING && p.alive() => {
+            Some(p) if r.state == ContainerState::Running && p.alive() => {
                 Ok(PathBuf::from(format!("/proc/{}/ns/pid", p.pid)))
             }
             _ => Err(invalid(FIELD, format!("container {} is not running", r.id))),
@@ -189,7 +189,7 @@ impl ContainerService {
     #[allow(deprecated)]
     pub(super) fn confinement(
         &self,
-        sc: Option<&cri::LinuxContainerSecurityContext>,
+        sc: Option<&config::ContainerSecurity>,
         pod_selinux: Option<&sandbox::security::SelinuxLabels>,
     ) -> Result<Confinement, Error> {
         const FIELD: &str = "config.linux.security_context";
@@ -247,7 +247,7 @@ impl ContainerService {
         &self,
         id: &str,
         b: &Bundle,
-        config: &cri::ContainerConfig,
+        config: &ContainerConfig,
         sandbox: &sandbox::Record,
         image: &image::Image,
         log_path: Option<PathBuf>,
@@ -376,7 +376,7 @@ impl ContainerService {
             ("ipc", sandbox.ipc),
             ("uts", sandbox.network),
         ] {
-            if mode_known != NS_NODE && sandbox.namespaces.iter().any(|n| n == kind) {
+            if mode_known != NamespaceMode::Node && sandbox.namespaces.iter().any(|n| n == kind) {
                 join.push(JoinNamespace {
                     kind: kind.into(),
                     path: sandbox_paths.ns(kind),
@@ -389,15 +389,15 @@ impl ContainerService {
                 kind: "pid".into(),
                 path,
             });
-            NS_TARGET
-        } else if ns.pid == NS_NODE || sandbox.pid == NS_NODE {
-            NS_NODE
-        } else if ns.pid == NS_POD || sandbox.pid == NS_POD {
-            NS_POD
+            NamespaceMode::Target
+        } else if ns.pid == NamespaceMode::Node || sandbox.pid == NamespaceMode::Node {
+            NamespaceMode::Node
+        } else if ns.pid == NamespaceMode::Pod || sandbox.pid == NamespaceMode::Pod {
+            NamespaceMode::Pod
         } else {
-            NS_CONTAINER
+            NamespaceMode::Container
         };
-        if pid_mode == NS_POD {
+        if pid_mode == NamespaceMode::Pod {
             if !sandbox.namespaces.iter().any(|n| n == "pid") {
                 return Err(invalid(
                     "config.linux.security_context.namespace_options.pid",
@@ -424,7 +424,7 @@ impl ContainerService {
             stdin_once: config.stdin_once,
             tty: config.tty,
             join,
-            new_pid_ns: pid_mode == NS_CONTAINER,
+            new_pid_ns: pid_mode == NamespaceMode::Container,
             exit_file: b.exit(),
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
             placed: scoped,
@@ -491,14 +491,14 @@ impl ContainerService {
             created_at: now_nanos(),
             started_at: 0,
             finished_at: 0,
-            state: CREATED,
+            state: ContainerState::Created,
             exit_code: 0,
             reason: String::new(),
             message: String::new(),
             init: None,
             monitor: None,
             mnt_ns: None,
-            own_pid_ns: pid_mode == NS_CONTAINER,
+            own_pid_ns: pid_mode == NamespaceMode::Container,
             log_path,
             stop_signal: image.config.config.stop_signal.clone(),
             user: (user.uid, user.gid, user.additional_gids.clone()),
@@ -513,7 +513,7 @@ impl ContainerService {
 /// A container of a pod with its own user namespace: the container may only restate the pod's
 /// namespace, and cannot be privileged or share mounts back to the host.
 pub(super) fn check_userns(
-    config: &cri::ContainerConfig,
+    config: &ContainerConfig,
     sandbox: &sandbox::Record,
 ) -> Result<(), Error> {
     const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
@@ -526,9 +526,9 @@ pub(super) fn check_userns(
         .and_then(|n| n.userns_options.as_ref())
     {
         let same = match (&sandbox.userns, u.mode) {
-            (None, NS_NODE) => u.uids.is_empty() && u.gids.is_empty(),
-            (Some(p), NS_POD) => {
-                let one = |m: &[cri::IdMapping], want: &runtime::IdMapping| {
+            (None, NamespaceMode::Node) => u.uids.is_empty() && u.gids.is_empty(),
+            (Some(p), NamespaceMode::Pod) => {
+                let one = |m: &[config::IdMapping], want: &runtime::IdMapping| {
                     m.is_empty()
                         || (m.len() == 1
                             && m[0].container_id == want.container_id
@@ -556,7 +556,7 @@ pub(super) fn check_userns(
         ));
     }
     for (i, m) in config.mounts.iter().enumerate() {
-        if m.propagation == cri::MountPropagation::PropagationBidirectional as i32 {
+        if m.propagation == config::Propagation::Bidirectional {
             return Err(invalid(
                 format!("config.mounts[{i}].propagation"),
                 "Bidirectional propagation cannot cross a user namespace",

@@ -8,7 +8,6 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
 use tokio::sync::broadcast;
 
 /// Notices a subscriber may fall behind by before it is dropped.
@@ -21,18 +20,21 @@ const REPLAY_FOR: Duration = Duration::from_secs(300);
 pub struct Notice {
     pub container_id: String,
     pub sandbox_id: String,
-    /// A `cri::ContainerEventType`.
-    pub kind: i32,
+    pub kind: EventKind,
     pub at: i64,
     /// The container's status when it happened (a start right after a creation must not show
     /// in the creation's event); none for a removal.
-    pub status: Option<Box<cri::ContainerStatus>>,
+    pub status: Option<Box<super::ContainerStatus>>,
 }
 
-pub const CREATED: i32 = cri::ContainerEventType::ContainerCreatedEvent as i32;
-pub const STARTED: i32 = cri::ContainerEventType::ContainerStartedEvent as i32;
-pub const STOPPED: i32 = cri::ContainerEventType::ContainerStoppedEvent as i32;
-pub const DELETED: i32 = cri::ContainerEventType::ContainerDeletedEvent as i32;
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Created,
+    Started,
+    Stopped,
+    Deleted,
+}
 
 pub struct Events {
     tx: broadcast::Sender<Notice>,
@@ -110,7 +112,7 @@ impl Subscription {
 mod tests {
     use super::*;
 
-    fn notice(id: &str, kind: i32) -> Notice {
+    fn notice(id: &str, kind: EventKind) -> Notice {
         Notice {
             container_id: id.into(),
             sandbox_id: "pod".into(),
@@ -123,12 +125,12 @@ mod tests {
     #[tokio::test]
     async fn every_subscriber_hears_and_a_slow_one_is_dropped() {
         let events = Events::new(4);
-        events.recovered(notice("exited-while-down", STOPPED));
+        events.recovered(notice("exited-while-down", EventKind::Stopped));
         let mut fast = events.subscribe();
         let mut slow = events.subscribe();
         assert_eq!(fast.next().await.unwrap().container_id, "exited-while-down");
         for i in 0..10 {
-            events.emit(notice(&format!("c{i}"), CREATED));
+            events.emit(notice(&format!("c{i}"), EventKind::Created));
             // The fast one keeps up; the slow one never reads.
             assert_eq!(fast.next().await.unwrap().container_id, format!("c{i}"));
         }

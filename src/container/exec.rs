@@ -38,8 +38,8 @@ impl ContainerService {
         // it is a zombie. One that is not exiting is the command's own failure (a missing
         // binary, say), answered at once.
         match (r.state, r.init) {
-            (RUNNING, Some(init)) if !init.exiting() => e,
-            (RUNNING, _) => Error::WrongState {
+            (ContainerState::Running, Some(init)) if !init.exiting() => e,
+            (ContainerState::Running, _) => Error::WrongState {
                 id: r.id.clone(),
                 state: "exiting",
                 want: "running",
@@ -181,7 +181,7 @@ impl ContainerService {
         let mut r = entry.lock().await;
         self.sync_exit(&mut r);
         match (r.state, r.init) {
-            (RUNNING, Some(_)) => Ok(r.id.clone()),
+            (ContainerState::Running, Some(_)) => Ok(r.id.clone()),
             (s, _) => Err(Error::WrongState {
                 id: r.id.clone(),
                 state: state_name(s),

@@ -8,7 +8,7 @@ impl ContainerService {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
         Self::present(&r)?;
-        if r.state != CREATED {
+        if r.state != ContainerState::Created {
             return Err(Error::WrongState {
                 id: r.id.clone(),
                 state: state_name(r.state),
@@ -78,7 +78,7 @@ impl ContainerService {
             }) => {
                 crate::fault::point("monitor.spawn.after");
                 let init = ProcessId { pid, start_time };
-                r.state = RUNNING;
+                r.state = ContainerState::Running;
                 r.init = Some(init);
                 r.monitor = monitor;
                 r.started_at = started_at;
@@ -88,7 +88,7 @@ impl ContainerService {
                 self.watch(r.id.clone(), monitor.unwrap_or(init));
                 self.inner
                     .events
-                    .emit(notice(&r, events::STARTED, started_at));
+                    .emit(notice(&r, events::EventKind::Started, started_at));
                 Ok(())
             }
             Ok(StartReport::Forked { .. }) => Err(Error::Start {
@@ -96,7 +96,7 @@ impl ContainerService {
                 message: "the monitor reported a forked init it was not asked to".into(),
             }),
             Ok(StartReport::Failed { message }) | Err(message) => {
-                r.state = EXITED;
+                r.state = ContainerState::Exited;
                 r.exit_code = 128;
                 r.reason = "StartError".into();
                 r.message = message.clone();
@@ -106,7 +106,7 @@ impl ContainerService {
                 let _ = atomic::write_json(&b.record(), &*r);
                 self.inner
                     .events
-                    .emit(notice(&r, events::STOPPED, r.finished_at));
+                    .emit(notice(&r, events::EventKind::Stopped, r.finished_at));
                 // The pod stopped under the start: that, not the failed join, is the answer.
                 self.pod_ready(&r.sandbox_id).await?;
                 Err(Error::Start {
@@ -137,7 +137,7 @@ impl ContainerService {
         let (init, monitor, signal, own_pid_ns, mnt_ns, cgroup) = {
             let mut r = entry.lock().await;
             self.sync_exit(&mut r);
-            if r.state != RUNNING {
+            if r.state != ContainerState::Running {
                 return Ok(());
             }
             let Some(init) = r.init else { return Ok(()) };
@@ -179,7 +179,7 @@ impl ContainerService {
         let mut r = loop {
             let (full_id, init, monitor, own_pid_ns, mnt_ns, cgroup) = {
                 let r = entry.lock().await;
-                if r.state == REMOVED {
+                if r.state == ContainerState::Removed {
                     return Ok(());
                 }
                 let cgroup = r.cgroup.clone();
@@ -207,7 +207,7 @@ impl ContainerService {
                 }
             }
             let r = entry.lock().await;
-            if r.state == REMOVED {
+            if r.state == ContainerState::Removed {
                 return Ok(());
             }
             if (r.init, r.monitor) == (init, monitor) {
@@ -236,10 +236,10 @@ impl ContainerService {
         self.inner.records.remove(&r.id);
         self.inner.records.release(&r.name_key());
         // Whoever waited for the lock meanwhile finds it gone.
-        r.state = REMOVED;
+        r.state = ContainerState::Removed;
         self.inner
             .events
-            .emit(notice(&r, events::DELETED, now_nanos()));
+            .emit(notice(&r, events::EventKind::Deleted, now_nanos()));
         Ok(())
     }
 
@@ -249,7 +249,7 @@ impl ContainerService {
         let (monitor, path) = {
             let mut r = entry.lock().await;
             self.sync_exit(&mut r);
-            if r.state != RUNNING {
+            if r.state != ContainerState::Running {
                 return Err(Error::WrongState {
                     id: r.id.clone(),
                     state: state_name(r.state),

@@ -1,6 +1,65 @@
-//! ListContainers and ContainerStatus: records as CRI shows them, with filters.
+//! ListContainers and ContainerStatus: what records show of containers, in crius's own terms
+//! (`cri` makes CRI's messages of them), with filters.
 
 use super::*;
+use config::{ContainerMetadata, ImageSpec, Mount, Resources};
+
+/// A container as ListContainers shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSummary {
+    pub id: String,
+    pub pod_sandbox_id: String,
+    pub metadata: Option<ContainerMetadata>,
+    pub image: Option<ImageSpec>,
+    pub image_ref: String,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub labels: HashMap<String, String>,
+    pub annotations: HashMap<String, String>,
+    pub image_id: String,
+}
+
+/// Who a container's process runs as.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub supplemental_groups: Vec<u32>,
+}
+
+/// A container as ContainerStatus shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerStatus {
+    pub id: String,
+    pub metadata: Option<ContainerMetadata>,
+    pub state: ContainerState,
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub image: Option<ImageSpec>,
+    pub image_ref: String,
+    pub reason: String,
+    pub message: String,
+    pub labels: HashMap<String, String>,
+    pub annotations: HashMap<String, String>,
+    pub mounts: Vec<Mount>,
+    pub log_path: String,
+    pub resources: Option<Resources>,
+    pub image_id: String,
+    pub user: ContainerUser,
+}
+
+/// Which containers a listing shows.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerFilter {
+    /// A prefix of the container's ID.
+    pub id: String,
+    /// A prefix of its pod's ID.
+    pub pod_sandbox_id: String,
+    pub state: Option<ContainerState>,
+    pub label_selector: HashMap<String, String>,
+}
 
 impl ContainerService {
     /// IDs of a sandbox's containers.
@@ -9,7 +68,7 @@ impl ContainerService {
         let mut out = Vec::new();
         for e in entries {
             let r = e.lock().await;
-            if r.sandbox_id == sandbox_id && r.state != REMOVED {
+            if r.sandbox_id == sandbox_id && r.state != ContainerState::Removed {
                 out.push(r.id.clone());
             }
         }
@@ -17,9 +76,9 @@ impl ContainerService {
     }
 
     /// A record as ContainerStatus shows it.
-    pub(super) fn cri_status(r: &Record) -> cri::ContainerStatus {
-        let (uid, gid, groups) = r.user.clone();
-        cri::ContainerStatus {
+    pub(super) fn status_of(r: &Record) -> ContainerStatus {
+        let (uid, gid, supplemental_groups) = r.user.clone();
+        ContainerStatus {
             id: r.id.clone(),
             metadata: r.config.metadata.clone(),
             state: r.state,
@@ -39,28 +98,18 @@ impl ContainerService {
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            resources: r
-                .config
-                .linux
-                .as_ref()
-                .and_then(|l| l.resources.clone())
-                .map(|res| cri::ContainerResources {
-                    linux: Some(res),
-                    ..Default::default()
-                }),
+            resources: r.config.resources().cloned(),
             image_id: r.image_id.clone(),
-            user: Some(cri::ContainerUser {
-                linux: Some(cri::LinuxContainerUser {
-                    uid: uid.into(),
-                    gid: gid.into(),
-                    supplemental_groups: groups.iter().map(|g| i64::from(*g)).collect(),
-                }),
-            }),
+            user: ContainerUser {
+                uid,
+                gid,
+                supplemental_groups,
+            },
         }
     }
 
-    pub(super) fn to_cri(r: &Record) -> cri::Container {
-        cri::Container {
+    pub(super) fn summary(r: &Record) -> ContainerSummary {
+        ContainerSummary {
             id: r.id.clone(),
             pod_sandbox_id: r.sandbox_id.clone(),
             metadata: r.config.metadata.clone(),
@@ -74,12 +123,12 @@ impl ContainerService {
         }
     }
 
-    pub async fn list(&self, filter: Option<&cri::ContainerFilter>) -> Vec<cri::Container> {
+    pub async fn list(&self, filter: Option<&ContainerFilter>) -> Vec<ContainerSummary> {
         let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let mut r = e.lock().await;
-            if r.state == REMOVED {
+            if r.state == ContainerState::Removed {
                 continue;
             }
             self.sync_exit(&mut r);
@@ -90,16 +139,14 @@ impl ContainerService {
                 if !f.pod_sandbox_id.is_empty() && !r.sandbox_id.starts_with(&f.pod_sandbox_id) {
                     continue;
                 }
-                if let Some(s) = &f.state
-                    && s.state != r.state
-                {
+                if f.state.is_some_and(|s| s != r.state) {
                     continue;
                 }
                 if !sandbox::labels_match(&r.config.labels, &f.label_selector) {
                     continue;
                 }
             }
-            out.push(Self::to_cri(&r));
+            out.push(Self::summary(&r));
         }
         out.sort_by_key(|c| c.created_at);
         out
@@ -109,12 +156,12 @@ impl ContainerService {
         &self,
         id: &str,
         verbose: bool,
-    ) -> Result<(cri::ContainerStatus, HashMap<String, String>), Error> {
+    ) -> Result<(ContainerStatus, HashMap<String, String>), Error> {
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
         Self::present(&r)?;
         self.sync_exit(&mut r);
-        let status = Self::cri_status(&r);
+        let status = Self::status_of(&r);
         let mut info = HashMap::new();
         if verbose {
             let b = self.bundle(&r.id);

@@ -5,18 +5,23 @@
 //! bundle; the monitor owns the container from then on and leaves `exit.json` when it ends,
 //! which is the one source of exit truth for this daemon and any later one. Here too: stop and
 //! remove (`lifecycle`), cgroups and resource updates (`cgroups`), ExecSync (`exec`), status and
-//! lists (`listing`), stats (`stats`), checkpoints with criu and restores from them
-//! (`checkpoint`); this file holds the records and their recovery. Uses `image`, `sandbox`,
-//! `snapshot` (layer diffs, the safe unpacker), `runtime` and `records`.
+//! lists (`listing`), stats (`stats`) and metrics (`metrics`), checkpoints with criu and restores
+//! from them (`checkpoint`), lifecycle events (`events`), streams (`attach`, `stream`); this
+//! file holds the records and their recovery. Its inputs and outputs are its own types
+//! (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
+//! `sandbox` (and its `config`), `snapshot` (layer diffs, usage, the safe unpacker), `runtime`,
+//! `systemd`, `records`, `atomic`, `content`, `mounttable`, `fault` and `sys`.
 
 mod attach;
 mod cgroups;
 mod checkpoint;
+pub mod config;
 mod create;
 pub mod events;
 mod exec;
 mod lifecycle;
 mod listing;
+pub mod metrics;
 pub mod spec;
 pub mod stats;
 pub mod stream;
@@ -26,6 +31,7 @@ use cgroups::attach_devices;
 pub use create::{recursive_read_only_mounts, user_namespaces};
 pub use lifecycle::parse_signal;
 use lifecycle::{discard_files, remove_files};
+pub use listing::{ContainerFilter, ContainerStatus, ContainerSummary, ContainerUser};
 
 use std::collections::HashMap;
 use std::io;
@@ -33,7 +39,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
 use nix::mount::{MntFlags, MsFlags, umount2};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -48,7 +53,8 @@ use crate::runtime::{
     self, ExecReport, ExecRequest, ExitRecord, JoinNamespace, MonitorConfig, ProcessId,
     StartReport, logs,
 };
-use crate::sandbox::{self, NS_CONTAINER, NS_NODE, NS_POD, SandboxService, wait_for_exit};
+use crate::sandbox::{self, NamespaceMode, SandboxService, wait_for_exit};
+use config::{ContainerConfig, ContainerState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -113,36 +119,22 @@ impl From<spec::Invalid> for Error {
     }
 }
 
-const NS_TARGET: i32 = cri::NamespaceMode::Target as i32;
-const CREATED: i32 = cri::ContainerState::ContainerCreated as i32;
-const RUNNING: i32 = cri::ContainerState::ContainerRunning as i32;
-const EXITED: i32 = cri::ContainerState::ContainerExited as i32;
-/// Not a CRI state: the record of a container a removal has just taken away, as a call that
-/// waited for its lock meanwhile finds it (it answers as for a container never made).
-const REMOVED: i32 = -1;
-
-fn state_name(s: i32) -> &'static str {
-    match s {
-        CREATED => "created",
-        RUNNING => "running",
-        EXITED => "exited",
-        REMOVED => "removed",
-        _ => "unknown",
-    }
+fn state_name(s: ContainerState) -> &'static str {
+    s.name()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub id: String,
     pub sandbox_id: String,
-    pub config: cri::ContainerConfig,
+    pub config: ContainerConfig,
     pub image_ref: String,
     pub image_id: String,
     pub top_chain: Option<Digest>,
     pub created_at: i64,
     pub started_at: i64,
     pub finished_at: i64,
-    pub state: i32,
+    pub state: ContainerState,
     pub exit_code: i32,
     pub reason: String,
     pub message: String,
@@ -163,13 +155,14 @@ pub struct Record {
 }
 
 /// An event about `r`.
-fn notice(r: &Record, kind: i32, at: i64) -> events::Notice {
+fn notice(r: &Record, kind: events::EventKind, at: i64) -> events::Notice {
     events::Notice {
         container_id: r.id.clone(),
         sandbox_id: r.sandbox_id.clone(),
         kind,
         at,
-        status: (kind != events::DELETED).then(|| Box::new(ContainerService::cri_status(r))),
+        status: (kind != events::EventKind::Deleted)
+            .then(|| Box::new(ContainerService::status_of(r))),
     }
 }
 
@@ -293,9 +286,9 @@ impl ContainerService {
                 remove_files(&b);
                 continue;
             };
-            if r.state == RUNNING {
+            if r.state == ContainerState::Running {
                 self.sync_exit(&mut r);
-                if r.state == RUNNING {
+                if r.state == ContainerState::Running {
                     let watched = r
                         .monitor
                         .filter(|m| m.alive())
@@ -303,7 +296,7 @@ impl ContainerService {
                     match watched {
                         Some(p) => self.watch(r.id.clone(), p),
                         None => {
-                            r.state = EXITED;
+                            r.state = ContainerState::Exited;
                             r.exit_code = 255;
                             r.finished_at = now_nanos();
                             r.reason = "Unknown".into();
@@ -315,10 +308,12 @@ impl ContainerService {
                     }
                 }
                 // Ended while no daemon ran: told to whoever subscribes first.
-                if r.state == EXITED {
-                    self.inner
-                        .events
-                        .recovered(notice(&r, events::STOPPED, r.finished_at));
+                if r.state == ContainerState::Exited {
+                    self.inner.events.recovered(notice(
+                        &r,
+                        events::EventKind::Stopped,
+                        r.finished_at,
+                    ));
                 }
             }
             if let Some(c) = &r.top_chain {
@@ -355,7 +350,7 @@ impl ContainerService {
 
     /// NotFound for a record removed while the caller waited for its lock.
     fn present(r: &Record) -> Result<(), Error> {
-        if r.state == REMOVED {
+        if r.state == ContainerState::Removed {
             Err(Error::NotFound { id: r.id.clone() })
         } else {
             Ok(())
@@ -364,7 +359,7 @@ impl ContainerService {
 
     /// Applies `exit.json` to a running container's record (and unmounts its rootfs).
     fn sync_exit(&self, r: &mut Record) {
-        if r.state != RUNNING {
+        if r.state != ContainerState::Running {
             return;
         }
         let told = &self.inner.events;
@@ -372,7 +367,7 @@ impl ContainerService {
         let Ok(Some(exit)) = atomic::read_json::<ExitRecord>(&b.exit()) else {
             return;
         };
-        r.state = EXITED;
+        r.state = ContainerState::Exited;
         r.exit_code = exit.exit_code;
         r.finished_at = exit.finished_at;
         r.reason = if exit.oom_killed {
@@ -391,7 +386,7 @@ impl ContainerService {
         if let Err(e) = atomic::write_json(&b.record(), &*r) {
             tracing::warn!(id = r.id, error = %e, "saving container record");
         }
-        told.emit(notice(r, events::STOPPED, r.finished_at));
+        told.emit(notice(r, events::EventKind::Stopped, r.finished_at));
     }
 
     /// Subscribes to container events (GetContainerEvents).
@@ -417,9 +412,9 @@ impl ContainerService {
             if let Ok(entry) = me.entry(&id) {
                 let mut r = entry.lock().await;
                 me.sync_exit(&mut r);
-                if r.state == RUNNING && r.monitor == Some(process) {
+                if r.state == ContainerState::Running && r.monitor == Some(process) {
                     // A monitor that died without a record: the container's end is unknown.
-                    r.state = EXITED;
+                    r.state = ContainerState::Exited;
                     r.exit_code = 255;
                     r.finished_at = now_nanos();
                     r.reason = "Unknown".into();
@@ -429,7 +424,7 @@ impl ContainerService {
                     let _ = atomic::write_json(&b.record(), &*r);
                     me.inner
                         .events
-                        .emit(notice(&r, events::STOPPED, r.finished_at));
+                        .emit(notice(&r, events::EventKind::Stopped, r.finished_at));
                 }
             }
         });

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use k8s_cri::v1 as cri;
 use oci_spec::runtime::{
     Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDevice,
     LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
@@ -16,9 +15,10 @@ use oci_spec::runtime::{
     UserBuilder,
 };
 
+use super::config::{self, ContainerConfig, Propagation};
 use super::user::User;
 use crate::image::Image;
-use crate::sandbox::{self, NS_NODE};
+use crate::sandbox::{self, NamespaceMode};
 
 /// A bad field of the request.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ pub const DEFAULT_CAPS: [Capability; 14] = [
 ];
 
 pub struct Context<'a> {
-    pub config: &'a cri::ContainerConfig,
+    pub config: &'a ContainerConfig,
     pub sandbox: &'a sandbox::Record,
     pub sandbox_paths: &'a sandbox::Paths,
     pub image: &'a Image,
@@ -65,7 +65,7 @@ pub struct Context<'a> {
 
 /// The command line: `command` replaces the entrypoint and `args` the cmd; with a command but no
 /// args, the image's cmd is not used.
-pub fn command_line(config: &cri::ContainerConfig, image: &Image) -> Vec<String> {
+pub fn command_line(config: &ContainerConfig, image: &Image) -> Vec<String> {
     let rc = &image.config.config;
     let mut out: Vec<String>;
     if config.command.is_empty() {
@@ -84,7 +84,7 @@ pub fn command_line(config: &cri::ContainerConfig, image: &Image) -> Vec<String>
 
 /// The image's environment with the container's on top (a later key replaces an earlier one),
 /// plus HOME from the user's passwd entry when nothing set it.
-pub fn environment(config: &cri::ContainerConfig, image: &Image, user: &User) -> Vec<String> {
+pub fn environment(config: &ContainerConfig, image: &Image, user: &User) -> Vec<String> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: &str| match env.iter_mut().find(|(key, _)| key == k) {
         Some(e) => e.1 = v.to_string(),
@@ -139,7 +139,7 @@ fn all_caps() -> Capabilities {
 /// The capability set: containerd's default, or all when privileged, then adds and drops (`ALL`
 /// accepted in both, with or without the `CAP_` prefix).
 pub fn capabilities(
-    sc: Option<&cri::LinuxContainerSecurityContext>,
+    sc: Option<&config::ContainerSecurity>,
 ) -> Result<(Capabilities, Capabilities), Invalid> {
     let privileged = sc.is_some_and(|s| s.privileged);
     let mut set: Capabilities = if privileged {
@@ -232,16 +232,16 @@ fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> Result<Mount
         .map_err(|e| invalid("mounts", e.to_string()))
 }
 
-fn propagation(p: i32) -> &'static str {
-    match cri::MountPropagation::try_from(p) {
-        Ok(cri::MountPropagation::PropagationHostToContainer) => "rslave",
-        Ok(cri::MountPropagation::PropagationBidirectional) => "rshared",
-        _ => "rprivate",
+fn propagation(p: Propagation) -> &'static str {
+    match p {
+        Propagation::HostToContainer => "rslave",
+        Propagation::Bidirectional => "rshared",
+        Propagation::Private => "rprivate",
     }
 }
 
 /// Validates the CRI mounts and turns them into OCI bind mounts, parents before children.
-pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> {
+pub fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, Invalid> {
     let mut seen = HashSet::new();
     let mut out: Vec<(usize, Mount)> = Vec::new();
     for (i, m) in config.mounts.iter().enumerate() {
@@ -270,12 +270,6 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
                 format!("{dest:?} is mounted twice"),
             ));
         }
-        if cri::MountPropagation::try_from(m.propagation).is_err() {
-            return Err(invalid(
-                format!("{field}.propagation"),
-                format!("unknown propagation {}", m.propagation),
-            ));
-        }
         if m.recursive_read_only {
             if !m.readonly {
                 return Err(invalid(
@@ -283,7 +277,7 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
                     "needs readonly",
                 ));
             }
-            if m.propagation != cri::MountPropagation::PropagationPrivate as i32 {
+            if m.propagation != config::Propagation::Private {
                 return Err(invalid(
                     format!("{field}.recursive_read_only"),
                     "needs private propagation",
@@ -312,7 +306,7 @@ pub fn cri_mounts(config: &cri::ContainerConfig) -> Result<Vec<Mount>, Invalid> 
 }
 
 /// The CRI devices, each with its cgroup permissions (`rwm` when none are given).
-fn devices(config: &cri::ContainerConfig) -> Result<Vec<(LinuxDevice, String)>, Invalid> {
+fn devices(config: &ContainerConfig) -> Result<Vec<(LinuxDevice, String)>, Invalid> {
     let mut out = Vec::new();
     for (i, d) in config.devices.iter().enumerate() {
         let field = format!("devices[{i}]");
@@ -549,7 +543,7 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
     }
 
     let paths = ctx.sandbox_paths;
-    let host_ipc = ctx.sandbox.ipc == NS_NODE;
+    let host_ipc = ctx.sandbox.ipc == NamespaceMode::Node;
     let shm = if host_ipc {
         PathBuf::from("/dev/shm")
     } else {
@@ -715,8 +709,8 @@ mod tests {
         }
     }
 
-    fn cfg(command: &[&str], args: &[&str]) -> cri::ContainerConfig {
-        cri::ContainerConfig {
+    fn cfg(command: &[&str], args: &[&str]) -> ContainerConfig {
+        ContainerConfig {
             command: command.iter().map(|s| s.to_string()).collect(),
             args: args.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
@@ -745,11 +739,11 @@ mod tests {
         let img = image(&[], &["sh"], &["PATH=/bin", "A=image", "B=keep"]);
         let mut c = cfg(&[], &[]);
         c.envs = vec![
-            cri::KeyValue {
+            config::KeyValue {
                 key: "A".into(),
                 value: "cri".into(),
             },
-            cri::KeyValue {
+            config::KeyValue {
                 key: "C".into(),
                 value: "new=x".into(),
             },
@@ -771,8 +765,8 @@ mod tests {
     fn capability_sets() {
         let (set, _) = capabilities(None).unwrap();
         assert_eq!(set.len(), 14);
-        let sc = |add: &[&str], drop: &[&str]| cri::LinuxContainerSecurityContext {
-            capabilities: Some(cri::Capability {
+        let sc = |add: &[&str], drop: &[&str]| config::ContainerSecurity {
+            capabilities: Some(config::Capabilities {
                 add_capabilities: add.iter().map(|s| s.to_string()).collect(),
                 drop_capabilities: drop.iter().map(|s| s.to_string()).collect(),
                 ..Default::default()
@@ -790,7 +784,7 @@ mod tests {
 
     #[test]
     fn mount_validation() {
-        let m = |c: &str, h: &str| cri::Mount {
+        let m = |c: &str, h: &str| config::Mount {
             container_path: c.into(),
             host_path: h.into(),
             ..Default::default()

@@ -10,9 +10,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
-
-use super::{ContainerService, Error, RUNNING, Record};
+use super::config::{ContainerMetadata, ContainerState};
+use super::{ContainerService, Error, Record};
 use crate::records::now_nanos;
 use crate::runtime::cgroup::Cgroup;
 use crate::sandbox;
@@ -26,20 +25,113 @@ pub struct Samples {
     layers: Mutex<HashMap<std::path::PathBuf, (Instant, u64, u64)>>,
 }
 
-fn v(value: u64) -> Option<cri::UInt64Value> {
-    Some(cri::UInt64Value { value })
+fn v(value: u64) -> Option<u64> {
+    Some(value)
+}
+
+/// CPU use of a cgroup (or a container's processes) at a moment: total time and the rate
+/// since the previous sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuUsage {
+    pub timestamp: i64,
+    pub usage_core_nano_seconds: Option<u64>,
+    pub usage_nano_cores: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MemoryUsage {
+    pub timestamp: i64,
+    pub working_set_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+    pub rss_bytes: Option<u64>,
+    pub page_faults: Option<u64>,
+    pub major_page_faults: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SwapUsage {
+    pub timestamp: i64,
+    pub swap_available_bytes: Option<u64>,
+    pub swap_usage_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessUsage {
+    pub timestamp: i64,
+    pub process_count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InterfaceUsage {
+    pub name: String,
+    pub rx_bytes: Option<u64>,
+    pub rx_errors: Option<u64>,
+    pub tx_bytes: Option<u64>,
+    pub tx_errors: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NetworkUsage {
+    pub timestamp: i64,
+    pub default_interface: Option<InterfaceUsage>,
+    pub interfaces: Vec<InterfaceUsage>,
+}
+
+/// Bytes and inodes a filesystem holds for a container (its writable layer).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FilesystemUsage {
+    pub timestamp: i64,
+    pub mountpoint: String,
+    pub used_bytes: u64,
+    pub inodes_used: u64,
+}
+
+/// A container's statistics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerStats {
+    pub id: String,
+    pub metadata: Option<ContainerMetadata>,
+    pub labels: HashMap<String, String>,
+    pub annotations: HashMap<String, String>,
+    pub cpu: Option<CpuUsage>,
+    pub memory: Option<MemoryUsage>,
+    pub writable_layer: FilesystemUsage,
+    pub swap: Option<SwapUsage>,
+}
+
+/// A pod's statistics, with its running containers'.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodStats {
+    pub id: String,
+    pub metadata: Option<crate::sandbox::config::PodMetadata>,
+    pub labels: HashMap<String, String>,
+    pub annotations: HashMap<String, String>,
+    pub cpu: Option<CpuUsage>,
+    pub memory: Option<MemoryUsage>,
+    pub network: Option<NetworkUsage>,
+    pub process: Option<ProcessUsage>,
+    pub containers: Vec<ContainerStats>,
+}
+
+/// Which containers (or pods, without `pod_sandbox_id`) a stats listing shows.
+#[derive(Debug, Clone, Default)]
+pub struct StatsFilter {
+    pub id: String,
+    pub pod_sandbox_id: String,
+    pub label_selector: HashMap<String, String>,
 }
 
 impl Samples {
     /// CPU usage of a cgroup, with the rate since the previous sample.
-    pub fn cpu(&self, cg: &Cgroup) -> cri::CpuUsage {
+    pub fn cpu(&self, cg: &Cgroup) -> CpuUsage {
         let usage_ns = cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) * 1000;
         self.cpu_usage(&cg.path, usage_ns)
     }
 
     /// CPU usage of whatever `key` names (a cgroup, a container without one), with the rate
     /// since the previous sample of the same key.
-    fn cpu_usage(&self, key: &Path, usage_ns: u64) -> cri::CpuUsage {
+    fn cpu_usage(&self, key: &Path, usage_ns: u64) -> CpuUsage {
         let now = now_nanos();
         let mut last = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
         let rate = match last.insert(key.to_path_buf(), (now, usage_ns)) {
@@ -48,7 +140,7 @@ impl Samples {
             }
             _ => 0,
         };
-        cri::CpuUsage {
+        CpuUsage {
             timestamp: now,
             usage_core_nano_seconds: v(usage_ns),
             usage_nano_cores: v(rate),
@@ -84,7 +176,7 @@ impl Samples {
 }
 
 /// Memory usage of a cgroup: working set = usage - inactive file cache, as kubelet counts it.
-pub fn memory(cg: &Cgroup) -> cri::MemoryUsage {
+pub fn memory(cg: &Cgroup) -> MemoryUsage {
     let stat = cg.keyed("memory.stat");
     let usage = cg.number("memory.current").unwrap_or(0);
     let inactive = stat.get("inactive_file").copied().unwrap_or(0);
@@ -92,7 +184,7 @@ pub fn memory(cg: &Cgroup) -> cri::MemoryUsage {
     let available = cg
         .number("memory.max")
         .map(|limit| limit.saturating_sub(working));
-    cri::MemoryUsage {
+    MemoryUsage {
         timestamp: now_nanos(),
         working_set_bytes: v(working),
         available_bytes: available.and_then(v),
@@ -156,8 +248,8 @@ fn status_kib(status: &str, name: &str) -> u64 {
 }
 
 /// Memory usage of a container without a cgroup, from its processes.
-fn process_memory(t: &ProcessTotals) -> cri::MemoryUsage {
-    cri::MemoryUsage {
+fn process_memory(t: &ProcessTotals) -> MemoryUsage {
+    MemoryUsage {
         timestamp: now_nanos(),
         working_set_bytes: v(t.rss),
         available_bytes: None,
@@ -168,9 +260,9 @@ fn process_memory(t: &ProcessTotals) -> cri::MemoryUsage {
     }
 }
 
-pub fn swap(cg: &Cgroup) -> cri::SwapUsage {
+pub fn swap(cg: &Cgroup) -> SwapUsage {
     let used = cg.number("memory.swap.current").unwrap_or(0);
-    cri::SwapUsage {
+    SwapUsage {
         timestamp: now_nanos(),
         swap_available_bytes: cg
             .number("memory.swap.max")
@@ -180,8 +272,8 @@ pub fn swap(cg: &Cgroup) -> cri::SwapUsage {
     }
 }
 
-pub fn processes(cg: &Cgroup) -> cri::ProcessUsage {
-    cri::ProcessUsage {
+pub fn processes(cg: &Cgroup) -> ProcessUsage {
+    ProcessUsage {
         timestamp: now_nanos(),
         process_count: v(cg
             .number("pids.current")
@@ -190,7 +282,7 @@ pub fn processes(cg: &Cgroup) -> cri::ProcessUsage {
 }
 
 /// Interface counters of the network namespace `pid` lives in (`/proc/<pid>/net/dev`).
-pub fn network(pid: i32) -> Option<cri::NetworkUsage> {
+pub fn network(pid: i32) -> Option<NetworkUsage> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
     let mut ifaces = Vec::new();
     for line in text.lines().skip(2) {
@@ -202,7 +294,7 @@ pub fn network(pid: i32) -> Option<cri::NetworkUsage> {
         if f.len() < 16 {
             continue;
         }
-        ifaces.push(cri::NetworkInterfaceUsage {
+        ifaces.push(InterfaceUsage {
             name: name.trim().to_string(),
             rx_bytes: v(f[0]),
             rx_errors: v(f[2]),
@@ -217,150 +309,15 @@ pub fn network(pid: i32) -> Option<cri::NetworkUsage> {
         .or_else(|| ifaces.iter().find(|i| i.name != "lo"))
         .or(ifaces.first())
         .cloned();
-    Some(cri::NetworkUsage {
+    Some(NetworkUsage {
         timestamp: now_nanos(),
         default_interface: default,
         interfaces: ifaces,
     })
 }
 
-/// The metrics ListPodSandboxMetrics reports, with cadvisor's names and help.
-pub const METRICS: [(&str, &str, cri::MetricType); 9] = [
-    (
-        "container_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed in seconds.",
-        cri::MetricType::Counter,
-    ),
-    (
-        "container_memory_usage_bytes",
-        "Current memory usage in bytes, including all memory regardless of when it was accessed",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_memory_working_set_bytes",
-        "Current working set in bytes.",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_memory_rss",
-        "Size of RSS in bytes.",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_memory_swap",
-        "Container swap usage in bytes.",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_spec_memory_limit_bytes",
-        "Memory limit for the container.",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_processes",
-        "Number of processes running inside the container.",
-        cri::MetricType::Gauge,
-    ),
-    (
-        "container_network_receive_bytes_total",
-        "Cumulative count of bytes received",
-        cri::MetricType::Counter,
-    ),
-    (
-        "container_network_transmit_bytes_total",
-        "Cumulative count of bytes transmitted",
-        cri::MetricType::Counter,
-    ),
-];
-
-pub fn descriptors() -> Vec<cri::MetricDescriptor> {
-    METRICS
-        .iter()
-        .map(|(name, help, _)| cri::MetricDescriptor {
-            name: (*name).into(),
-            help: (*help).into(),
-            label_keys: if name.starts_with("container_network") {
-                vec!["interface".into()]
-            } else {
-                Vec::new()
-            },
-        })
-        .collect()
-}
-
-fn metric(name: &str, labels: Vec<String>, value: u64) -> cri::Metric {
-    let kind = METRICS
-        .iter()
-        .find(|m| m.0 == name)
-        .map(|m| m.2)
-        .unwrap_or(cri::MetricType::Gauge);
-    cri::Metric {
-        name: name.into(),
-        timestamp: now_nanos(),
-        metric_type: kind as i32,
-        label_values: labels,
-        value: v(value),
-    }
-}
-
-/// Metrics of one cgroup (a container's or a pod's).
-pub fn cgroup_metrics(cg: &Cgroup) -> Vec<cri::Metric> {
-    let stat = cg.keyed("memory.stat");
-    let usage = cg.number("memory.current").unwrap_or(0);
-    let mut out = vec![
-        metric(
-            "container_cpu_usage_seconds_total",
-            vec![],
-            cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) / 1_000_000,
-        ),
-        metric("container_memory_usage_bytes", vec![], usage),
-        metric(
-            "container_memory_working_set_bytes",
-            vec![],
-            usage.saturating_sub(stat.get("inactive_file").copied().unwrap_or(0)),
-        ),
-        metric(
-            "container_memory_rss",
-            vec![],
-            stat.get("anon").copied().unwrap_or(0),
-        ),
-        metric(
-            "container_memory_swap",
-            vec![],
-            cg.number("memory.swap.current").unwrap_or(0),
-        ),
-        metric(
-            "container_processes",
-            vec![],
-            cg.number("pids.current").unwrap_or(0),
-        ),
-    ];
-    if let Some(limit) = cg.number("memory.max") {
-        out.push(metric("container_spec_memory_limit_bytes", vec![], limit));
-    }
-    out
-}
-
-pub fn network_metrics(net: &cri::NetworkUsage) -> Vec<cri::Metric> {
-    let mut out = Vec::new();
-    for i in &net.interfaces {
-        let val = |x: &Option<cri::UInt64Value>| x.as_ref().map(|v| v.value).unwrap_or(0);
-        out.push(metric(
-            "container_network_receive_bytes_total",
-            vec![i.name.clone()],
-            val(&i.rx_bytes),
-        ));
-        out.push(metric(
-            "container_network_transmit_bytes_total",
-            vec![i.name.clone()],
-            val(&i.tx_bytes),
-        ));
-    }
-    out
-}
-
 impl ContainerService {
-    pub(super) fn stats_of(&self, r: &Record) -> cri::ContainerStats {
+    pub(super) fn stats_of(&self, r: &Record) -> ContainerStats {
         let s = &self.inner.samples;
         let layer = self.bundle(&r.id).layer;
         // A layer with a project is read from its quota at once; others are walked (cached).
@@ -372,35 +329,31 @@ impl ContainerService {
         // kubelet and critest expect CPU and memory for every running container.
         let (cpu, memory) = match (&r.cgroup, r.mnt_ns) {
             (Some(cg), _) => (Some(s.cpu(cg)), Some(memory(cg))),
-            (None, Some(ns)) if r.state == RUNNING => {
+            (None, Some(ns)) if r.state == ContainerState::Running => {
                 let t = process_totals(ns);
                 let dir = self.bundle(&r.id).dir;
                 (Some(s.cpu_usage(&dir, t.cpu_ns)), Some(process_memory(&t)))
             }
             (None, _) => (None, None),
         };
-        cri::ContainerStats {
-            attributes: Some(cri::ContainerAttributes {
-                id: r.id.clone(),
-                metadata: r.config.metadata.clone(),
-                labels: r.config.labels.clone(),
-                annotations: r.config.annotations.clone(),
-            }),
+        ContainerStats {
+            id: r.id.clone(),
+            metadata: r.config.metadata.clone(),
+            labels: r.config.labels.clone(),
+            annotations: r.config.annotations.clone(),
             cpu,
             memory,
-            writable_layer: Some(cri::FilesystemUsage {
+            writable_layer: FilesystemUsage {
                 timestamp: now_nanos(),
-                fs_id: Some(cri::FilesystemIdentifier {
-                    mountpoint: self.inner.layers.display().to_string(),
-                }),
-                used_bytes: Some(cri::UInt64Value { value: bytes }),
-                inodes_used: Some(cri::UInt64Value { value: inodes }),
-            }),
+                mountpoint: self.inner.layers.display().to_string(),
+                used_bytes: bytes,
+                inodes_used: inodes,
+            },
             swap: r.cgroup.as_ref().map(swap),
         }
     }
 
-    pub async fn stats(&self, id: &str) -> Result<cri::ContainerStats, Error> {
+    pub async fn stats(&self, id: &str) -> Result<ContainerStats, Error> {
         let entry = self.entry(id)?;
         let r = entry.lock().await;
         Self::present(&r)?;
@@ -408,16 +361,13 @@ impl ContainerService {
     }
 
     /// Stats of running containers matching the filter (kubelet asks for running ones only).
-    pub async fn list_stats(
-        &self,
-        filter: Option<&cri::ContainerStatsFilter>,
-    ) -> Vec<cri::ContainerStats> {
+    pub async fn list_stats(&self, filter: Option<&StatsFilter>) -> Vec<ContainerStats> {
         let entries = self.inner.records.all();
         let mut out = Vec::new();
         for e in entries {
             let mut r = e.lock().await;
             self.sync_exit(&mut r);
-            if r.state != RUNNING {
+            if r.state != ContainerState::Running {
                 continue;
             }
             if let Some(f) = filter
@@ -433,45 +383,37 @@ impl ContainerService {
         out
     }
 
-    pub async fn pod_stats(&self, id: &str) -> Result<cri::PodSandboxStats, Error> {
+    pub async fn pod_stats(&self, id: &str) -> Result<PodStats, Error> {
         let sb = self.inner.sandboxes.get(id).await?;
         let mut containers = Vec::new();
         for cid in self.in_sandbox(&sb.id).await {
             if let Ok(entry) = self.entry(&cid) {
                 let mut r = entry.lock().await;
                 self.sync_exit(&mut r);
-                if r.state == RUNNING {
+                if r.state == ContainerState::Running {
                     containers.push(self.stats_of(&r));
                 }
             }
         }
         let s = &self.inner.samples;
         let cg = sb.cgroup.as_ref();
-        Ok(cri::PodSandboxStats {
-            attributes: Some(cri::PodSandboxAttributes {
-                id: sb.id.clone(),
-                metadata: sb.config.metadata.clone(),
-                labels: sb.config.labels.clone(),
-                annotations: sb.config.annotations.clone(),
-            }),
-            linux: Some(cri::LinuxPodSandboxStats {
-                cpu: cg.map(|c| s.cpu(c)),
-                memory: cg.map(memory),
-                network: sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)),
-                process: cg.map(processes),
-                containers,
-            }),
-            windows: None,
+        Ok(PodStats {
+            id: sb.id.clone(),
+            metadata: sb.config.metadata.clone(),
+            labels: sb.config.labels.clone(),
+            annotations: sb.config.annotations.clone(),
+            cpu: cg.map(|c| s.cpu(c)),
+            memory: cg.map(memory),
+            network: sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)),
+            process: cg.map(processes),
+            containers,
         })
     }
 
-    pub async fn list_pod_stats(
-        &self,
-        filter: Option<&cri::PodSandboxStatsFilter>,
-    ) -> Vec<cri::PodSandboxStats> {
+    pub async fn list_pod_stats(&self, filter: Option<&StatsFilter>) -> Vec<PodStats> {
         let mut out = Vec::new();
         for p in self.inner.sandboxes.list(None).await {
-            if p.state != cri::PodSandboxState::SandboxReady as i32 {
+            if p.state != crate::sandbox::PodState::Ready {
                 continue;
             }
             if let Some(f) = filter
@@ -483,44 +425,6 @@ impl ContainerService {
             if let Ok(s) = self.pod_stats(&p.id).await {
                 out.push(s);
             }
-        }
-        out
-    }
-
-    /// cadvisor-style metrics of every ready pod and its running containers.
-    pub async fn pod_metrics(&self) -> Vec<cri::PodSandboxMetrics> {
-        let mut out = Vec::new();
-        for p in self.inner.sandboxes.list(None).await {
-            if p.state != cri::PodSandboxState::SandboxReady as i32 {
-                continue;
-            }
-            let Ok(sb) = self.inner.sandboxes.get(&p.id).await else {
-                continue;
-            };
-            let mut metrics = sb.cgroup.as_ref().map(cgroup_metrics).unwrap_or_default();
-            if let Some(net) = sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)) {
-                metrics.extend(network_metrics(&net));
-            }
-            let mut container_metrics = Vec::new();
-            for cid in self.in_sandbox(&sb.id).await {
-                let Ok(entry) = self.entry(&cid) else {
-                    continue;
-                };
-                let r = entry.lock().await;
-                if r.state == RUNNING
-                    && let Some(cg) = &r.cgroup
-                {
-                    container_metrics.push(cri::ContainerMetrics {
-                        container_id: r.id.clone(),
-                        metrics: cgroup_metrics(cg),
-                    });
-                }
-            }
-            out.push(cri::PodSandboxMetrics {
-                pod_sandbox_id: sb.id.clone(),
-                metrics,
-                container_metrics,
-            });
         }
         out
     }
@@ -551,7 +455,10 @@ mod tests {
         let n = network(std::process::id() as i32).unwrap();
         assert!(n.interfaces.iter().any(|i| i.name == "lo"));
         assert!(n.default_interface.is_some());
-        assert_eq!(network_metrics(&n).len(), n.interfaces.len() * 2);
+        assert_eq!(
+            super::super::metrics::network_metrics(&n).len(),
+            n.interfaces.len() * 2
+        );
     }
 
     #[test]
@@ -563,6 +470,5 @@ mod tests {
         let (bytes, inodes) = s.layer(d.path());
         assert_eq!(inodes, 2);
         assert!(bytes >= 10_000);
-        assert_eq!(descriptors().len(), METRICS.len());
     }
 }

@@ -5,8 +5,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use k8s_cri::v1 as cri;
-
+use super::config;
 use crate::runtime::init::open_in_root;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -84,16 +83,16 @@ fn groups(root: &Path) -> Vec<Group> {
 /// Resolves the container's user. `image_user` is the image config's `User` (`user[:group]`).
 pub fn resolve(
     root: &Path,
-    sc: Option<&cri::LinuxContainerSecurityContext>,
+    sc: Option<&config::ContainerSecurity>,
     image_user: &str,
 ) -> Result<User, String> {
     let users = passwd(root);
     let groups = groups(root);
-    let run_as_user = sc.and_then(|s| s.run_as_user.as_ref()).map(|v| v.value);
+    let run_as_user = sc.and_then(|s| s.run_as_user);
     let run_as_name = sc
         .map(|s| s.run_as_username.as_str())
         .filter(|s| !s.is_empty());
-    let run_as_group = sc.and_then(|s| s.run_as_group.as_ref()).map(|v| v.value);
+    let run_as_group = sc.and_then(|s| s.run_as_group);
     if run_as_group.is_some() && run_as_user.is_none() && run_as_name.is_none() {
         return Err("run_as_group is set without run_as_user or run_as_username".into());
     }
@@ -139,9 +138,8 @@ pub fn resolve(
         },
         (None, None) => entry.as_ref().map(|p| p.gid).unwrap_or(0),
     };
-    let strict = sc.is_some_and(|s| {
-        s.supplemental_groups_policy == cri::SupplementalGroupsPolicy::Strict as i32
-    });
+    let strict = sc
+        .is_some_and(|s| s.supplemental_groups_policy == config::SupplementalGroupsPolicy::Strict);
     // The primary group leads the supplementary ones (as containerd since CVE-2023-25173), so
     // dropping the primary group with setgid cannot shed its access; ContainerStatus.user
     // reports the same list, as kubelet and critest expect.
@@ -202,16 +200,16 @@ mod tests {
         gid: Option<i64>,
         groups: &[i64],
         strict: bool,
-    ) -> cri::LinuxContainerSecurityContext {
-        cri::LinuxContainerSecurityContext {
-            run_as_user: uid.map(|value| cri::Int64Value { value }),
+    ) -> config::ContainerSecurity {
+        config::ContainerSecurity {
+            run_as_user: uid,
             run_as_username: name.into(),
-            run_as_group: gid.map(|value| cri::Int64Value { value }),
+            run_as_group: gid,
             supplemental_groups: groups.to_vec(),
             supplemental_groups_policy: if strict {
-                cri::SupplementalGroupsPolicy::Strict as i32
+                config::SupplementalGroupsPolicy::Strict
             } else {
-                0
+                config::SupplementalGroupsPolicy::Merge
             },
             ..Default::default()
         }

@@ -1,11 +1,14 @@
 //! cri: the tonic glue. It serves CRI `runtime.v1` (RuntimeService, ImageService) and crius's own
-//! `crius.v1.Pulls` on a unix socket, turns requests into calls on the `image`, `pod`,
-//! `sandbox` and `container` services, maps their errors to statuses in one place (`status`),
+//! `crius.v1.Pulls` on a unix socket, converts requests into crius's own types and answers back
+//! into CRI's (`convert`: nothing below sees a generated CRI type), turns requests into calls on
+//! the `image`, `pod`, `sandbox` and `container` services, maps their errors to statuses in one
+//! place (`status`),
 //! and logs one line per RPC with its duration. It also holds the client side used by the CLI,
 //! the front end and the tests. No runtime logic lives here.
 
 mod authority;
 pub mod client;
+pub mod convert;
 mod deadline;
 mod images;
 mod pulls;

@@ -8,6 +8,7 @@ use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use super::convert;
 use super::rpc;
 use super::status::ToStatus;
 use crate::container::ContainerService;
@@ -71,6 +72,7 @@ impl RuntimeService for Runtime {
         rpc("RunPodSandbox", async {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
+            let config = convert::pod_config(config, "config")?;
             let id = self
                 .pods
                 .run(config, &req.runtime_handler, self.pause_image.as_deref())
@@ -108,7 +110,8 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
         rpc("PodSandboxStatus", async {
             let req = req.into_inner();
-            Ok(self.pods.status(&req.pod_sandbox_id, req.verbose).await?)
+            let report = self.pods.status(&req.pod_sandbox_id, req.verbose).await?;
+            Ok(convert::cri_pod_report(report))
         })
         .await
     }
@@ -118,9 +121,13 @@ impl RuntimeService for Runtime {
         req: Request<cri::ListPodSandboxRequest>,
     ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
         rpc("ListPodSandbox", async {
-            let filter = req.into_inner().filter;
+            let items = match req.into_inner().filter.map(convert::pod_filter) {
+                Some(None) => Vec::new(),
+                Some(Some(f)) => self.sandboxes.list(Some(&f)).await,
+                None => self.sandboxes.list(None).await,
+            };
             Ok(cri::ListPodSandboxResponse {
-                items: self.sandboxes.list(filter.as_ref()).await,
+                items: items.iter().map(convert::cri_pod).collect(),
             })
         })
         .await
@@ -133,9 +140,14 @@ impl RuntimeService for Runtime {
         rpc("CreateContainer", async {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
+            let config = convert::container_config(config)?;
+            let sandbox_config = req
+                .sandbox_config
+                .map(|c| convert::pod_config(c, "sandbox_config"))
+                .transpose()?;
             let id = self
                 .pods
-                .create_container(&req.pod_sandbox_id, config, req.sandbox_config)
+                .create_container(&req.pod_sandbox_id, config, sandbox_config)
                 .await?;
             Ok(cri::CreateContainerResponse { container_id: id })
         })
@@ -185,9 +197,13 @@ impl RuntimeService for Runtime {
         req: Request<cri::ListContainersRequest>,
     ) -> Result<Response<cri::ListContainersResponse>, Status> {
         rpc("ListContainers", async {
-            let filter = req.into_inner().filter;
+            let containers = match req.into_inner().filter.map(convert::container_filter) {
+                Some(None) => Vec::new(),
+                Some(Some(f)) => self.containers.list(Some(&f)).await,
+                None => self.containers.list(None).await,
+            };
             Ok(cri::ListContainersResponse {
-                containers: self.containers.list(filter.as_ref()).await,
+                containers: containers.iter().map(convert::cri_container).collect(),
             })
         })
         .await
@@ -204,7 +220,7 @@ impl RuntimeService for Runtime {
                 .status(&req.container_id, req.verbose)
                 .await?;
             Ok(cri::ContainerStatusResponse {
-                status: Some(status),
+                status: Some(convert::cri_container_status(&status)),
                 info,
             })
         })
@@ -467,7 +483,7 @@ impl RuntimeService for Runtime {
             let req = req.into_inner();
             let linux = req.linux.ok_or_else(|| super::status::missing("linux"))?;
             self.containers
-                .update_resources(&req.container_id, linux)
+                .update_resources(&req.container_id, convert::resources(linux))
                 .await?;
             Ok(cri::UpdateContainerResourcesResponse {})
         })
@@ -483,7 +499,9 @@ impl RuntimeService for Runtime {
                 .containers
                 .stats(&req.into_inner().container_id)
                 .await?;
-            Ok(cri::ContainerStatsResponse { stats: Some(stats) })
+            Ok(cri::ContainerStatsResponse {
+                stats: Some(convert::cri_container_stats(&stats)),
+            })
         })
         .await
     }
@@ -493,9 +511,10 @@ impl RuntimeService for Runtime {
         req: Request<cri::ListContainerStatsRequest>,
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
         rpc("ListContainerStats", async {
-            let filter = req.into_inner().filter;
+            let filter = req.into_inner().filter.map(convert::container_stats_filter);
+            let stats = self.containers.list_stats(filter.as_ref()).await;
             Ok(cri::ListContainerStatsResponse {
-                stats: self.containers.list_stats(filter.as_ref()).await,
+                stats: stats.iter().map(convert::cri_container_stats).collect(),
             })
         })
         .await
@@ -510,7 +529,9 @@ impl RuntimeService for Runtime {
                 .containers
                 .pod_stats(&req.into_inner().pod_sandbox_id)
                 .await?;
-            Ok(cri::PodSandboxStatsResponse { stats: Some(stats) })
+            Ok(cri::PodSandboxStatsResponse {
+                stats: Some(convert::cri_pod_stats(&stats)),
+            })
         })
         .await
     }
@@ -520,9 +541,10 @@ impl RuntimeService for Runtime {
         req: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
         rpc("ListPodSandboxStats", async {
-            let filter = req.into_inner().filter;
+            let filter = req.into_inner().filter.map(convert::pod_stats_filter);
+            let stats = self.containers.list_pod_stats(filter.as_ref()).await;
             Ok(cri::ListPodSandboxStatsResponse {
-                stats: self.containers.list_pod_stats(filter.as_ref()).await,
+                stats: stats.iter().map(convert::cri_pod_stats).collect(),
             })
         })
         .await
@@ -534,7 +556,10 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
         rpc("ListMetricDescriptors", async {
             Ok(cri::ListMetricDescriptorsResponse {
-                descriptors: crate::container::stats::descriptors(),
+                descriptors: crate::container::metrics::descriptors()
+                    .iter()
+                    .map(convert::cri_descriptor)
+                    .collect(),
             })
         })
         .await
@@ -546,7 +571,13 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
         rpc("ListPodSandboxMetrics", async {
             Ok(cri::ListPodSandboxMetricsResponse {
-                pod_metrics: self.containers.pod_metrics().await,
+                pod_metrics: self
+                    .containers
+                    .pod_metrics()
+                    .await
+                    .iter()
+                    .map(convert::cri_pod_metrics)
+                    .collect(),
             })
         })
         .await
@@ -563,7 +594,7 @@ impl RuntimeService for Runtime {
             let stream = self
                 .pods
                 .events()
-                .map(|e| e.map_err(|ended| ended.to_status()));
+                .map(|e| e.map(convert::cri_event).map_err(|ended| ended.to_status()));
             Ok(Box::pin(stream) as Self::GetContainerEventsStream)
         })
         .await

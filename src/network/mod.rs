@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::atomic;
+use crate::sandbox::config::{PodConfig, Protocol};
 pub use conflist::{ConfError, NetworkList};
 use plugin::{Call, Op, PluginError};
 
@@ -99,7 +99,7 @@ pub enum Checked {
 /// The pod being attached.
 pub struct Pod<'a> {
     pub sandbox_id: &'a str,
-    pub config: &'a cri::PodSandboxConfig,
+    pub config: &'a PodConfig,
     /// The handle of the pod's network namespace.
     pub netns: &'a Path,
     /// kubelet's pod CIDR (UpdateRuntimeConfig), for the `ipRanges` capability.
@@ -376,10 +376,10 @@ fn runtime_config(pod: &Pod<'_>) -> Result<Map<String, Value>, Error> {
         .iter()
         .filter(|p| p.host_port > 0)
         .map(|p| {
-            let proto = match cri::Protocol::try_from(p.protocol) {
-                Ok(cri::Protocol::Udp) => "udp",
-                Ok(cri::Protocol::Sctp) => "sctp",
-                _ => "tcp",
+            let proto = match p.protocol {
+                Protocol::Udp => "udp",
+                Protocol::Sctp => "sctp",
+                Protocol::Tcp => "tcp",
             };
             serde_json::json!({
                 "hostPort": p.host_port,
@@ -482,25 +482,26 @@ fn quantity(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::config::{Dns, PodMetadata, PortMapping};
 
     #[test]
     fn runtime_config_from_the_sandbox() {
-        let config = cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
+        let config = PodConfig {
+            metadata: Some(PodMetadata {
                 name: "web".into(),
                 namespace: "ns".into(),
                 uid: "u1".into(),
                 attempt: 0,
             }),
             port_mappings: vec![
-                cri::PortMapping {
-                    protocol: cri::Protocol::Tcp as i32,
+                PortMapping {
+                    protocol: Protocol::Tcp,
                     container_port: 80,
                     host_port: 8080,
                     host_ip: "127.0.0.1".into(),
                 },
-                cri::PortMapping {
-                    protocol: cri::Protocol::Udp as i32,
+                PortMapping {
+                    protocol: Protocol::Udp,
                     container_port: 53,
                     host_port: 0,
                     host_ip: String::new(),
@@ -511,7 +512,7 @@ mod tests {
                 "10M".to_string(),
             )]
             .into(),
-            dns_config: Some(cri::DnsConfig {
+            dns_config: Some(Dns {
                 servers: vec!["10.0.0.10".into()],
                 ..Default::default()
             }),

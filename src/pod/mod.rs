@@ -1,4 +1,4 @@
-//! pod: pod sandboxes as CRI sees them, orchestrated above `sandbox`, `container` and
+//! pod: pod sandboxes orchestrated above `sandbox`, `container` and
 //! `network`. Running a pod resolves its pause image (pulled on first use and held while the
 //! pod lives), has `sandbox` start the pause process and, unless the pod shares the host's
 //! network, attaches its network namespace to the node's CNI network (`net`); stopping one
@@ -13,13 +13,34 @@ mod net;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_cri::v1 as cri;
-
 use crate::container::{self, ContainerService, events};
 use crate::image::{self, ImageService};
 use crate::network::{self, NetworkService};
 use crate::records::now_nanos;
-use crate::sandbox::{self, SandboxService};
+use crate::sandbox::config::{NamespaceMode, PodConfig};
+use crate::sandbox::{self, PodState, PodStatus, SandboxService};
+
+/// PodSandboxStatus's answer: the pod, its details, and its containers as ContainerStatus
+/// shows them.
+#[derive(Debug, Clone)]
+pub struct PodReport {
+    pub status: PodStatus,
+    pub info: HashMap<String, String>,
+    pub containers: Vec<container::ContainerStatus>,
+    pub timestamp: i64,
+}
+
+/// A container event as GetContainerEvents gives it: the container as it was then, with its
+/// pod's status and the pod's other containers as they are when it is sent.
+#[derive(Debug, Clone)]
+pub struct ContainerEvent {
+    pub container_id: String,
+    pub kind: events::EventKind,
+    pub created_at: i64,
+    /// None when the pod is gone.
+    pub pod: Option<PodStatus>,
+    pub containers: Vec<container::ContainerStatus>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -87,8 +108,8 @@ impl PodService {
     pub async fn create_container(
         &self,
         sandbox_id: &str,
-        config: cri::ContainerConfig,
-        sandbox_config: Option<cri::PodSandboxConfig>,
+        config: container::config::ContainerConfig,
+        sandbox_config: Option<PodConfig>,
     ) -> Result<String, Error> {
         let _pod = match self.sandboxes.resolve(sandbox_id) {
             Ok(id) => Some(self.teardown_lock(&id).read_owned().await),
@@ -156,16 +177,13 @@ impl PodService {
     /// taken down again: nothing of it is left but the error.
     pub async fn run(
         &self,
-        config: cri::PodSandboxConfig,
+        config: PodConfig,
         handler: &str,
         pause_image: Option<&str>,
     ) -> Result<String, Error> {
         let host_network = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.as_ref())
-            .is_some_and(|n| n.network == cri::NamespaceMode::Node as i32);
+            .namespaces()
+            .is_some_and(|n| n.network == NamespaceMode::Node);
         // A broken network list fails the pod before anything is made.
         let attach = !host_network && self.network_wanted()?;
         let id = self
@@ -185,7 +203,7 @@ impl PodService {
     /// lives so it is not collected from under it).
     async fn start_sandbox(
         &self,
-        config: cri::PodSandboxConfig,
+        config: PodConfig,
         handler: &str,
         pause_image: Option<&str>,
         cni: bool,
@@ -235,29 +253,25 @@ impl PodService {
 
     /// PodSandboxStatus: the sandbox's status with its containers' (as kubelet's evented PLEG
     /// wants them too).
-    pub async fn status(
-        &self,
-        id: &str,
-        verbose: bool,
-    ) -> Result<cri::PodSandboxStatusResponse, Error> {
+    pub async fn status(&self, id: &str, verbose: bool) -> Result<PodReport, Error> {
         let (mut status, mut info) = self.sandboxes.status(id, verbose).await?;
         self.network_status(&mut status, &mut info, verbose);
-        if verbose && status.state == cri::PodSandboxState::SandboxReady as i32 {
+        if verbose && status.pod.state == PodState::Ready {
             // Asked for detail: whether the network is still as ADD left it (CNI CHECK).
-            if let Some(verdict) = self.network_check(&status.id).await {
+            if let Some(verdict) = self.network_check(&status.pod.id).await {
                 info.insert("networkCheck".to_string(), verdict);
             }
         }
-        let mut containers_statuses = Vec::new();
-        for c in self.containers.in_sandbox(&status.id).await {
+        let mut containers = Vec::new();
+        for c in self.containers.in_sandbox(&status.pod.id).await {
             if let Ok((s, _)) = self.containers.status(&c, false).await {
-                containers_statuses.push(s);
+                containers.push(s);
             }
         }
-        Ok(cri::PodSandboxStatusResponse {
-            status: Some(status),
+        Ok(PodReport {
+            status,
             info,
-            containers_statuses,
+            containers,
             timestamp: now_nanos(),
         })
     }
@@ -267,8 +281,7 @@ impl PodService {
     /// subscriber falls behind (then it is dropped and should relist).
     pub fn events(
         &self,
-    ) -> impl futures_util::Stream<Item = Result<cri::ContainerEventResponse, events::Ended>> + use<>
-    {
+    ) -> impl futures_util::Stream<Item = Result<ContainerEvent, events::Ended>> + use<> {
         let me = self.clone();
         let sub = self.containers.subscribe();
         futures_util::stream::unfold(Some(sub), move |sub| {
@@ -280,9 +293,10 @@ impl PodService {
                     Ok(n) => {
                         // A pod removed since has no status to give: the event still says so.
                         let pod = me.status(&n.sandbox_id, false).await.ok();
-                        let (pod_status, mut statuses) = pod
-                            .map(|p| (p.status, p.containers_statuses))
-                            .unwrap_or_default();
+                        let (pod_status, mut statuses) = match pod {
+                            Some(p) => (Some(p.status), p.containers),
+                            None => (None, Vec::new()),
+                        };
                         // The container's own status as it was when the event happened.
                         if let Some(then) = n.status {
                             match statuses.iter_mut().find(|s| s.id == then.id) {
@@ -290,12 +304,12 @@ impl PodService {
                                 None => statuses.push(*then),
                             }
                         }
-                        let event = cri::ContainerEventResponse {
+                        let event = ContainerEvent {
                             container_id: n.container_id,
-                            container_event_type: n.kind,
+                            kind: n.kind,
                             created_at: n.at,
-                            pod_sandbox_status: pod_status,
-                            containers_statuses: statuses,
+                            pod: pod_status,
+                            containers: statuses,
                         };
                         Some((Ok(event), Some(sub)))
                     }

@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
-
 use super::{Error, PodService};
 use crate::network::{self, ConfError, Readiness};
+use crate::sandbox::{PodStatus, config::PodConfig};
 
 impl PodService {
     fn record(&self, id: &str) -> PathBuf {
@@ -36,11 +35,7 @@ impl PodService {
         }
     }
 
-    pub(super) async fn attach(
-        &self,
-        id: &str,
-        config: &cri::PodSandboxConfig,
-    ) -> Result<(), Error> {
+    pub(super) async fn attach(&self, id: &str, config: &PodConfig) -> Result<(), Error> {
         let netns = self.sandboxes.paths(id).ns("net");
         let cidr = self
             .pod_cidr
@@ -84,11 +79,11 @@ impl PodService {
     /// The pod's IPs into its status, and, verbose, the attachment itself.
     pub(super) fn network_status(
         &self,
-        status: &mut cri::PodSandboxStatus,
+        status: &mut PodStatus,
         info: &mut HashMap<String, String>,
         verbose: bool,
     ) {
-        let Ok(Some(att)) = network::read(&self.record(&status.id)) else {
+        let Ok(Some(att)) = network::read(&self.record(&status.pod.id)) else {
             if verbose {
                 // Host network, or no network list when the pod ran: its namespace has only lo.
                 let none = serde_json::json!({ "attachment": null, "interfaces": ["lo"] });
@@ -96,13 +91,7 @@ impl PodService {
             }
             return;
         };
-        let mut ips = att.ips().into_iter();
-        if let Some(ip) = ips.next() {
-            status.network = Some(cri::PodSandboxNetworkStatus {
-                ip,
-                additional_ips: ips.map(|ip| cri::PodIp { ip }).collect(),
-            });
-        }
+        status.ips = att.ips();
         if verbose && let Ok(text) = serde_json::to_string(&att) {
             info.insert("network".to_string(), text);
         }

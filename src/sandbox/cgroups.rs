@@ -88,7 +88,7 @@ impl SandboxService {
     pub(super) async fn pod_cgroups(
         &self,
         id: &str,
-        config: &cri::PodSandboxConfig,
+        config: &PodConfig,
     ) -> Result<(Option<Cgroup>, bool, Option<Cgroup>), Error> {
         let linux = config.linux.clone().unwrap_or_default();
         let res = resources(linux.resources.as_ref().unwrap_or(&Default::default()));
@@ -141,7 +141,7 @@ impl SandboxService {
 }
 
 /// CRI resources as plain numbers.
-pub fn resources(r: &cri::LinuxContainerResources) -> Resources {
+pub fn resources(r: &config::Resources) -> Resources {
     Resources {
         cpu_period: r.cpu_period,
         cpu_quota: r.cpu_quota,

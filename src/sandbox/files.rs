@@ -11,7 +11,7 @@ pub(super) fn default_hosts() -> String {
     "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n".to_string()
 }
 
-pub(super) fn resolv_conf(dns: &cri::DnsConfig) -> Vec<u8> {
+pub(super) fn resolv_conf(dns: &config::Dns) -> Vec<u8> {
     let mut s = String::new();
     if !dns.searches.is_empty() {
         s.push_str(&format!("search {}\n", dns.searches.join(" ")));
@@ -27,9 +27,9 @@ pub(super) fn resolv_conf(dns: &cri::DnsConfig) -> Vec<u8> {
 
 /// Validates the pod's sysctls: only namespaced ones, and only for namespaces the pod owns.
 pub(super) fn sysctls(
-    config: &cri::PodSandboxConfig,
-    network: i32,
-    ipc: i32,
+    config: &PodConfig,
+    network: NamespaceMode,
+    ipc: NamespaceMode,
 ) -> Result<Vec<(String, String)>, Error> {
     let Some(linux) = &config.linux else {
         return Ok(Vec::new());
@@ -46,14 +46,14 @@ pub(super) fn sysctls(
             || k == "kernel.sem"
             || k.starts_with("fs.mqueue.");
         if k.starts_with("net.") {
-            if network == NS_NODE {
+            if network == NamespaceMode::Node {
                 return Err(invalid(
                     &field,
                     "a pod on the host network cannot set network sysctls",
                 ));
             }
         } else if ipc_key {
-            if ipc == NS_NODE {
+            if ipc == NamespaceMode::Node {
                 return Err(invalid(
                     &field,
                     "a pod in the host IPC namespace cannot set IPC sysctls",

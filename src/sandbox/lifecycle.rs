@@ -9,12 +9,9 @@ impl SandboxService {
     /// pod's SELinux labels, when it asks for some.
     // The deprecated profile fields are still what older kubelets send.
     #[allow(deprecated)]
-    fn check_profiles(
-        &self,
-        config: &cri::PodSandboxConfig,
-    ) -> Result<Option<security::SelinuxLabels>, Error> {
+    fn check_profiles(&self, config: &PodConfig) -> Result<Option<security::SelinuxLabels>, Error> {
         const FIELD: &str = "config.linux.security_context";
-        let default_sc = cri::LinuxSandboxSecurityContext::default();
+        let default_sc = config::PodSecurity::default();
         let sc = config
             .linux
             .as_ref()
@@ -56,7 +53,7 @@ impl SandboxService {
         let asked = sc
             .selinux_options
             .as_ref()
-            .is_some_and(|o| *o != cri::SeLinuxOption::default());
+            .is_some_and(|o| *o != config::SelinuxOptions::default());
         match (asked, labels) {
             // The node's default failing (a policy without the container types) names the
             // setting, not a field the pod never set.
@@ -72,7 +69,7 @@ impl SandboxService {
     /// a CNI network is attached next.
     pub async fn run(
         &self,
-        config: cri::PodSandboxConfig,
+        config: PodConfig,
         handler: &str,
         image: Option<SandboxImage>,
         cni: bool,
@@ -122,7 +119,7 @@ impl SandboxService {
         let userns = userns_request(ns.userns_options.as_ref())?;
         if userns.is_some() {
             for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
-                if mode == NS_NODE {
+                if mode == NamespaceMode::Node {
                     return Err(invalid(
                         &format!("config.linux.security_context.namespace_options.{what}"),
                         "the host's namespace cannot be shared by a pod with its own user namespace",
@@ -141,9 +138,9 @@ impl SandboxService {
                 ));
             }
         }
-        if ns.pid == cri::NamespaceMode::Target as i32
-            || ns.network == cri::NamespaceMode::Target as i32
-            || ns.ipc == cri::NamespaceMode::Target as i32
+        if ns.pid == NamespaceMode::Target
+            || ns.network == NamespaceMode::Target
+            || ns.ipc == NamespaceMode::Target
         {
             return Err(invalid(
                 "config.linux.security_context.namespace_options",
@@ -228,11 +225,11 @@ impl SandboxService {
         &self,
         id: &str,
         paths: &Paths,
-        config: cri::PodSandboxConfig,
+        config: PodConfig,
         handler: &str,
-        network: i32,
-        pid: i32,
-        ipc: i32,
+        network: NamespaceMode,
+        pid: NamespaceMode,
+        ipc: NamespaceMode,
         sysctls: Vec<(String, String)>,
         userns: Option<UserNs>,
         image: Option<SandboxImage>,
@@ -240,7 +237,7 @@ impl SandboxService {
         cni: bool,
     ) -> Result<Record, Error> {
         std::fs::create_dir_all(paths.dir.join("ns")).map_err(io_err(&paths.dir))?;
-        let host_net = network == NS_NODE;
+        let host_net = network == NamespaceMode::Node;
         // Without a hostname the pod takes the node's, as containerd does (kubelet always sends
         // one; metadata names may be longer than a hostname can be).
         let hostname = if host_net || config.hostname.is_empty() {
@@ -269,7 +266,7 @@ impl SandboxService {
                 runtime::selinux::relabel(&f, &l.mount).map_err(io_err(&f))?;
             }
         }
-        if ipc != NS_NODE {
+        if ipc != NamespaceMode::Node {
             let shm = paths.shm();
             std::fs::create_dir_all(&shm).map_err(io_err(&shm))?;
             let mut opts = "mode=1777,size=65536k".to_string();
@@ -305,10 +302,10 @@ impl SandboxService {
             placed: placement.is_some(),
             selinux_label: selinux.as_ref().map(|l| l.process.clone()),
             new_net: !host_net,
-            new_ipc: ipc != NS_NODE,
+            new_ipc: ipc != NamespaceMode::Node,
             // A pod on the host network keeps the host's name too, as containerd does.
             new_uts: !host_net,
-            new_pid: pid == NS_POD,
+            new_pid: pid == NamespaceMode::Pod,
             hostname: (!host_net).then(|| hostname.clone()),
             sysctls,
             uid_map: userns.iter().map(|u| u.uids).collect(),

@@ -6,7 +6,7 @@
 //! file). Run, stop and remove are in `lifecycle`, the pause process in `pause`, pod cgroups in
 //! `cgroups`, user namespaces in `userns`, status and lists in `listing`, security profiles in
 //! `security`. It uses `runtime` (the pause helper, cgroups, process identities), `systemd`,
-//! `records` and `atomic`; CRI messages are its inputs and outputs.
+//! `records` and `atomic`; its inputs and outputs are its own types (`config`), which `cri` converts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
 mod cgroups;
+pub mod config;
 mod dial;
 mod files;
 mod lifecycle;
@@ -30,6 +30,7 @@ mod userns;
 
 pub use cgroups::{Placement, remove_cgroup, resources};
 use files::{default_hosts, remove_files, resolv_conf, sysctls, write_file};
+pub use listing::{PodFilter, PodState, PodStatus, PodSummary};
 pub(crate) use pause::Keeper;
 pub use pause::SandboxImage;
 use pause::{mount_pause_image, spawn_pause};
@@ -90,24 +91,22 @@ fn invalid(field: &str, reason: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Namespace modes as CRI numbers them.
-pub const NS_POD: i32 = cri::NamespaceMode::Pod as i32;
-pub const NS_CONTAINER: i32 = cri::NamespaceMode::Container as i32;
-pub const NS_NODE: i32 = cri::NamespaceMode::Node as i32;
+pub use config::NamespaceMode;
+use config::PodConfig;
 
 /// What is kept per sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub id: String,
-    pub config: cri::PodSandboxConfig,
+    pub config: PodConfig,
     pub runtime_handler: String,
     pub created_at: i64,
     pub ready: bool,
     /// The process holding the namespaces.
     pub pause: Option<ProcessId>,
-    pub network: i32,
-    pub pid: i32,
-    pub ipc: i32,
+    pub network: NamespaceMode,
+    pub pid: NamespaceMode,
+    pub ipc: NamespaceMode,
     /// Namespace kinds with a handle under `ns/` (the ones this pod created).
     pub namespaces: Vec<String>,
     /// The pod's cgroup (its containers' cgroups go below it); none without cgroup v2.
@@ -149,11 +148,11 @@ impl Record {
 
     /// Whether the pod's network namespace is the host's.
     pub fn host_network(&self) -> bool {
-        self.network == NS_NODE
+        self.network == NamespaceMode::Node
     }
 }
 
-fn name_key(m: Option<&cri::PodSandboxMetadata>) -> String {
+fn name_key(m: Option<&config::PodMetadata>) -> String {
     match m {
         Some(m) => format!("{}_{}_{}_{}", m.name, m.namespace, m.uid, m.attempt),
         None => String::new(),
@@ -378,9 +377,9 @@ pub fn labels_match(labels: &HashMap<String, String>, selector: &HashMap<String,
 mod tests {
     use super::*;
 
-    fn config(sysctls: &[(&str, &str)]) -> cri::PodSandboxConfig {
-        cri::PodSandboxConfig {
-            linux: Some(cri::LinuxPodSandboxConfig {
+    fn config(sysctls: &[(&str, &str)]) -> PodConfig {
+        PodConfig {
+            linux: Some(config::PodLinux {
                 sysctls: sysctls
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -396,34 +395,59 @@ mod tests {
         assert!(
             sysctls(
                 &config(&[("net.ipv4.ip_forward", "1"), ("kernel.shmmax", "1")]),
-                NS_POD,
-                NS_POD
+                NamespaceMode::Pod,
+                NamespaceMode::Pod
             )
             .is_ok()
         );
         assert!(
             sysctls(
                 &config(&[("net/ipv4/ping_group_range", "0 1")]),
-                NS_POD,
-                NS_POD
+                NamespaceMode::Pod,
+                NamespaceMode::Pod
             )
             .is_ok()
         );
-        let e = sysctls(&config(&[("vm.swappiness", "1")]), NS_POD, NS_POD)
-            .unwrap_err()
-            .to_string();
+        let e = sysctls(
+            &config(&[("vm.swappiness", "1")]),
+            NamespaceMode::Pod,
+            NamespaceMode::Pod,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("vm.swappiness") && e.contains("namespaced"),
             "{e}"
         );
-        assert!(sysctls(&config(&[("net.ipv4.ip_forward", "1")]), NS_NODE, NS_POD).is_err());
-        assert!(sysctls(&config(&[("kernel.msgmax", "1")]), NS_POD, NS_NODE).is_err());
-        assert!(sysctls(&config(&[("net..x", "1")]), NS_POD, NS_POD).is_err());
+        assert!(
+            sysctls(
+                &config(&[("net.ipv4.ip_forward", "1")]),
+                NamespaceMode::Node,
+                NamespaceMode::Pod
+            )
+            .is_err()
+        );
+        assert!(
+            sysctls(
+                &config(&[("kernel.msgmax", "1")]),
+                NamespaceMode::Pod,
+                NamespaceMode::Node
+            )
+            .is_err()
+        );
+        assert!(
+            sysctls(
+                &config(&[("net..x", "1")]),
+                NamespaceMode::Pod,
+                NamespaceMode::Pod
+            )
+            .is_err()
+        );
     }
 
     #[test]
     fn resolv_and_labels() {
-        let dns = cri::DnsConfig {
+        let dns = config::Dns {
             servers: vec!["10.0.0.10".into()],
             searches: vec!["ns.svc.cluster.local".into(), "cluster.local".into()],
             options: vec!["ndots:5".into()],

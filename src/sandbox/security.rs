@@ -7,11 +7,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::security_profile::ProfileType;
 use oci_spec::runtime::LinuxSeccomp;
 use sha2::{Digest as _, Sha256};
 
+use super::config::{self, ProfileType};
 use super::{Error, invalid};
 use crate::runtime::{seccomp, selinux};
 
@@ -26,22 +25,16 @@ pub enum SeccompChoice {
 /// The profile from the `seccomp` field, or the deprecated `seccomp_profile_path`; neither set
 /// means unconfined, as kubelet expects.
 pub fn seccomp_choice(
-    profile: Option<&cri::SecurityProfile>,
+    profile: Option<&config::SecurityProfile>,
     path: &str,
     field: &str,
 ) -> Result<SeccompChoice, Error> {
     if let Some(p) = profile {
         let f = format!("{field}.seccomp");
-        return match ProfileType::try_from(p.profile_type) {
-            Ok(ProfileType::RuntimeDefault) => Ok(SeccompChoice::RuntimeDefault),
-            Ok(ProfileType::Unconfined) => Ok(SeccompChoice::Unconfined),
-            Ok(ProfileType::Localhost) => {
-                localhost(&p.localhost_ref, &format!("{f}.localhost_ref"))
-            }
-            Err(_) => Err(invalid(
-                &format!("{f}.profile_type"),
-                format!("unknown profile type {}", p.profile_type),
-            )),
+        return match p.profile_type {
+            ProfileType::RuntimeDefault => Ok(SeccompChoice::RuntimeDefault),
+            ProfileType::Unconfined => Ok(SeccompChoice::Unconfined),
+            ProfileType::Localhost => localhost(&p.localhost_ref, &format!("{f}.localhost_ref")),
         };
     }
     let f = format!("{field}.seccomp_profile_path");
@@ -135,7 +128,7 @@ pub fn selinux_enabled() -> bool {
 /// AppArmor it means no profile. A named profile on a host without AppArmor, or one the host has
 /// not loaded, is refused.
 pub fn apparmor_profile(
-    profile: Option<&cri::SecurityProfile>,
+    profile: Option<&config::SecurityProfile>,
     deprecated: &str,
     privileged: bool,
     state: &Path,
@@ -143,23 +136,15 @@ pub fn apparmor_profile(
 ) -> Result<Option<String>, Error> {
     let unset = profile.is_none() && deprecated.is_empty();
     let (kind, name, f) = match profile {
-        Some(p) => match ProfileType::try_from(p.profile_type) {
-            // critest (and containerd) accept the deprecated field's `localhost/` form here too.
-            Ok(t) => (
-                t,
-                p.localhost_ref
-                    .strip_prefix("localhost/")
-                    .unwrap_or(&p.localhost_ref)
-                    .to_string(),
-                format!("{field}.apparmor"),
-            ),
-            Err(_) => {
-                return Err(invalid(
-                    &format!("{field}.apparmor.profile_type"),
-                    format!("unknown profile type {}", p.profile_type),
-                ));
-            }
-        },
+        // critest (and containerd) accept the deprecated field's `localhost/` form here too.
+        Some(p) => (
+            p.profile_type,
+            p.localhost_ref
+                .strip_prefix("localhost/")
+                .unwrap_or(&p.localhost_ref)
+                .to_string(),
+            format!("{field}.apparmor"),
+        ),
         None => {
             let f = format!("{field}.apparmor_profile");
             match deprecated {
@@ -327,15 +312,15 @@ impl SelinuxLabels {
 /// a host without SELinux (a pod must never run unlabelled when a label was asked for) and when
 /// the loaded policy does not know a label.
 pub fn selinux_labels(
-    options: Option<&cri::SeLinuxOption>,
+    options: Option<&config::SelinuxOptions>,
     inherit: Option<&SelinuxLabels>,
     by_default: bool,
     taken: &dyn Fn(&str) -> bool,
     field: &str,
 ) -> Result<Option<SelinuxLabels>, Error> {
-    let none = cri::SeLinuxOption::default();
+    let none = config::SelinuxOptions::default();
     let o = match options.filter(|o| {
-        !(o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty())
+        !(o.user.is_empty() && o.role.is_empty() && o.kind.is_empty() && o.level.is_empty())
     }) {
         Some(o) => o,
         None if by_default => &none,
@@ -351,7 +336,7 @@ pub fn selinux_labels(
     for (name, v) in [
         ("user", &o.user),
         ("role", &o.role),
-        ("type", &o.r#type),
+        ("type", &o.kind),
         ("level", &o.level),
     ] {
         let bad = |c: char| c.is_whitespace() || c == '"' || (name != "level" && c == ':');
@@ -386,7 +371,7 @@ pub fn selinux_labels(
             "{}:{}:{}:{level}",
             pick(&o.user, p[0]),
             pick(&o.role, p[1]),
-            pick(&o.r#type, p[2])
+            pick(&o.kind, p[2])
         ),
         mount: format!("{}:{}:{}:{level}", pick(&o.user, fl[0]), fl[1], fl[2]),
     };
@@ -481,9 +466,9 @@ mod tests {
         }
     }
 
-    fn prof(t: ProfileType, r: &str) -> cri::SecurityProfile {
-        cri::SecurityProfile {
-            profile_type: t as i32,
+    fn prof(t: ProfileType, r: &str) -> config::SecurityProfile {
+        config::SecurityProfile {
+            profile_type: t,
             localhost_ref: r.into(),
         }
     }
@@ -580,7 +565,7 @@ mod tests {
         );
         let e = apparmor_profile(None, "localhost/x", false, Path::new("/tmp"), "c").unwrap_err();
         assert_eq!(field(e), "c.apparmor_profile");
-        let o = cri::SeLinuxOption {
+        let o = config::SelinuxOptions {
             level: "s0:c1,c2".into(),
             ..Default::default()
         };
@@ -589,7 +574,7 @@ mod tests {
         assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
         assert_eq!(
             selinux_labels(
-                Some(&cri::SeLinuxOption::default()),
+                Some(&config::SelinuxOptions::default()),
                 None,
                 false,
                 &free,

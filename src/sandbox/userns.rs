@@ -96,14 +96,14 @@ fn unsearchable_ancestor(dir: &Path) -> Option<(PathBuf, u32)> {
 /// without maps crius picks them. As kubelet expects: one range each, starting at container ID
 /// 0; CONTAINER and TARGET modes are not for user namespaces.
 pub(super) fn userns_request(
-    u: Option<&cri::UserNamespace>,
+    u: Option<&config::UserNamespace>,
 ) -> Result<Option<Option<UserNs>>, Error> {
     const FIELD: &str = "config.linux.security_context.namespace_options.userns_options";
     let Some(u) = u else {
         return Ok(None);
     };
     match u.mode {
-        NS_NODE => {
+        NamespaceMode::Node => {
             if !u.uids.is_empty() || !u.gids.is_empty() {
                 return Err(invalid(
                     FIELD,
@@ -112,15 +112,13 @@ pub(super) fn userns_request(
             }
             return Ok(None);
         }
-        NS_POD => {}
+        NamespaceMode::Pod => {}
         m => {
             return Err(invalid(
                 &format!("{FIELD}.mode"),
                 format!(
                     "{} mode is not supported for user namespaces (POD or NODE)",
-                    cri::NamespaceMode::try_from(m)
-                        .map(|m| m.as_str_name())
-                        .unwrap_or("unknown")
+                    m.name()
                 ),
             ));
         }
@@ -128,7 +126,7 @@ pub(super) fn userns_request(
     if u.uids.is_empty() && u.gids.is_empty() {
         return Ok(Some(None));
     }
-    let one = |maps: &[cri::IdMapping], what: &str| -> Result<IdMapping, Error> {
+    let one = |maps: &[config::IdMapping], what: &str| -> Result<IdMapping, Error> {
         let f = format!("{FIELD}.{what}");
         let [m] = maps else {
             return Err(invalid(

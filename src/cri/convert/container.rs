@@ -1,0 +1,258 @@
+//! Container configs, statuses, filters and events.
+
+use k8s_cri::v1 as cri;
+use tonic::Status;
+
+use super::{
+    cri_pod_status, cri_resources, each, id_mapping, namespace_options, num, resources,
+    security_profile, selinux_options,
+};
+use crate::container::config::{
+    Capabilities, CdiDevice, ContainerConfig, ContainerLinux, ContainerMetadata, ContainerSecurity,
+    ContainerState, Device, ImageSpec, KeyValue, Mount,
+};
+use crate::container::events::EventKind;
+use crate::container::{ContainerFilter, ContainerStatus, ContainerSummary};
+use crate::pod::ContainerEvent;
+
+pub fn image_spec(i: cri::ImageSpec) -> ImageSpec {
+    ImageSpec {
+        image: i.image,
+        annotations: i.annotations,
+        user_specified_image: i.user_specified_image,
+        runtime_handler: i.runtime_handler,
+    }
+}
+
+pub fn cri_image_spec(i: &ImageSpec) -> cri::ImageSpec {
+    cri::ImageSpec {
+        image: i.image.clone(),
+        annotations: i.annotations.clone(),
+        user_specified_image: i.user_specified_image.clone(),
+        runtime_handler: i.runtime_handler.clone(),
+    }
+}
+
+fn cri_metadata(m: &ContainerMetadata) -> cri::ContainerMetadata {
+    cri::ContainerMetadata {
+        name: m.name.clone(),
+        attempt: m.attempt,
+    }
+}
+
+fn mount(m: cri::Mount, field: &str) -> Result<Mount, Status> {
+    Ok(Mount {
+        container_path: m.container_path,
+        host_path: m.host_path,
+        readonly: m.readonly,
+        selinux_relabel: m.selinux_relabel,
+        propagation: num(m.propagation, &format!("{field}.propagation"))?,
+        uid_mappings: m.uid_mappings.into_iter().map(id_mapping).collect(),
+        gid_mappings: m.gid_mappings.into_iter().map(id_mapping).collect(),
+        recursive_read_only: m.recursive_read_only,
+        image: m.image.map(image_spec),
+    })
+}
+
+fn cri_mount(m: &Mount) -> cri::Mount {
+    cri::Mount {
+        container_path: m.container_path.clone(),
+        host_path: m.host_path.clone(),
+        readonly: m.readonly,
+        selinux_relabel: m.selinux_relabel,
+        propagation: m.propagation.into(),
+        uid_mappings: m.uid_mappings.iter().map(super::cri_id_mapping).collect(),
+        gid_mappings: m.gid_mappings.iter().map(super::cri_id_mapping).collect(),
+        recursive_read_only: m.recursive_read_only,
+        image: m.image.as_ref().map(cri_image_spec),
+    }
+}
+
+#[allow(deprecated)] // apparmor_profile and seccomp_profile_path are what older kubelets send
+fn security(s: cri::LinuxContainerSecurityContext, f: &str) -> Result<ContainerSecurity, Status> {
+    Ok(ContainerSecurity {
+        capabilities: s.capabilities.map(|c| Capabilities {
+            add_capabilities: c.add_capabilities,
+            drop_capabilities: c.drop_capabilities,
+            add_ambient_capabilities: c.add_ambient_capabilities,
+        }),
+        privileged: s.privileged,
+        namespace_options: s
+            .namespace_options
+            .map(|n| namespace_options(n, &format!("{f}.namespace_options")))
+            .transpose()?,
+        selinux_options: s.selinux_options.map(selinux_options),
+        run_as_user: s.run_as_user.map(|v| v.value),
+        run_as_group: s.run_as_group.map(|v| v.value),
+        run_as_username: s.run_as_username,
+        readonly_rootfs: s.readonly_rootfs,
+        supplemental_groups: s.supplemental_groups,
+        supplemental_groups_policy: num(
+            s.supplemental_groups_policy,
+            &format!("{f}.supplemental_groups_policy"),
+        )?,
+        no_new_privs: s.no_new_privs,
+        masked_paths: s.masked_paths,
+        readonly_paths: s.readonly_paths,
+        seccomp: s
+            .seccomp
+            .map(|p| security_profile(p, &format!("{f}.seccomp")))
+            .transpose()?,
+        apparmor: s
+            .apparmor
+            .map(|p| security_profile(p, &format!("{f}.apparmor")))
+            .transpose()?,
+        apparmor_profile: s.apparmor_profile,
+        seccomp_profile_path: s.seccomp_profile_path,
+    })
+}
+
+/// A container's config from CreateContainer.
+pub fn container_config(c: cri::ContainerConfig) -> Result<ContainerConfig, Status> {
+    let linux = match c.linux {
+        None => None,
+        Some(l) => Some(ContainerLinux {
+            resources: l.resources.map(resources),
+            security_context: l
+                .security_context
+                .map(|s| security(s, "config.linux.security_context"))
+                .transpose()?,
+        }),
+    };
+    Ok(ContainerConfig {
+        metadata: c.metadata.map(|m| ContainerMetadata {
+            name: m.name,
+            attempt: m.attempt,
+        }),
+        image: c.image.map(image_spec),
+        command: c.command,
+        args: c.args,
+        working_dir: c.working_dir,
+        envs: c
+            .envs
+            .into_iter()
+            .map(|kv| KeyValue {
+                key: kv.key,
+                value: kv.value,
+            })
+            .collect(),
+        mounts: each(c.mounts, "config.mounts", mount)?,
+        devices: c
+            .devices
+            .into_iter()
+            .map(|d| Device {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
+        labels: c.labels,
+        annotations: c.annotations,
+        log_path: c.log_path,
+        stdin: c.stdin,
+        stdin_once: c.stdin_once,
+        tty: c.tty,
+        linux,
+        cdi_devices: c
+            .cdi_devices
+            .into_iter()
+            .map(|d| CdiDevice { name: d.name })
+            .collect(),
+    })
+}
+
+fn cri_state(s: ContainerState) -> i32 {
+    let state = match s {
+        ContainerState::Created => cri::ContainerState::ContainerCreated,
+        ContainerState::Running => cri::ContainerState::ContainerRunning,
+        ContainerState::Exited => cri::ContainerState::ContainerExited,
+        ContainerState::Unknown | ContainerState::Removed => cri::ContainerState::ContainerUnknown,
+    };
+    state as i32
+}
+
+pub fn cri_container(c: &ContainerSummary) -> cri::Container {
+    cri::Container {
+        id: c.id.clone(),
+        pod_sandbox_id: c.pod_sandbox_id.clone(),
+        metadata: c.metadata.as_ref().map(cri_metadata),
+        image: c.image.as_ref().map(cri_image_spec),
+        image_ref: c.image_ref.clone(),
+        state: cri_state(c.state),
+        created_at: c.created_at,
+        labels: c.labels.clone(),
+        annotations: c.annotations.clone(),
+        image_id: c.image_id.clone(),
+    }
+}
+
+pub fn cri_container_status(s: &ContainerStatus) -> cri::ContainerStatus {
+    cri::ContainerStatus {
+        id: s.id.clone(),
+        metadata: s.metadata.as_ref().map(cri_metadata),
+        state: cri_state(s.state),
+        created_at: s.created_at,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        exit_code: s.exit_code,
+        image: s.image.as_ref().map(cri_image_spec),
+        image_ref: s.image_ref.clone(),
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+        labels: s.labels.clone(),
+        annotations: s.annotations.clone(),
+        mounts: s.mounts.iter().map(cri_mount).collect(),
+        log_path: s.log_path.clone(),
+        resources: s.resources.as_ref().map(|r| cri::ContainerResources {
+            linux: Some(cri_resources(r)),
+            ..Default::default()
+        }),
+        image_id: s.image_id.clone(),
+        user: Some(cri::ContainerUser {
+            linux: Some(cri::LinuxContainerUser {
+                uid: s.user.uid.into(),
+                gid: s.user.gid.into(),
+                supplemental_groups: s
+                    .user
+                    .supplemental_groups
+                    .iter()
+                    .map(|g| i64::from(*g))
+                    .collect(),
+            }),
+        }),
+    }
+}
+
+/// A ListContainers filter; none when it asks for a state that does not exist (nothing
+/// matches it).
+pub fn container_filter(f: cri::ContainerFilter) -> Option<ContainerFilter> {
+    let state = match f.state {
+        None => None,
+        Some(s) => Some(match ContainerState::try_from(s.state).ok()? {
+            ContainerState::Removed => return None,
+            st => st,
+        }),
+    };
+    Some(ContainerFilter {
+        id: f.id,
+        pod_sandbox_id: f.pod_sandbox_id,
+        state,
+        label_selector: f.label_selector,
+    })
+}
+
+pub fn cri_event(e: ContainerEvent) -> cri::ContainerEventResponse {
+    let kind = match e.kind {
+        EventKind::Created => cri::ContainerEventType::ContainerCreatedEvent,
+        EventKind::Started => cri::ContainerEventType::ContainerStartedEvent,
+        EventKind::Stopped => cri::ContainerEventType::ContainerStoppedEvent,
+        EventKind::Deleted => cri::ContainerEventType::ContainerDeletedEvent,
+    };
+    cri::ContainerEventResponse {
+        container_id: e.container_id,
+        container_event_type: kind as i32,
+        created_at: e.created_at,
+        pod_sandbox_status: e.pod.as_ref().map(cri_pod_status),
+        containers_statuses: e.containers.iter().map(cri_container_status).collect(),
+    }
+}
