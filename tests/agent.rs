@@ -932,7 +932,7 @@ async fn cgroup_of(env: &PodEnv, id: &str) -> PathBuf {
 #[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
 async fn resources_qos_and_limited_swap_cgroup_v2() {
     if crius::runtime::cgroup::Hierarchy::detect().is_none() {
-        eprintln!("skipped: no cgroup v2 here; cargo xtask test-vm runs this in a VM");
+        not_here("no cgroup v2 here; cargo xtask test-vm runs this in a VM");
         return;
     }
     let env = PodEnv::start().await;

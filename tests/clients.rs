@@ -16,7 +16,9 @@ const GRPCIO_PYTHON: &str = "/opt/crius-test/grpcio/bin/python3";
 async fn grpc_c_core_client_is_served() {
     let python = std::env::var("CRIUS_GRPCIO_PYTHON").unwrap_or_else(|_| GRPCIO_PYTHON.into());
     if !Path::new(&python).exists() {
-        println!("skipped: no grpcio Python at {python} (run hack/install-test-deps.sh)");
+        missing(&format!(
+            "the grpcio Python at {python} (hack/install-test-deps.sh installs it)"
+        ));
         return;
     }
     let d = Daemon::start("");

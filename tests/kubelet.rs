@@ -140,13 +140,13 @@ spec:
 #[ignore = "kubelet changes the machine it runs on: cargo xtask test-kubelet runs it in a VM"]
 async fn kubelet_runs_pods_on_crius() {
     let (Some(kubelet), Some(ks)) = (upstream("kubelet"), upstream("kubestream")) else {
-        println!("skipped: no kubelet or kubestream in ../shared/bin");
+        missing("kubelet or kubestream (../shared/bin)");
         return;
     };
     if !in_vm() && std::env::var_os("CRIUS_KUBELET_ON_HOST").is_none() {
-        println!(
-            "skipped: kubelet changes the machine it runs on; the kubelet tier runs in the VM \
-             (cargo xtask test-kubelet), or set CRIUS_KUBELET_ON_HOST=1"
+        not_here(
+            "kubelet changes the machine it runs on; the kubelet tier runs in the VM \
+             (cargo xtask test-kubelet), or set CRIUS_KUBELET_ON_HOST=1",
         );
         return;
     }

@@ -43,7 +43,7 @@ fn run(cmd: &mut Command) -> String {
 fn installable() -> Option<PathBuf> {
     require_root();
     let Some(deb) = package() else {
-        println!("skipped: no package (cargo xtask deb builds target/deb/crius_*.deb)");
+        missing("the package (cargo xtask deb builds target/deb/crius_*.deb)");
         return None;
     };
     let installed = Command::new("dpkg")
@@ -51,7 +51,7 @@ fn installable() -> Option<PathBuf> {
         .output()
         .is_ok_and(|o| o.status.success());
     if installed || Path::new("/usr/bin/crius").exists() {
-        println!("skipped: crius is already installed on this machine; not touching it");
+        not_here("crius is already installed on this machine; not touching it");
         return None;
     }
     Some(deb)
@@ -62,7 +62,7 @@ fn installable() -> Option<PathBuf> {
 #[test]
 fn package_installs_and_purges() {
     if Path::new("/run/systemd/system").is_dir() {
-        println!("skipped: systemd runs here; package_unit_keeps_pods covers this machine");
+        not_here("systemd runs here; package_unit_keeps_pods covers this machine");
         return;
     }
     let Some(deb) = installable() else { return };
@@ -107,9 +107,7 @@ fn package_installs_and_purges() {
 #[ignore = "needs systemd as PID 1: cargo xtask test-vm runs it in a VM booted with systemd"]
 async fn package_unit_keeps_pods() {
     if !Path::new("/run/systemd/system").is_dir() {
-        println!(
-            "skipped: systemd is not PID 1 here; cargo xtask test-vm runs this in a VM booted with systemd"
-        );
+        not_here("systemd is not PID 1 here; cargo xtask test-vm runs this in a VM booted with systemd");
         return;
     }
     let Some(deb) = installable() else { return };

@@ -98,11 +98,11 @@ async fn pod_start_latency() {
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
     else {
-        println!("skipped: a measurement; cargo xtask bench sets CRIUS_BENCH_PODS");
+        not_here("a measurement; cargo xtask bench sets CRIUS_BENCH_PODS");
         return;
     };
     let Some(kubelet) = upstream("kubelet") else {
-        println!("skipped: no kubelet in ../shared/bin");
+        missing("kubelet (../shared/bin)");
         return;
     };
     assert!(

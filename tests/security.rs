@@ -443,7 +443,7 @@ fn lsm_present() -> bool {
 async fn apparmor_and_selinux_requests_fail_clearly_without_them() {
     use cri::security_profile::ProfileType;
     if lsm_present() {
-        eprintln!("skipped: this host runs AppArmor or SELinux");
+        not_here("this host runs AppArmor or SELinux");
         return;
     }
     let env = PodEnv::start().await;
@@ -622,7 +622,7 @@ fn apparmor_usable() -> bool {
 async fn apparmor_profiles_confine_containers() {
     use cri::security_profile::ProfileType;
     if !apparmor_usable() {
-        eprintln!("skipped: AppArmor is not usable here; cargo xtask test-vm runs this in a VM");
+        not_here("AppArmor is not usable here; cargo xtask test-vm runs this in a VM");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1118,9 +1118,7 @@ fn file_label(path: &Path) -> String {
 #[ignore = "needs SELinux: cargo xtask test-vm runs it in a VM booted with SELinux"]
 async fn selinux_labels_processes_and_files() {
     if !Path::new("/sys/fs/selinux/enforce").exists() {
-        eprintln!(
-            "skipped: SELinux is not enabled here; cargo xtask test-vm runs this test in a VM booted with it"
-        );
+        not_here("SELinux is not enabled here; cargo xtask test-vm runs this test in a VM booted with it");
         return;
     }
     let env = PodEnv::start().await;

@@ -24,7 +24,7 @@ fn client(name: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        println!("skipped: no {name} in ../shared/bin");
+        missing(&format!("{name} (../shared/bin)"));
         None
     }
 }

@@ -37,6 +37,40 @@ pub fn require_root() {
 
 pub use push::sha256;
 
+/// Whether every tool the tests use must be here (CI sets `CRIUS_REQUIRE_ALL=1`): then a test
+/// whose tool is missing fails, naming it, instead of passing by skipping.
+pub fn require_all() -> bool {
+    std::env::var("CRIUS_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Notes a skip where the harness counts them (`CRIUS_SKIP_LOG`, which `cargo xtask` sets and
+/// sums up after a tier) and says so in the test's output.
+fn note_skip(line: &str) {
+    println!("skipped: {line}");
+    if let Some(log) = std::env::var_os("CRIUS_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+    {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(f, "{test}: {line}");
+    }
+}
+
+/// A tool the test needs is missing (`what` names it and where it comes from): the test stops
+/// here, counted as skipped, or under `CRIUS_REQUIRE_ALL=1` fails.
+pub fn missing(what: &str) {
+    assert!(!require_all(), "required but missing: {what}");
+    note_skip(&format!("missing {what}"));
+}
+
+/// The test is not for this machine (`why`: another tier runs it, or it would change what is
+/// not the test's): it stops here, counted as skipped, whatever `CRIUS_REQUIRE_ALL` says.
+pub fn not_here(why: &str) {
+    note_skip(why);
+}
+
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()

@@ -13,7 +13,9 @@ pub fn plugins_present() -> bool {
     if Path::new(PLUGINS).join("bridge").exists() {
         return true;
     }
-    println!("skipped: no CNI plugins in {PLUGINS} (hack/install-test-deps.sh installs them)");
+    super::missing(&format!(
+        "the CNI plugins in {PLUGINS} (hack/install-test-deps.sh installs them)"
+    ));
     false
 }
 

@@ -56,7 +56,7 @@ impl Smoke {
 /// configs and the pod's logs; `pod_ip` says whether the pod must get an IP (a CNI network).
 pub fn smoke(socket: &Path, image: &str, work: &Path, pod_ip: bool) -> Result<(), String> {
     let Some(bin) = crictl() else {
-        println!("skipped: no crictl (set CRICTL or install ../shared/bin/crictl)");
+        crate::common::missing("crictl (set CRICTL or install ../shared/bin/crictl)");
         return Ok(());
     };
     let endpoint = format!("unix://{}", socket.display());

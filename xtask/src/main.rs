@@ -50,32 +50,57 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Where the host's test tiers note each test that skipped itself (`tests/common`'s `missing`
+/// and `not_here`), to be counted apart from the passes.
+const SKIP_LOG: &str = "target/skips.log";
+
+/// Runs a host test tier with its skips noted, then says how many tests skipped and why.
+fn counted(what: &str, cmd: &mut Command) -> Result<()> {
+    let log = std::env::current_dir()?.join(SKIP_LOG);
+    let _ = std::fs::remove_file(&log);
+    let result = run(cmd.env("CRIUS_SKIP_LOG", &log));
+    let skips = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = skips.lines().collect();
+    eprintln!("xtask: {what}: {} tests skipped themselves", lines.len());
+    for l in lines {
+        eprintln!("xtask:   skipped {l}");
+    }
+    result
+}
+
 fn integration() -> Result<()> {
     if !is_root() {
         bail!("integration tests need root (they mount overlayfs and create namespaces)");
     }
     // The conformance suite runs on its own, after these (`conformance`).
-    run(cargo().args(["test", "--test", "*", "--", "--skip", CONFORMANCE_TEST]))
+    counted(
+        "the host's tests",
+        cargo().args(["test", "--test", "*", "--", "--skip", CONFORMANCE_TEST]),
+    )
 }
 
 /// The test in tests/conformance.rs that runs critest.
 const CONFORMANCE_TEST: &str = "critest_passes";
 
-/// critest (the CRI validation suite) against a crius daemon, with its per-spec table; it says
-/// "skipped: no critest" and passes where critest is not installed.
+/// critest (the CRI validation suite) against a crius daemon, with its per-spec table; where
+/// critest is not installed it says "skipped: missing critest", or fails under
+/// `CRIUS_REQUIRE_ALL=1`, as CI runs it.
 fn conformance() -> Result<()> {
     if !is_root() {
         bail!("the conformance suite needs root (it runs a crius daemon)");
     }
     let started = std::time::Instant::now();
-    run(cargo().args([
-        "test",
-        "--test",
+    counted(
         "conformance",
-        "--",
-        "--nocapture",
-        CONFORMANCE_TEST,
-    ]))?;
+        cargo().args([
+            "test",
+            "--test",
+            "conformance",
+            "--",
+            "--nocapture",
+            CONFORMANCE_TEST,
+        ]),
+    )?;
     eprintln!(
         "xtask: conformance took {:.0} s",
         started.elapsed().as_secs_f64()
@@ -332,6 +357,14 @@ fn main() -> Result<()> {
             integration()
         }
         "ci" => {
+            // CI needs every tool its tiers use: a missing one fails the test that needs it.
+            if std::env::var("CRIUS_REQUIRE_ALL").is_ok_and(|v| v == "1")
+                && !std::path::Path::new("../shared/bin").is_dir()
+            {
+                eprintln!(
+                    "xtask: ../shared/bin is absent: the tiers that need its upstream clients (critest, crictl, kubelet, kubestream) will fail"
+                );
+            }
             lint()?;
             unit()?;
             // The package first: the host's package test installs it.
