@@ -16,7 +16,9 @@ use tonic::Code;
 fn cgroup_v2() -> bool {
     let v2 = crius::runtime::cgroup::Hierarchy::detect().is_some();
     if !v2 {
-        not_here("/sys/fs/cgroup is not cgroup v2 here; cargo xtask test-vm runs this test in a VM");
+        not_here(
+            "/sys/fs/cgroup is not cgroup v2 here; cargo xtask test-vm runs this test in a VM",
+        );
     }
     v2
 }
@@ -689,7 +691,9 @@ async fn systemd_driver_makes_transient_units() {
         return;
     }
     if !Path::new("/run/systemd/system").is_dir() {
-        not_here("systemd is not PID 1 here; cargo xtask test-vm runs this test in a VM booted with systemd");
+        not_here(
+            "systemd is not PID 1 here; cargo xtask test-vm runs this test in a VM booted with systemd",
+        );
         return;
     }
     let env = PodEnv::start_with("[cgroup]\ndriver = \"systemd\"\n").await;

@@ -107,7 +107,9 @@ fn package_installs_and_purges() {
 #[ignore = "needs systemd as PID 1: cargo xtask test-vm runs it in a VM booted with systemd"]
 async fn package_unit_keeps_pods() {
     if !Path::new("/run/systemd/system").is_dir() {
-        not_here("systemd is not PID 1 here; cargo xtask test-vm runs this in a VM booted with systemd");
+        not_here(
+            "systemd is not PID 1 here; cargo xtask test-vm runs this in a VM booted with systemd",
+        );
         return;
     }
     let Some(deb) = installable() else { return };

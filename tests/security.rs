@@ -1118,7 +1118,9 @@ fn file_label(path: &Path) -> String {
 #[ignore = "needs SELinux: cargo xtask test-vm runs it in a VM booted with SELinux"]
 async fn selinux_labels_processes_and_files() {
     if !Path::new("/sys/fs/selinux/enforce").exists() {
-        not_here("SELinux is not enabled here; cargo xtask test-vm runs this test in a VM booted with it");
+        not_here(
+            "SELinux is not enabled here; cargo xtask test-vm runs this test in a VM booted with it",
+        );
         return;
     }
     let env = PodEnv::start().await;
