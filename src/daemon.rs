@@ -48,6 +48,8 @@ pub enum Error {
     SliceName { parent: String },
     #[error("cgroup.driver is \"systemd\": {0}")]
     Systemd(#[from] crate::systemd::Error),
+    #[error("runtime.sandbox_image: {0}")]
+    SandboxImage(#[from] image::reference::ParseError),
 }
 
 /// The streaming server's TLS settings: the configured pair, or a self-signed certificate for
@@ -118,6 +120,9 @@ async fn termination() {
 /// Runs the daemon until a termination signal.
 pub async fn run(cfg: Config) -> Result<(), Error> {
     crate::fault::arm();
+    if let Some(reference) = &cfg.runtime.sandbox_image {
+        image::reference::Reference::parse(reference)?;
+    }
     make_dir(&cfg.root, 0o711)?;
     make_dir(&cfg.state, 0o711)?;
     let lock_path = cfg.root.join("crius.lock");

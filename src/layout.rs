@@ -1,6 +1,7 @@
 //! Checks of the source tree's layout that the compiler does not make: CRI's generated types
-//! stay at the edge (`cri`, and the CRI clients `cli` and `frontend`); everything below works
-//! with crius's own types.
+//! stay at the edge (`cri`, and the CRI clients `cli` and `frontend`), everything below works
+//! with crius's own types; no files import each other in a circle; `lib.rs`'s map of the
+//! modules names every one.
 
 use std::path::{Path, PathBuf};
 
@@ -47,4 +48,263 @@ fn cri_types_stay_at_the_edge() {
         found.is_empty(),
         "CRI's generated types used below cri/ (convert them at the edge): {found:?}"
     );
+}
+
+/// The module path of a source file (`src/image/pull.rs` is `image::pull`; `mod.rs` is its
+/// directory's module).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The file holding the deepest module of `path` (crate-absolute segments).
+fn file_of(src: &Path, path: &[String]) -> Option<PathBuf> {
+    let mut dir = src.to_path_buf();
+    let mut found = Some(src.join("lib.rs"));
+    for seg in path {
+        let file = dir.join(format!("{seg}.rs"));
+        let module = dir.join(seg).join("mod.rs");
+        if file.is_file() {
+            found = Some(file);
+            dir = dir.join(seg);
+        } else if module.is_file() {
+            found = Some(module);
+            dir = dir.join(seg);
+        } else {
+            break;
+        }
+    }
+    found
+}
+
+/// Every path a `use` tree names, `{a, b::c}` expanded (`self` in a group is the prefix).
+fn expand(prefix: &str, tree: &str, out: &mut Vec<String>) {
+    let tree = tree.trim();
+    if let Some(open) = tree.find('{') {
+        let head = tree[..open].trim().trim_end_matches("::");
+        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+        let base = [prefix, head]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join("::");
+        let mut depth = 0;
+        let mut start = 0;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    expand(&base, &inner[start..i], out);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        expand(&base, &inner[start..], out);
+    } else if !tree.is_empty() {
+        let tree = tree.split(" as ").next().unwrap_or(tree).trim();
+        if tree == "self" {
+            out.push(prefix.to_string());
+        } else if prefix.is_empty() {
+            out.push(tree.to_string());
+        } else {
+            out.push(format!("{prefix}::{tree}"));
+        }
+    }
+}
+
+/// The paths a file's own code (its test module and comments left out) names: each `use`
+/// statement's, and every path written out in place (`super::signature::check(..)`).
+fn uses(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = inline_paths(&code);
+    let code = code.as_str();
+    let mut rest = code;
+    while let Some(i) = rest.find("use ") {
+        let at_line_start = rest[..i]
+            .rsplit('\n')
+            .next()
+            .is_some_and(|l| l.trim().is_empty() || l.trim() == "pub" || l.trim() == "pub(crate)");
+        let after = &rest[i + 4..];
+        let end = after.find(';').unwrap_or(after.len());
+        if at_line_start {
+            expand("", &after[..end], &mut out);
+        }
+        rest = &after[end.min(after.len())..];
+    }
+    out
+}
+
+/// Paths written out in code: `crate::`, `super::` or `self::` followed by segments.
+fn inline_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(i) = code[from..].find(start) {
+            let at = from + i;
+            from = at + start.len();
+            // A whole word: not the tail of another identifier or path.
+            if at > 0
+                && (bytes[at - 1].is_ascii_alphanumeric()
+                    || bytes[at - 1] == b'_'
+                    || bytes[at - 1] == b':')
+            {
+                continue;
+            }
+            let end = code[at..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .map_or(code.len(), |e| at + e);
+            out.push(code[at..end].trim_end_matches(':').to_string());
+        }
+    }
+    out
+}
+
+/// File-level import edges of `src/`: a file to each other file whose module a `use` of it
+/// names. A module's own file re-exporting what its submodules hold is its face, not a
+/// dependency, so edges from a `mod.rs` into its own directory are left out.
+fn import_edges(src: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let mut edges = Vec::new();
+    for f in sources(src) {
+        let here = module_of(src, &f);
+        let text = std::fs::read_to_string(&f).unwrap();
+        let is_mod = f
+            .file_name()
+            .is_some_and(|n| n == "mod.rs" || n == "lib.rs");
+        for u in uses(&text) {
+            let segs: Vec<&str> = u.split("::").collect();
+            let mut path: Vec<String> = match segs.first() {
+                Some(&"crate") => Vec::new(),
+                Some(&"super") => here[..here.len().saturating_sub(1)].to_vec(),
+                Some(&"self") => here.clone(),
+                _ => continue,
+            };
+            let mut it = segs.iter().skip(1).peekable();
+            while it.peek() == Some(&&"super") {
+                it.next();
+                path.pop();
+            }
+            path.extend(it.filter(|s| **s != "*").map(|s| s.to_string()));
+            let Some(target) = file_of(src, &path) else {
+                continue;
+            };
+            if target == f {
+                continue;
+            }
+            if is_mod && target.starts_with(f.parent().unwrap()) {
+                continue;
+            }
+            edges.push((f.clone(), target));
+        }
+    }
+    edges.sort();
+    edges.dedup();
+    edges
+}
+
+/// A circle in the graph, if there is one.
+fn circle(edges: &[(PathBuf, PathBuf)]) -> Option<Vec<PathBuf>> {
+    use std::collections::HashMap;
+    let mut next: HashMap<&PathBuf, Vec<&PathBuf>> = HashMap::new();
+    for (a, b) in edges {
+        next.entry(a).or_default().push(b);
+    }
+    // 0 unseen, 1 on the current walk, 2 done.
+    let mut state: HashMap<&PathBuf, u8> = HashMap::new();
+    fn walk<'a>(
+        n: &'a PathBuf,
+        next: &HashMap<&'a PathBuf, Vec<&'a PathBuf>>,
+        state: &mut HashMap<&'a PathBuf, u8>,
+        stack: &mut Vec<&'a PathBuf>,
+    ) -> Option<Vec<PathBuf>> {
+        state.insert(n, 1);
+        stack.push(n);
+        for m in next.get(n).into_iter().flatten() {
+            match state.get(m).copied().unwrap_or(0) {
+                1 => {
+                    let from = stack.iter().position(|x| x == m).unwrap_or(0);
+                    return Some(stack[from..].iter().map(|p| (*p).clone()).collect());
+                }
+                0 => {
+                    if let Some(c) = walk(m, next, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n, 2);
+        None
+    }
+    let nodes: Vec<&PathBuf> = next.keys().copied().collect();
+    for n in nodes {
+        if state.get(n).copied().unwrap_or(0) == 0
+            && let Some(c) = walk(n, &next, &mut state, &mut Vec::new())
+        {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_file_imports_in_a_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = import_edges(&src);
+    assert!(
+        edges.len() > 100,
+        "the graph was read: {} edges",
+        edges.len()
+    );
+    if let Some(c) = circle(&edges) {
+        let names: Vec<String> = c
+            .iter()
+            .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
+            .collect();
+        panic!(
+            "files importing each other in a circle: {}",
+            names.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn the_crate_map_names_every_module() {
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let doc: String = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let unnamed: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("pub mod ")
+                .or(l.trim().strip_prefix("mod "))
+        })
+        .map(|m| m.trim_end_matches(';'))
+        .filter(|m| *m != "layout" && !doc.contains(&format!("`{m}`")))
+        .collect();
+    assert!(unnamed.is_empty(), "lib.rs's map leaves out {unnamed:?}");
 }

@@ -1,16 +1,22 @@
-//! crius: a Kubernetes node runtime. The modules, top to bottom (dependencies point down):
+//! crius: a Kubernetes node runtime. The modules, top to bottom (dependencies point down;
+//! `layout` checks that every module is named here and that no files import each other in a
+//! circle):
 //!
 //! - `cli`: the client commands (talks CRI over the socket, like crictl); `frontend`: the pod
-//!   agent, a kubelet-like CRI client
-//! - `daemon`: the daemon's lifecycle; `cri`: tonic glue for CRI runtime.v1 and `crius.v1`
-//! - `pod`: pod sandboxes orchestrated over `sandbox`, `container` and `image`
+//!   agent, a kubelet-like CRI client; `preflight`: `crius check`'s node checks
+//! - `daemon`: the daemon's lifecycle; `cri`: tonic glue for CRI runtime.v1 and `crius.v1`, and
+//!   the conversion of CRI's messages to crius's own types and back
+//! - `pod`: pod sandboxes orchestrated over `sandbox`, `container`, `image` and `network`
 //! - `image`: references, registries, pulls, the image catalog; `sandbox`: pause processes and
-//!   the namespaces, files and cgroups of pods; `container`: containers and their monitors
+//!   the namespaces, files and cgroups of pods; `container`: containers and their monitors;
+//!   `network`: CNI network lists and plugins; `stream`: the streaming server (exec, attach,
+//!   port-forward over SPDY and WebSocket)
 //! - `content` (blobs by digest), `snapshot` (unpacked layers), `runtime` (the synchronous
 //!   helpers: monitor, pause, init, cgroup, seccomp), `systemd` (the systemd cgroup driver's
-//!   D-Bus side, used by `sandbox` and `container`)
-//! - `config`, `atomic` (state files), `records` (in-memory record index), `fault` (crash points
-//!   for tests), `sys` (the only `unsafe`)
+//!   D-Bus side, used by `sandbox` and `container`), `metrics` (the OpenMetrics registry and
+//!   endpoint), `tls` (the streaming server's certificates)
+//! - `config`, `atomic` (state files), `records` (in-memory record index), `mounttable` (the
+//!   mounts under a directory), `fault` (crash points for tests), `sys` (the only `unsafe`)
 
 pub mod atomic;
 pub mod cli;

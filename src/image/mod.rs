@@ -652,3 +652,16 @@ impl Inner {
         l
     }
 }
+
+/// That `data` is the object `digest` names.
+pub(crate) fn check_digest(what: &'static str, digest: &Digest, data: &[u8]) -> Result<(), Error> {
+    let actual = Digest::of(data);
+    if &actual != digest {
+        return Err(Error::DigestMismatch {
+            what,
+            expected: digest.clone(),
+            actual,
+        });
+    }
+    Ok(())
+}

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard};
 use super::manifest::{self, Compression, Parsed, Platform};
 use super::progress::Progress;
 use super::registry::Session;
-use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
+use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference, check_digest};
 use crate::content::{Digest, Ingest};
 use crate::records::now_nanos;
 use crate::snapshot::{self, Meta, Snapshotter, copyup, unpack};
@@ -212,19 +212,6 @@ fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Re
         });
     }
     check_digest(what, digest, data)
-}
-
-/// That `data` is the object `digest` names.
-pub(super) fn check_digest(what: &'static str, digest: &Digest, data: &[u8]) -> Result<(), Error> {
-    let actual = Digest::of(data);
-    if &actual != digest {
-        return Err(Error::DigestMismatch {
-            what,
-            expected: digest.clone(),
-            actual,
-        });
-    }
-    Ok(())
 }
 
 async fn fetch_layer(

@@ -12,11 +12,10 @@ use std::collections::HashMap;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::Error;
 use super::policy::{Policy, Requirement, SignedIdentity};
-use super::pull::check_digest;
 use super::reference::Reference;
 use super::registry::Session;
+use super::{Error, check_digest};
 use crate::content::Digest;
 
 const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";

@@ -19,19 +19,11 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, futimens};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, fchown, linkat, symlinkat};
 
+use super::LowerLink;
 use super::unpack::{
     Dirs, OPAQUE_XATTR, UnpackError, UnpackStats, beneath, chown_nofollow, rejected,
 };
 use crate::sys;
-
-/// A hardlink entry whose target was not in its own layer (yet).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LowerLink {
-    pub name: Vec<OsString>,
-    pub target: Vec<OsString>,
-    /// The entry's name as the archive wrote it, for errors.
-    pub shown: String,
-}
 
 fn kind(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT

@@ -15,6 +15,7 @@ mod tree;
 pub mod unpack;
 pub mod usage;
 
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic;
 use crate::content::Digest;
+
+/// A hardlink entry whose target was not in its own layer (yet): `unpack` records them,
+/// `copyup` resolves them once the layers below are in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LowerLink {
+    pub name: Vec<OsString>,
+    pub target: Vec<OsString>,
+    /// The entry's name as the archive wrote it, for errors.
+    pub shown: String,
+}
 
 pub use unpack::{UnpackError, UnpackOptions, UnpackStats};
 

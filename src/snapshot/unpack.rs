@@ -27,7 +27,7 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, unlinkat};
 use tar::EntryType;
 
-use super::copyup::LowerLink;
+use super::LowerLink;
 use crate::sys;
 
 /// What a layer may contain beyond files, directories and links.

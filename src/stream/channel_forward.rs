@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::Message;
 
 use super::Backend;
+use super::channel::{Ws, channel_payload, channel_writer};
 use super::session::Activity;
-use super::websocket::{Ws, channel_payload, channel_writer};
 
 /// Most ports one WebSocket may carry: channel numbers are one byte (binary), or one ASCII
 /// character from '0' (base64).

@@ -8,6 +8,7 @@
 //! `cri` glue provides. Streams idle longer than the configured timeout are closed and the
 //! number of streams at once is capped. Uses no other module of crius.
 
+mod channel;
 mod channel_forward;
 pub mod session;
 pub mod spdy;
