@@ -40,7 +40,7 @@ fn cri_types_stay_at_the_edge() {
             continue;
         }
         let text = std::fs::read_to_string(&f).unwrap();
-        if text.contains("k8s_cri") {
+        if text.contains("cri::v1") {
             found.push(rel.display().to_string());
         }
     }

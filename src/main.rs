@@ -622,7 +622,7 @@ async fn version(socket: &std::path::Path) -> Result<()> {
     println!("Client: crius {}", env!("CARGO_PKG_VERSION"));
     let ch = cli::connect(socket)?;
     let v = crius::cri::client::runtime(ch)
-        .version(k8s_cri::v1::VersionRequest {
+        .version(crius::cri::v1::VersionRequest {
             version: "v1".into(),
         })
         .await

@@ -235,7 +235,7 @@ async fn restart_policies_statuses_and_events() {
     let pods = env
         .d
         .runtime()
-        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .list_pod_sandbox(crius::cri::v1::ListPodSandboxRequest { filter: None })
         .await
         .unwrap()
         .into_inner()
@@ -699,7 +699,7 @@ spec:
     let gone = env
         .d
         .runtime()
-        .container_status(k8s_cri::v1::ContainerStatusRequest {
+        .container_status(crius::cri::v1::ContainerStatusRequest {
             container_id: id,
             verbose: false,
         })
@@ -758,7 +758,7 @@ async fn agent_restart_adopts_running_pods() {
     let pods = env
         .d
         .runtime()
-        .list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None })
+        .list_pod_sandbox(crius::cri::v1::ListPodSandboxRequest { filter: None })
         .await
         .unwrap()
         .into_inner()
@@ -1033,7 +1033,7 @@ spec:
         let st = env
             .d
             .runtime()
-            .container_status(k8s_cri::v1::ContainerStatusRequest {
+            .container_status(crius::cri::v1::ContainerStatusRequest {
                 container_id: id,
                 verbose: true,
             })

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use tonic::Code;
 
 fn cgroup_v2() -> bool {
@@ -901,4 +901,178 @@ async fn systemd_driver_makes_transient_units() {
         "active",
         "kubelet's slice is kubelet's"
     );
+}
+
+/// In-place resize (Kubernetes 1.33+): UpdatePodSandboxResources sets the pod cgroup's limits
+/// (crius's own pod cgroup here), UpdateContainerResources a container's, nothing restarts, and
+/// ContainerStatus reports what the cgroup holds.
+#[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
+async fn pod_and_container_resize_in_place() {
+    if !cgroup_v2() {
+        return;
+    }
+    let env = PodEnv::start().await;
+    let mut sb = env.sandbox_config("resize");
+    sb.linux.as_mut().unwrap().resources = Some(cri::LinuxContainerResources {
+        memory_limit_in_bytes: 256 * MIB,
+        cpu_period: 100_000,
+        cpu_quota: 100_000,
+        ..Default::default()
+    });
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            with_resources(
+                &env,
+                "app",
+                LONG,
+                cri::LinuxContainerResources {
+                    memory_limit_in_bytes: 64 * MIB,
+                    cpu_shares: 512,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let pid = verbose(&env, &c).await["pid"].as_u64().unwrap();
+    let pod_cg = PathBuf::from(
+        env.d.pod_info(&pod).await["cgroup"]
+            .as_str()
+            .expect("the pod has a cgroup"),
+    );
+    assert_eq!(read(&pod_cg.join("memory.max")), (256 * MIB).to_string());
+    env.d
+        .runtime()
+        .update_pod_sandbox_resources(cri::UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: pod.clone(),
+            overhead: None,
+            resources: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 512 * MIB,
+                cpu_period: 100_000,
+                cpu_quota: 200_000,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(read(&pod_cg.join("memory.max")), (512 * MIB).to_string());
+    assert_eq!(read(&pod_cg.join("cpu.max")), "200000 100000");
+    assert_eq!(
+        env.d.pod_info(&pod).await["config"]["linux"]["resources"]["memory_limit_in_bytes"],
+        512 * MIB
+    );
+    env.d
+        .runtime()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: c.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 128 * MIB,
+                cpu_shares: 1024,
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let cg = cgroup_of(&env, &c).await;
+    // Written behind crius's back: the status says what the cgroup holds.
+    std::fs::write(cg.join("memory.max"), (96 * MIB).to_string()).unwrap();
+    let st = env.status(&c).await;
+    assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    let r = st.resources.unwrap().linux.unwrap();
+    assert_eq!(
+        (
+            r.memory_limit_in_bytes,
+            r.cpu_quota,
+            r.cpu_period,
+            r.cpu_shares
+        ),
+        (96 * MIB, 50_000, 100_000, 1024)
+    );
+    assert_eq!(
+        verbose(&env, &c).await["pid"].as_u64().unwrap(),
+        pid,
+        "not restarted"
+    );
+    env.remove_pod(&pod).await;
+}
+
+/// Pressure stall figures (PSI) of CPU, memory and I/O in ContainerStats and PodSandboxStats,
+/// where the kernel keeps them (the VM boots with psi=1); the I/O figures in their own field.
+#[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
+async fn pressure_stall_figures() {
+    if !cgroup_v2() {
+        return;
+    }
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("psi");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(
+            &pod,
+            &sb,
+            with_resources(
+                &env,
+                "busy",
+                &["sh", "-c", "while :; do :; done"],
+                cri::LinuxContainerResources {
+                    cpu_period: 100_000,
+                    cpu_quota: 10_000,
+                    ..Default::default()
+                },
+            ),
+        )
+        .await;
+    let cg = cgroup_of(&env, &c).await;
+    let kept = cg.join("cpu.pressure").exists();
+    // Throttled to a tenth of a CPU, it waits: its CPU pressure grows.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stats = env
+        .d
+        .runtime()
+        .container_stats(cri::ContainerStatsRequest {
+            container_id: c.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    let cpu = stats.cpu.unwrap();
+    if !kept {
+        // No PSI in this kernel: left out, never zero.
+        assert!(cpu.psi.is_none() && stats.io.is_none_or(|i| i.psi.is_none()));
+        not_here("this kernel keeps no pressure stall figures");
+        env.remove_pod(&pod).await;
+        return;
+    }
+    let psi = cpu.psi.unwrap();
+    assert!(
+        psi.some.unwrap().total > 0,
+        "a throttled loop waits for CPU"
+    );
+    assert!(stats.memory.unwrap().psi.is_some());
+    assert!(stats.io.unwrap().psi.is_some());
+    let pod_stats = env
+        .d
+        .runtime()
+        .pod_sandbox_stats(cri::PodSandboxStatsRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap()
+        .linux
+        .unwrap();
+    assert!(pod_stats.cpu.unwrap().psi.is_some());
+    assert!(pod_stats.io.unwrap().psi.is_some());
+    env.remove_pod(&pod).await;
 }

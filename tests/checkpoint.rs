@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 const COUNTER: &[&str] = &[
     "sh",

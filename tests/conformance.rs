@@ -1,10 +1,13 @@
-//! Conformance: the CRI validation suite (`critest` v1.32, upstream, unmodified) against a crius
-//! daemon. The test starts a registry holding critest's image set (built here, served under
-//! critest's registry names through hosts.toml mirrors) and a daemon, runs critest against the
-//! daemon's socket with a JSON report, prints every spec's result, and fails on any failure
-//! that is not accepted below; then upstream crictl's smoke run (`conformance/crictl.rs`) on
-//! the same daemon. `CRITEST_FOCUS=REGEX` runs only the matching specs. Without critest (`$CRITEST`, `../shared/bin/critest`) it prints
-//! "skipped: missing critest", or fails under `CRIUS_REQUIRE_ALL=1` (CI).
+//! Conformance: the CRI validation suites (upstream `critest`, unmodified: v1.32, v1.36.0 and
+//! cri-tools main of August 2026) against crius. The test starts a registry holding critest's
+//! image set (built here, served under critest's registry names through hosts.toml mirrors),
+//! and for each suite a daemon: it runs critest against the daemon's socket with a JSON report,
+//! prints every spec's result, and fails on any failure that is not accepted below; then
+//! upstream crictl's smoke run (`conformance/crictl.rs`) on the last daemon.
+//! `CRITEST_FOCUS=REGEX` runs only the matching specs, `CRITEST_SKIP=REGEX` leaves some out
+//! (printed); `CRITEST_SUITES=v1.32,main` runs only those suites. The newer suites come
+//! xz-compressed in `../shared/bin` and are unpacked into the test's directory. Without a suite's
+//! binary it prints "skipped: missing ...", or fails under `CRIUS_REQUIRE_ALL=1` (CI).
 
 mod common;
 #[path = "conformance/crictl.rs"]
@@ -24,9 +27,13 @@ use common::*;
 /// built image can have.
 const ACCEPTED_OFFLINE: &[&str] = &["public image with digest should be pulled and removed"];
 
-/// Needs cgroup v2 memory limits: accepted only on a host without cgroup v2 (this project's
-/// hosts are v1/v2 hybrids; the VM tier runs it on pure cgroup v2, where it must pass).
-const NEEDS_CGROUP_V2: &[&str] = &["should terminate with exitCode 137 and reason OOMKilled"];
+/// Need cgroup v2 limits: accepted only on a host without cgroup v2 (this project's hosts are
+/// v1/v2 hybrids; the VM tier runs them on pure cgroup v2, where they must pass). The metrics
+/// listing makes a container with CPU and memory limits.
+const NEEDS_CGROUP_V2: &[&str] = &[
+    "should terminate with exitCode 137 and reason OOMKilled",
+    "runtime should support listing pod sandbox metrics",
+];
 
 /// A `sudo` for critest (it loads AppArmor profiles with `sudo apparmor_parser`): this test runs
 /// as root, so where sudo is not installed a script running its arguments stands in.
@@ -68,6 +75,7 @@ fn apparmor_enabled() -> bool {
 }
 
 /// One spec's outcome from ginkgo's JSON report.
+#[derive(Clone)]
 struct Spec {
     /// Containers and leaf text joined by spaces, as ginkgo's full text.
     name: String,
@@ -148,20 +156,60 @@ fn host_shm_segments() -> Vec<(String, u64)> {
         .collect()
 }
 
-#[tokio::test]
-async fn critest_passes() {
-    let Some(critest) = critest() else {
-        missing("critest (set CRITEST or install ../shared/bin/critest)");
-        return;
+/// The suites to run: (name, binary); v1.32 is `critest()`'s, the newer ones are unpacked from
+/// `../shared/bin/critest-*.xz` into `work`.
+fn suites(work: &Path) -> Vec<(String, Option<PathBuf>)> {
+    let wanted = std::env::var("CRITEST_SUITES").ok();
+    let want = |name: &str| {
+        wanted
+            .as_deref()
+            .is_none_or(|w| w.split(',').any(|x| x.trim() == name))
     };
-    require_root();
-    let work = tempfile::Builder::new()
-        .prefix("crius-conformance")
-        .tempdir()
-        .expect("tempdir");
-    let built = Instant::now();
-    let set = images::build(work.path());
-    let reg = Registry::start(None);
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin");
+    let mut out = Vec::new();
+    if want("v1.32") {
+        out.push(("v1.32".to_string(), critest()));
+    }
+    for (name, file) in [
+        ("v1.36.0", "critest-v1.36.0.xz"),
+        ("main", "critest-main.xz"),
+    ] {
+        if !want(name) {
+            continue;
+        }
+        let xz = shared.join(file);
+        let bin = work.join(format!("critest-{name}"));
+        let unpacked = xz.is_file()
+            && Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "xz -dc '{}' > '{}' && chmod +x '{}'",
+                    xz.display(),
+                    bin.display(),
+                    bin.display()
+                ))
+                .status()
+                .is_ok_and(|s| s.success());
+        out.push((name.to_string(), unpacked.then_some(bin)));
+    }
+    out
+}
+
+/// What one suite found: its counts (passed, failed, accepted, skipped) and the unexpected.
+struct Outcome {
+    counts: [usize; 4],
+    unexpected: Vec<Spec>,
+    output: PathBuf,
+}
+
+/// Runs one critest suite against a daemon of its own on `reg`.
+async fn run_suite(
+    name: &str,
+    critest: &Path,
+    work: &Path,
+    reg: &Registry,
+    set: &[images::Pushed],
+) -> (Outcome, Daemon, Option<TestNet>) {
     // Pods get IPs on a bridge of the test's own, with portmap for hostPort (critest's
     // networking specs and port forwarding reach them from the host).
     let net = plugins_present().then(TestNet::new);
@@ -173,26 +221,25 @@ async fn critest_passes() {
         )
         .expect("network list");
     }
-    images::publish(&reg, &d, &set).await;
-    println!(
-        "critest images: {} images under {} names, built and pushed in {:.1} s",
-        set.len(),
-        set.iter().map(|p| p.names.len()).sum::<usize>(),
-        built.elapsed().as_secs_f64()
-    );
-
+    images::publish(reg, &d, set).await;
+    let dir = work.join(name);
+    std::fs::create_dir_all(&dir).expect("suite dir");
     let shm_before = host_shm_segments();
-    let report = work.path().join("critest.json");
-    let output = work.path().join("critest.log");
+    let report = dir.join("critest.json");
+    let output = dir.join("critest.log");
     let endpoint = format!("unix://{}", d.socket.display());
     let started = Instant::now();
     let log = std::fs::File::create(&output).expect("critest log");
-    let mut cmd = Command::new(&critest);
+    let mut cmd = Command::new(critest);
     // CRITEST_FOCUS (a regex over spec names) runs a part of the suite, while fixing one spec.
     if let Ok(focus) = std::env::var("CRITEST_FOCUS") {
         cmd.arg(format!("--ginkgo.focus={focus}"));
     }
-    if let Some(bin) = sudo_shim(work.path()) {
+    if let Ok(skip) = std::env::var("CRITEST_SKIP") {
+        println!("critest {name}: leaving out specs matching {skip:?} (CRITEST_SKIP)");
+        cmd.arg(format!("--ginkgo.skip={skip}"));
+    }
+    if let Some(bin) = sudo_shim(&dir) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", bin.display()));
     }
@@ -204,7 +251,7 @@ async fn critest_passes() {
         .arg(format!("--ginkgo.json-report={}", report.display()))
         .args(["--ginkgo.no-color", "--ginkgo.timeout=30m"])
         // critest reads crictl's config from its own directory when /etc/crictl.yaml is missing.
-        .current_dir(work.path())
+        .current_dir(&dir)
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log fd"))
         .stderr(log)
@@ -221,7 +268,7 @@ async fn critest_passes() {
 
     if !report.exists() {
         panic!(
-            "critest wrote no report ({status}); its output:\n{}",
+            "critest {name} wrote no report ({status}); its output:\n{}",
             std::fs::read_to_string(&output).unwrap_or_default()
         );
     }
@@ -230,79 +277,141 @@ async fn critest_passes() {
     let apparmor = apparmor_enabled();
     let mut unexpected = Vec::new();
     let mut counts = [0usize; 4]; // passed, failed, accepted, skipped
-    println!("\n{:<8} {:>6}  spec", "result", "secs");
-    for s in &specs {
+    println!("\ncritest {name}\n{:<8} {:>6}  spec", "result", "secs");
+    for s in specs {
         let (label, note) = match s.state.as_str() {
             "passed" => {
                 counts[0] += 1;
-                let note = accepted(s, cgroup_v2)
+                let note = accepted(&s, cgroup_v2)
                     .map(|why| format!("  (passes now; accepted as {why}: update the list)"))
                     .unwrap_or_default();
                 ("passed", note)
             }
             "skipped" | "pending" => {
                 counts[3] += 1;
+                let note = format!("  -- {}", s.first_line());
                 // AppArmor specs skip only where the host has no AppArmor.
                 if apparmor && s.name.contains("AppArmor") {
-                    unexpected.push(s);
+                    unexpected.push(s.clone());
                 }
-                ("skipped", format!("  -- {}", s.first_line()))
+                ("skipped", note)
             }
-            _ => match accepted(s, cgroup_v2) {
+            _ => match accepted(&s, cgroup_v2) {
                 Some(why) => {
                     counts[2] += 1;
                     ("ACCEPTED", format!("  [{why}] {}", s.first_line()))
                 }
                 None => {
                     counts[1] += 1;
-                    unexpected.push(s);
-                    ("FAILED", format!("  -- {}", s.first_line()))
+                    let note = format!("  -- {}", s.first_line());
+                    unexpected.push(s.clone());
+                    ("FAILED", note)
                 }
             },
         };
         println!("{label:<8} {:>6.1}  {}{note}", s.seconds, s.name);
     }
     println!(
-        "\ncritest: {} specs: {} passed, {} failed, {} accepted failures, {} skipped; {:.0} s ({status})",
-        specs.len(),
+        "\ncritest {name}: {} specs: {} passed, {} failed, {} accepted failures, {} skipped; {:.0} s ({status})",
+        counts.iter().sum::<usize>(),
         counts[0],
         counts[1],
         counts[2],
         counts[3],
         elapsed.as_secs_f64()
     );
-    // crictl's smoke run on the same daemon, with critest's default image.
-    let smoke = crictl::smoke(
-        &d.socket,
-        "registry.k8s.io/e2e-test-images/busybox:1.29-2",
-        work.path(),
-        net.is_some(),
+    (
+        Outcome {
+            counts,
+            unexpected,
+            output,
+        },
+        d,
+        net,
+    )
+}
+
+#[tokio::test]
+async fn critest_passes() {
+    require_root();
+    let work = tempfile::Builder::new()
+        .prefix("crius-conformance")
+        .tempdir()
+        .expect("tempdir");
+    let suites = suites(work.path());
+    if suites.iter().all(|(_, b)| b.is_none()) {
+        missing("critest (set CRITEST or install ../shared/bin/critest)");
+        return;
+    }
+    let built = Instant::now();
+    let set = images::build(work.path());
+    let reg = Registry::start(None);
+    println!(
+        "critest images: {} images under {} names, built in {:.1} s",
+        set.len(),
+        set.iter().map(|p| p.names.len()).sum::<usize>(),
+        built.elapsed().as_secs_f64()
     );
-    if !unexpected.is_empty() {
-        for s in &unexpected {
-            println!("\n---- {} ({}) at {}", s.name, s.state, s.location);
-            for l in s.message.lines().take(25) {
-                println!("    {l}");
+    let mut summary = Vec::new();
+    let mut failed = Vec::new();
+    let mut last = None;
+    for (name, bin) in &suites {
+        let Some(bin) = bin else {
+            missing(&format!("critest {name} (../shared/bin)"));
+            continue;
+        };
+        let (outcome, d, net) = run_suite(name, bin, work.path(), &reg, &set).await;
+        let c = outcome.counts;
+        summary.push(format!(
+            "critest {name}: {} passed, {} failed, {} accepted failures, {} skipped",
+            c[0], c[1], c[2], c[3]
+        ));
+        if !outcome.unexpected.is_empty() {
+            for s in &outcome.unexpected {
+                println!("\n---- {name}: {} ({}) at {}", s.name, s.state, s.location);
+                for l in s.message.lines().take(25) {
+                    println!("    {l}");
+                }
             }
+            let tail: Vec<String> = std::fs::read_to_string(&outcome.output)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(40)
+                .map(str::to_string)
+                .collect();
+            println!("\n---- end of critest {name}'s output ----");
+            for l in tail.iter().rev() {
+                println!("{l}");
+            }
+            failed.push(format!("{} in {name}", outcome.unexpected.len()));
         }
-        let tail: Vec<String> = std::fs::read_to_string(&output)
-            .unwrap_or_default()
-            .lines()
-            .rev()
-            .take(40)
-            .map(str::to_string)
-            .collect();
-        println!("\n---- end of critest's output ----");
-        for l in tail.iter().rev() {
-            println!("{l}");
-        }
+        last = Some((d, net));
+    }
+    // crictl's smoke run on the last suite's daemon, with critest's default image.
+    let smoke = last.as_ref().map(|(d, net)| {
+        crictl::smoke(
+            &d.socket,
+            "registry.k8s.io/e2e-test-images/busybox:1.29-2",
+            work.path(),
+            net.is_some(),
+        )
+    });
+    println!();
+    for l in &summary {
+        println!("{l}");
+    }
+    if !failed.is_empty() {
         panic!(
-            "{} critest specs failed unexpectedly{}",
-            unexpected.len(),
-            smoke.err().map(|e| format!("; {e}")).unwrap_or_default()
+            "critest specs failed unexpectedly: {}{}",
+            failed.join(", "),
+            smoke
+                .and_then(|s| s.err())
+                .map(|e| format!("; {e}"))
+                .unwrap_or_default()
         );
     }
-    if let Err(e) = smoke {
+    if let Some(Err(e)) = smoke {
         panic!("{e}");
     }
 }

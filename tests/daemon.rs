@@ -67,7 +67,7 @@ async fn a_second_daemon_and_a_foreign_socket_are_refused() {
     );
     // The first daemon still answers.
     d.runtime()
-        .version(k8s_cri::v1::VersionRequest::default())
+        .version(crius::cri::v1::VersionRequest::default())
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(d.dir.path().join("state2"));

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 const LONG: &[&str] = &["sleep", "100000"];
 const FLOOD_BYTES: u64 = 100_000_000;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use common::wire::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use tonic::Code;
 
 fn busybox_image(compress: Compress) -> TestImage {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use common::kubelet::*;
 use common::net::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 fn kubestream(bin: &Path, args: &[&str], input: &[u8]) -> (i32, String, String) {
     let mut child = Command::new(bin)

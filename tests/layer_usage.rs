@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 const LONG: &[&str] = &["sleep", "100000"];
 

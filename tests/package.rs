@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 /// The package `cargo xtask deb` built, if any.
 fn package() -> Option<PathBuf> {

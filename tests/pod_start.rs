@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::kubelet::*;
 use common::net::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 fn manifest(name: &str, image: &str) -> String {
     format!(

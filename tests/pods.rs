@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use tonic::Code;
 
 const LONG: &[&str] = &["sleep", "100000"];

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::wire::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 /// A TCP proxy in front of a registry that fails as networks and busy registries do: the
 /// first `busy` HTTP connections are answered 503 with `Retry-After: 1` (TLS hellos, which

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use tonic::Code;
 
 const LONG: &[&str] = &["sleep", "100000"];

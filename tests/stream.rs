@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 const LONG: &[&str] = &["sleep", "100000"];
 

@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::{OrRefuse, Result, refuse};
+use crate::cri::v1 as cri;
 use indicatif::{ProgressBar, ProgressStyle};
-use k8s_cri::v1 as cri;
 
 use super::{Output, connect, human_size, print_table, rpc_error, short_id};
 use crate::cri::client;

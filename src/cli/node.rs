@@ -51,7 +51,7 @@ pub fn check(cfg: &Config, output: Output) -> i32 {
 pub async fn info(socket: &Path) -> Result<()> {
     let ch = connect(socket)?;
     let st = crate::cri::client::runtime(ch)
-        .status(k8s_cri::v1::StatusRequest { verbose: true })
+        .status(crate::cri::v1::StatusRequest { verbose: true })
         .await
         .map_err(|s| rpc_error("asking the runtime's status", socket, s))?
         .into_inner();

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::{Doing, OrRefuse, Result, refuse};
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 use super::{
     Output, connect, json_text, json_value, print_structured, print_table, rpc_error, short_id,

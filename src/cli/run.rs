@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::{connect, rpc_error};
 use crate::cri::client;
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 /// Reads a CRI message from a JSON or YAML file.
 pub fn load_config<T: DeserializeOwned>(path: &Path) -> Result<T> {

@@ -7,7 +7,7 @@ use super::Result;
 
 use super::{Output, connect, human_size, print_structured, print_table, rpc_error};
 use crate::cri::client;
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 /// The ID the runtime filters by: only when exactly one is asked for (it takes one).
 fn single(ids: &[String]) -> String {

@@ -442,7 +442,7 @@ pub async fn exec(
     tty: bool,
 ) -> Result<i32> {
     let url = crate::cri::client::runtime(super::connect(socket)?)
-        .exec(k8s_cri::v1::ExecRequest {
+        .exec(crate::cri::v1::ExecRequest {
             container_id: container.into(),
             cmd: cmd.to_vec(),
             tty,
@@ -465,7 +465,7 @@ pub async fn attach(
     tty: bool,
 ) -> Result<i32> {
     let url = crate::cri::client::runtime(super::connect(socket)?)
-        .attach(k8s_cri::v1::AttachRequest {
+        .attach(crate::cri::v1::AttachRequest {
             container_id: container.into(),
             stdin,
             tty,
@@ -493,7 +493,7 @@ pub async fn forward(socket: &std::path::Path, pod: &str, specs: &[String]) -> R
         });
     }
     let url = crate::cri::client::runtime(super::connect(socket)?)
-        .port_forward(k8s_cri::v1::PortForwardRequest {
+        .port_forward(crate::cri::v1::PortForwardRequest {
             pod_sandbox_id: pod.into(),
             port: ports.iter().map(|(_, r)| i32::from(*r)).collect(),
         })

@@ -53,6 +53,8 @@ pub struct ImageSpec {
     pub annotations: HashMap<String, String>,
     pub user_specified_image: String,
     pub runtime_handler: String,
+    /// For an image volume: the digest of the image mounted (what ContainerStatus reports).
+    pub image_ref: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -74,7 +76,10 @@ pub struct Mount {
     pub uid_mappings: Vec<IdMapping>,
     pub gid_mappings: Vec<IdMapping>,
     pub recursive_read_only: bool,
+    /// An image volume: the image's root filesystem mounted read-only (no host path).
     pub image: Option<ImageSpec>,
+    /// With `image`: the directory inside the image to mount instead of its root.
+    pub image_sub_path: String,
 }
 
 /// A host device given to the container.
@@ -153,6 +158,9 @@ pub struct ContainerConfig {
     pub tty: bool,
     pub linux: Option<ContainerLinux>,
     pub cdi_devices: Vec<CdiDevice>,
+    /// The signal StopContainer sends first (`SIGUSR1`, `SIGRTMIN+3`); empty: the image's, else
+    /// SIGTERM.
+    pub stop_signal: String,
 }
 
 impl ContainerConfig {

@@ -83,7 +83,7 @@ impl ContainerService {
                 .map_err(|e| invalid("config.log_path", format!("{:?} {e}", config.log_path)))?;
             Some(dir.join(&config.log_path))
         };
-        spec::cri_mounts(&config)?;
+        spec::cri_mounts(&config, &[])?;
         let sc = config
             .linux
             .as_ref()
@@ -115,19 +115,26 @@ impl ContainerService {
         if let Some(c) = &hold {
             self.inner.images.hold(c);
         }
-        let result = self
-            .prepare(
-                &id,
-                &b,
-                &config,
-                &sandbox,
-                &image,
-                log_path,
-                &confinement,
-                target_pid,
-                archive.as_deref(),
-            )
-            .await;
+        let mut volumes = Vec::new();
+        let result = match self.mount_image_volumes(&id, &b, &config, &sandbox) {
+            Err(e) => Err(e),
+            Ok(v) => {
+                volumes = v;
+                self.prepare(
+                    &id,
+                    &b,
+                    &config,
+                    &sandbox,
+                    &image,
+                    log_path,
+                    &confinement,
+                    target_pid,
+                    archive.as_deref(),
+                    &volumes,
+                )
+                .await
+            }
+        };
         match result {
             Ok(record) => {
                 let created = notice(&record, events::EventKind::Created, record.created_at);
@@ -151,6 +158,7 @@ impl ContainerService {
                 if let Some(c) = &hold {
                     self.inner.images.release(c);
                 }
+                self.release_image_volumes(&id, &volumes);
                 self.inner.records.release(&key);
                 Err(e)
             }
@@ -254,6 +262,7 @@ impl ContainerService {
         confinement: &Confinement,
         target_pid: Option<PathBuf>,
         archive: Option<&Path>,
+        volumes: &[ImageVolume],
     ) -> Result<Record, Error> {
         if archive.is_some() && sandbox.userns.is_some() {
             return Err(invalid(
@@ -360,6 +369,7 @@ impl ContainerService {
             rootfs: &rootfs,
             user: &user,
             cgroup: cgroup.is_some(),
+            image_volumes: volumes,
         })?;
         let scoped = self.scoped(cgroup.as_ref());
         if let Some(cg) = &cgroup
@@ -504,6 +514,7 @@ impl ContainerService {
             user: (user.uid, user.gid, user.additional_gids.clone()),
             cgroup,
             project,
+            image_volumes: volumes.to_vec(),
         };
         atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
         Ok(record)

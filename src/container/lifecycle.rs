@@ -144,7 +144,7 @@ impl ContainerService {
             (
                 init,
                 r.monitor,
-                parse_signal(&r.stop_signal).unwrap_or(libc::SIGTERM),
+                r.stop_signal_number(),
                 r.own_pid_ns,
                 r.mnt_ns,
                 r.cgroup.clone(),
@@ -230,6 +230,7 @@ impl ContainerService {
         if let Some(c) = &r.top_chain {
             self.inner.images.release(c);
         }
+        self.release_image_volumes(&r.id, &r.image_volumes);
         let mut cpu_keys = vec![b.dir.as_path()];
         cpu_keys.extend(r.cgroup.as_ref().map(|c| c.path.as_path()));
         self.inner.samples.forget(&cpu_keys, &b.layer.join("upper"));
@@ -298,9 +299,42 @@ pub fn parse_signal(s: &str) -> Option<i32> {
         let n = libc::SIGRTMIN() + off;
         return (n <= libc::SIGRTMAX()).then_some(n);
     }
+    if let Some(rest) = name.strip_prefix("SIGRTMAX") {
+        let off: i32 = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('-')?.parse().ok()?
+        };
+        let n = libc::SIGRTMAX() - off;
+        return (n >= libc::SIGRTMIN()).then_some(n);
+    }
+    // Other names for the same signals.
+    let name = match name.as_str() {
+        "SIGCLD" => "SIGCHLD",
+        "SIGPOLL" => "SIGIO",
+        "SIGIOT" => "SIGABRT",
+        n => n,
+    };
     name.parse::<nix::sys::signal::Signal>()
         .ok()
         .map(|s| s as i32)
+}
+
+/// The name of signal `n` as `parse_signal` reads it back (`SIGTERM`, `SIGRTMIN+3`,
+/// `SIGRTMAX-1`).
+pub fn signal_name(n: i32) -> String {
+    let (min, max) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+    if (min..=max).contains(&n) {
+        return match (n - min, max - n) {
+            (0, _) => "SIGRTMIN".into(),
+            (_, 0) => "SIGRTMAX".into(),
+            (up, _) if up <= 15 => format!("SIGRTMIN+{up}"),
+            (_, down) => format!("SIGRTMAX-{down}"),
+        };
+    }
+    nix::sys::signal::Signal::try_from(n)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| n.to_string())
 }
 
 /// SIGKILL to every process of the container: its cgroup's when it has one; else the init alone
@@ -336,10 +370,9 @@ pub(super) async fn discard_files(b: Bundle) {
 }
 
 pub(super) fn remove_files(b: &Bundle) {
-    // The rootfs and any idmapped layers are unmounted first; a tree that keeps a mount is left.
-    for d in [&b.layer, &b.dir] {
-        if let Err(e) = crate::mounttable::remove_tree(d) {
-            tracing::warn!(dir = %d.display(), error = %e, "removing container files");
-        }
+    // The rootfs, image volumes and any idmapped layers are unmounted first; a tree that keeps
+    // a mount is left.
+    if let Err(e) = crate::mounttable::remove_trees(&[&b.layer, &b.dir]) {
+        tracing::warn!(dir = %b.dir.display(), error = %e, "removing container files");
     }
 }

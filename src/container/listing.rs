@@ -48,6 +48,8 @@ pub struct ContainerStatus {
     pub resources: Option<Resources>,
     pub image_id: String,
     pub user: ContainerUser,
+    /// The signal StopContainer sends first (its name, as `stop_signal` gives it).
+    pub stop_signal: String,
 }
 
 /// Which containers a listing shows.
@@ -59,6 +61,43 @@ pub struct ContainerFilter {
     pub pod_sandbox_id: String,
     pub state: Option<ContainerState>,
     pub label_selector: HashMap<String, String>,
+}
+
+/// The resources in effect: the ones asked for, with what the container's cgroup holds where
+/// it has one (kubelet compares them with what it asked for after an in-place resize). A value
+/// the cgroup holds as the request maps to reports the request itself (CPU shares to weight
+/// rounds).
+fn applied_resources(r: &Record) -> Option<Resources> {
+    let asked = r.config.resources().cloned();
+    let Some(cg) = r.cgroup.as_ref().filter(|c| c.exists()) else {
+        return asked;
+    };
+    let mut out = asked.unwrap_or_default();
+    if let Ok(max) = cg.read("memory.max") {
+        out.memory_limit_in_bytes = max.trim().parse().unwrap_or(0);
+    }
+    if let Ok(cpu) = cg.read("cpu.max") {
+        let mut parts = cpu.split_whitespace();
+        let (quota, period) = (parts.next(), parts.next().and_then(|p| p.parse().ok()));
+        if let Some(p) = period {
+            out.cpu_period = p;
+        }
+        out.cpu_quota = quota.and_then(|q| q.parse().ok()).unwrap_or(0);
+    }
+    if let Some(weight) = cg.number("cpu.weight")
+        && runtime::cgroup::cpu_weight(out.cpu_shares) != weight
+    {
+        out.cpu_shares = runtime::cgroup::cpu_shares(weight);
+    }
+    for (file, field) in [
+        ("cpuset.cpus", &mut out.cpuset_cpus),
+        ("cpuset.mems", &mut out.cpuset_mems),
+    ] {
+        if let Ok(v) = cg.read(file) {
+            *field = v.trim().to_string();
+        }
+    }
+    Some(out)
 }
 
 impl ContainerService {
@@ -92,19 +131,36 @@ impl ContainerService {
             message: r.message.clone(),
             labels: r.config.labels.clone(),
             annotations: r.config.annotations.clone(),
-            mounts: r.config.mounts.clone(),
+            mounts: r
+                .config
+                .mounts
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let mut m = m.clone();
+                    // An image volume reports the digest of the image it mounts.
+                    if let (Some(spec), Some(v)) = (
+                        m.image.as_mut(),
+                        r.image_volumes.iter().find(|v| v.mount == i),
+                    ) {
+                        spec.image_ref = v.image.to_string();
+                    }
+                    m
+                })
+                .collect(),
             log_path: r
                 .log_path
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-            resources: r.config.resources().cloned(),
+            resources: applied_resources(r),
             image_id: r.image_id.clone(),
             user: ContainerUser {
                 uid,
                 gid,
                 supplemental_groups,
             },
+            stop_signal: r.effective_stop_signal(),
         }
     }
 

@@ -1,12 +1,19 @@
-//! The cadvisor-style metrics of ListPodSandboxMetrics and ListMetricDescriptors, in crius's own
-//! terms (`cri` makes CRI's messages of them): CPU, memory, swap and processes from each pod's
-//! and running container's cgroup, network bytes from the pod's network namespace.
+//! The cadvisor-shaped metrics of ListMetricDescriptors and ListPodSandboxMetrics (what kubelet
+//! serves at `/metrics/cadvisor` with the CRI stats provider), in crius's own terms (`cri` makes
+//! CRI's messages of them). Every metric carries the pod, its namespace, the container, its ID
+//! and its image as labels (network metrics the interface too, disk ones the device); values
+//! come from each pod's and running container's cgroup (CPU, memory, swap, I/O, pressure,
+//! processes), the writable layer's filesystem, the pod's network namespace and the
+//! container's processes in /proc.
 
-use super::ContainerService;
+use std::collections::BTreeMap;
+
 use super::config::ContainerState;
-use super::stats::{NetworkUsage, network};
+use super::stats::{NetworkUsage, network, psi};
+use super::{ContainerService, Record};
 use crate::records::now_nanos;
 use crate::runtime::cgroup::Cgroup;
+use crate::sandbox;
 
 /// Whether a metric only grows or may go either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,155 +49,689 @@ pub struct PodMetrics {
     pub container_metrics: Vec<(String, Vec<Metric>)>,
 }
 
-/// The metrics ListPodSandboxMetrics reports, with cadvisor's names and help.
-pub const METRICS: [(&str, &str, MetricKind); 9] = [
+/// The labels every metric has, in this order.
+const BASE: [&str; 5] = ["pod", "namespace", "container", "id", "image"];
+
+use MetricKind::{Counter, Gauge};
+
+/// Each metric: name, help, kind, and the label keys it has beyond `BASE`.
+pub const METRICS: &[(&str, &str, MetricKind, &[&str])] = &[
     (
         "container_cpu_usage_seconds_total",
-        "Cumulative cpu time consumed in seconds.",
-        MetricKind::Counter,
+        "CPU time used, in seconds.",
+        Counter,
+        &[],
     ),
     (
-        "container_memory_usage_bytes",
-        "Current memory usage in bytes, including all memory regardless of when it was accessed",
-        MetricKind::Gauge,
+        "container_cpu_user_seconds_total",
+        "CPU time used in user mode, in seconds.",
+        Counter,
+        &[],
     ),
     (
-        "container_memory_working_set_bytes",
-        "Current working set in bytes.",
-        MetricKind::Gauge,
+        "container_cpu_system_seconds_total",
+        "CPU time used in the kernel, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_cpu_cfs_periods_total",
+        "CFS enforcement periods that have passed.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_cpu_cfs_throttled_periods_total",
+        "CFS periods in which the container was throttled.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_cpu_cfs_throttled_seconds_total",
+        "Time the container was throttled, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_memory_cache",
+        "Page cache memory, in bytes.",
+        Gauge,
+        &[],
     ),
     (
         "container_memory_rss",
-        "Size of RSS in bytes.",
-        MetricKind::Gauge,
+        "Anonymous memory, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_memory_kernel_usage",
+        "Kernel memory, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_memory_mapped_file",
+        "Memory of mapped files, in bytes.",
+        Gauge,
+        &[],
     ),
     (
         "container_memory_swap",
-        "Container swap usage in bytes.",
-        MetricKind::Gauge,
+        "Swap in use, in bytes.",
+        Gauge,
+        &[],
     ),
     (
-        "container_spec_memory_limit_bytes",
-        "Memory limit for the container.",
-        MetricKind::Gauge,
+        "container_memory_failcnt",
+        "Times the memory limit was reached.",
+        Counter,
+        &[],
     ),
     (
-        "container_processes",
-        "Number of processes running inside the container.",
-        MetricKind::Gauge,
+        "container_memory_usage_bytes",
+        "Memory in use, in bytes, whatever its kind.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_memory_max_usage_bytes",
+        "Most memory ever in use, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_memory_working_set_bytes",
+        "Memory in use less inactive file cache, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_memory_failures_total",
+        "Page faults, by type and scope.",
+        Counter,
+        &["failure_type", "scope"],
+    ),
+    (
+        "container_oom_events_total",
+        "Processes the OOM killer ended.",
+        Counter,
+        &[],
     ),
     (
         "container_network_receive_bytes_total",
-        "Cumulative count of bytes received",
-        MetricKind::Counter,
+        "Bytes received.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_receive_packets_total",
+        "Packets received.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_receive_packets_dropped_total",
+        "Received packets dropped.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_receive_errors_total",
+        "Errors while receiving.",
+        Counter,
+        &["interface"],
     ),
     (
         "container_network_transmit_bytes_total",
-        "Cumulative count of bytes transmitted",
-        MetricKind::Counter,
+        "Bytes sent.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_transmit_packets_total",
+        "Packets sent.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_transmit_packets_dropped_total",
+        "Packets dropped while sending.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_network_transmit_errors_total",
+        "Errors while sending.",
+        Counter,
+        &["interface"],
+    ),
+    (
+        "container_fs_usage_bytes",
+        "Bytes the writable layer holds.",
+        Gauge,
+        &["device"],
+    ),
+    (
+        "container_fs_limit_bytes",
+        "Bytes the writable layer's filesystem can hold.",
+        Gauge,
+        &["device"],
+    ),
+    (
+        "container_fs_inodes_total",
+        "Inodes of the writable layer's filesystem.",
+        Gauge,
+        &["device"],
+    ),
+    (
+        "container_fs_inodes_free",
+        "Free inodes of the writable layer's filesystem.",
+        Gauge,
+        &["device"],
+    ),
+    (
+        "container_fs_reads_bytes_total",
+        "Bytes read, by device.",
+        Counter,
+        &["device"],
+    ),
+    (
+        "container_fs_reads_total",
+        "Reads completed, by device.",
+        Counter,
+        &["device"],
+    ),
+    (
+        "container_fs_writes_bytes_total",
+        "Bytes written, by device.",
+        Counter,
+        &["device"],
+    ),
+    (
+        "container_fs_writes_total",
+        "Writes completed, by device.",
+        Counter,
+        &["device"],
+    ),
+    (
+        "container_blkio_device_usage_total",
+        "Bytes moved, by device and direction.",
+        Counter,
+        &["device", "major", "minor", "operation"],
+    ),
+    ("container_processes", "Processes running.", Gauge, &[]),
+    ("container_threads", "Threads running.", Gauge, &[]),
+    (
+        "container_threads_max",
+        "Most threads allowed (0: no limit).",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_file_descriptors",
+        "Open file descriptors.",
+        Gauge,
+        &[],
+    ),
+    ("container_sockets", "Open sockets.", Gauge, &[]),
+    (
+        "container_last_seen",
+        "When the container was last seen, in seconds since the epoch.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_start_time_seconds",
+        "When the container started, in seconds since the epoch.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_cpu_period",
+        "CFS period asked for, in microseconds.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_cpu_quota",
+        "CFS quota asked for, in microseconds.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_cpu_shares",
+        "CPU shares asked for.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_memory_limit_bytes",
+        "Memory limit, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_memory_reservation_limit_bytes",
+        "Memory kept from reclaim (memory.low), in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_spec_memory_swap_limit_bytes",
+        "Swap limit, in bytes.",
+        Gauge,
+        &[],
+    ),
+    (
+        "container_pressure_cpu_waiting_seconds_total",
+        "Time some tasks waited for CPU, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_pressure_cpu_stalled_seconds_total",
+        "Time all tasks waited for CPU, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_pressure_memory_waiting_seconds_total",
+        "Time some tasks waited for memory, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_pressure_memory_stalled_seconds_total",
+        "Time all tasks waited for memory, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_pressure_io_waiting_seconds_total",
+        "Time some tasks waited for I/O, in seconds.",
+        Counter,
+        &[],
+    ),
+    (
+        "container_pressure_io_stalled_seconds_total",
+        "Time all tasks waited for I/O, in seconds.",
+        Counter,
+        &[],
     ),
 ];
 
 pub fn descriptors() -> Vec<MetricDescriptor> {
     METRICS
         .iter()
-        .map(|(name, help, _)| MetricDescriptor {
+        .map(|(name, help, _, extra)| MetricDescriptor {
             name: (*name).into(),
             help: (*help).into(),
-            label_keys: if name.starts_with("container_network") {
-                vec!["interface".into()]
-            } else {
-                Vec::new()
-            },
+            label_keys: BASE
+                .iter()
+                .chain(extra.iter())
+                .map(|k| k.to_string())
+                .collect(),
         })
         .collect()
 }
 
-fn metric(name: &str, labels: Vec<String>, value: u64) -> Metric {
-    let kind = METRICS
-        .iter()
-        .find(|m| m.0 == name)
-        .map(|m| m.2)
-        .unwrap_or(MetricKind::Gauge);
-    Metric {
-        name: name.into(),
-        timestamp: now_nanos(),
-        kind,
-        label_values: labels,
-        value,
-    }
+/// Samples for one pod or container: its base label values, and a time.
+struct Samples {
+    base: Vec<String>,
+    at: i64,
+    out: Vec<Metric>,
 }
 
-/// Metrics of one cgroup (a container's or a pod's).
-pub fn cgroup_metrics(cg: &Cgroup) -> Vec<Metric> {
-    let stat = cg.keyed("memory.stat");
-    let usage = cg.number("memory.current").unwrap_or(0);
-    let mut out = vec![
-        metric(
+impl Samples {
+    fn new(base: Vec<String>) -> Samples {
+        Samples {
+            base,
+            at: now_nanos(),
+            out: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, name: &str, extra: &[&str], value: u64) {
+        let kind = METRICS.iter().find(|m| m.0 == name).map_or(Gauge, |m| m.2);
+        let mut labels = self.base.clone();
+        labels.extend(extra.iter().map(|s| s.to_string()));
+        self.out.push(Metric {
+            name: name.into(),
+            timestamp: self.at,
+            kind,
+            label_values: labels,
+            value,
+        });
+    }
+
+    /// Everything a cgroup tells.
+    fn cgroup(&mut self, cg: &Cgroup) {
+        let cpu = cg.keyed("cpu.stat");
+        let c = |k: &str| cpu.get(k).copied().unwrap_or(0);
+        self.add(
             "container_cpu_usage_seconds_total",
-            vec![],
-            cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) / 1_000_000,
-        ),
-        metric("container_memory_usage_bytes", vec![], usage),
-        metric(
-            "container_memory_working_set_bytes",
-            vec![],
-            usage.saturating_sub(stat.get("inactive_file").copied().unwrap_or(0)),
-        ),
-        metric(
-            "container_memory_rss",
-            vec![],
-            stat.get("anon").copied().unwrap_or(0),
-        ),
-        metric(
+            &[],
+            c("usage_usec") / 1_000_000,
+        );
+        self.add(
+            "container_cpu_user_seconds_total",
+            &[],
+            c("user_usec") / 1_000_000,
+        );
+        self.add(
+            "container_cpu_system_seconds_total",
+            &[],
+            c("system_usec") / 1_000_000,
+        );
+        self.add("container_cpu_cfs_periods_total", &[], c("nr_periods"));
+        self.add(
+            "container_cpu_cfs_throttled_periods_total",
+            &[],
+            c("nr_throttled"),
+        );
+        self.add(
+            "container_cpu_cfs_throttled_seconds_total",
+            &[],
+            c("throttled_usec") / 1_000_000,
+        );
+        let stat = cg.keyed("memory.stat");
+        let m = |k: &str| stat.get(k).copied().unwrap_or(0);
+        let usage = cg.number("memory.current").unwrap_or(0);
+        self.add("container_memory_cache", &[], m("file"));
+        self.add("container_memory_rss", &[], m("anon"));
+        self.add("container_memory_kernel_usage", &[], m("kernel"));
+        self.add("container_memory_mapped_file", &[], m("file_mapped"));
+        self.add(
             "container_memory_swap",
-            vec![],
+            &[],
             cg.number("memory.swap.current").unwrap_or(0),
-        ),
-        metric(
+        );
+        let events = cg.keyed("memory.events");
+        self.add(
+            "container_memory_failcnt",
+            &[],
+            events.get("max").copied().unwrap_or(0),
+        );
+        self.add("container_memory_usage_bytes", &[], usage);
+        self.add(
+            "container_memory_max_usage_bytes",
+            &[],
+            cg.number("memory.peak").unwrap_or(usage),
+        );
+        self.add(
+            "container_memory_working_set_bytes",
+            &[],
+            usage.saturating_sub(m("inactive_file")),
+        );
+        for scope in ["container", "hierarchy"] {
+            self.add(
+                "container_memory_failures_total",
+                &["pgfault", scope],
+                m("pgfault"),
+            );
+            self.add(
+                "container_memory_failures_total",
+                &["pgmajfault", scope],
+                m("pgmajfault"),
+            );
+        }
+        self.add(
+            "container_oom_events_total",
+            &[],
+            events.get("oom_kill").copied().unwrap_or(0),
+        );
+        for (device, io) in io_stat(cg) {
+            let v = |k: &str| io.get(k).copied().unwrap_or(0);
+            self.add("container_fs_reads_bytes_total", &[&device], v("rbytes"));
+            self.add("container_fs_reads_total", &[&device], v("rios"));
+            self.add("container_fs_writes_bytes_total", &[&device], v("wbytes"));
+            self.add("container_fs_writes_total", &[&device], v("wios"));
+            let (major, minor) = device.split_once(':').unwrap_or((&device, ""));
+            for (op, k) in [("Read", "rbytes"), ("Write", "wbytes")] {
+                self.add(
+                    "container_blkio_device_usage_total",
+                    &[&device, major, minor, op],
+                    v(k),
+                );
+            }
+        }
+        let pids = cg.pids();
+        self.add(
             "container_processes",
-            vec![],
-            cg.number("pids.current").unwrap_or(0),
-        ),
-    ];
-    if let Some(limit) = cg.number("memory.max") {
-        out.push(metric("container_spec_memory_limit_bytes", vec![], limit));
+            &[],
+            cg.number("pids.current").unwrap_or(pids.len() as u64),
+        );
+        let threads = cg
+            .read("cgroup.threads")
+            .map(|t| t.lines().count() as u64)
+            .unwrap_or(0);
+        self.add("container_threads", &[], threads);
+        self.add(
+            "container_threads_max",
+            &[],
+            cg.number("pids.max").unwrap_or(0),
+        );
+        let (fds, sockets) = descriptors_of(&pids);
+        self.add("container_file_descriptors", &[], fds);
+        self.add("container_sockets", &[], sockets);
+        for (resource, waiting, stalled) in [
+            (
+                "cpu",
+                "container_pressure_cpu_waiting_seconds_total",
+                "container_pressure_cpu_stalled_seconds_total",
+            ),
+            (
+                "memory",
+                "container_pressure_memory_waiting_seconds_total",
+                "container_pressure_memory_stalled_seconds_total",
+            ),
+            (
+                "io",
+                "container_pressure_io_waiting_seconds_total",
+                "container_pressure_io_stalled_seconds_total",
+            ),
+        ] {
+            let text = std::fs::read_to_string(cg.path.join(format!("{resource}.pressure")));
+            if let Some(p) = text.ok().as_deref().and_then(psi) {
+                self.add(waiting, &[], p.some.total / 1_000_000_000);
+                self.add(stalled, &[], p.full.total / 1_000_000_000);
+            }
+        }
+        let spec = |file: &str| cg.number(file).unwrap_or(0);
+        if let Ok(cpu_max) = cg.read("cpu.max") {
+            let mut parts = cpu_max.split_whitespace();
+            let quota = parts.next().and_then(|q| q.parse().ok()).unwrap_or(0);
+            let period = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            self.add("container_spec_cpu_period", &[], period);
+            self.add("container_spec_cpu_quota", &[], quota);
+        }
+        if let Some(w) = cg.number("cpu.weight") {
+            self.add(
+                "container_spec_cpu_shares",
+                &[],
+                crate::runtime::cgroup::cpu_shares(w) as u64,
+            );
+        }
+        self.add("container_spec_memory_limit_bytes", &[], spec("memory.max"));
+        self.add(
+            "container_spec_memory_reservation_limit_bytes",
+            &[],
+            spec("memory.low"),
+        );
+        self.add(
+            "container_spec_memory_swap_limit_bytes",
+            &[],
+            spec("memory.swap.max"),
+        );
     }
-    out
+
+    fn network(&mut self, net: &NetworkUsage) {
+        for i in &net.interfaces {
+            let name = [i.name.as_str()];
+            let v = |x: Option<u64>| x.unwrap_or(0);
+            self.add(
+                "container_network_receive_bytes_total",
+                &name,
+                v(i.rx_bytes),
+            );
+            self.add(
+                "container_network_receive_errors_total",
+                &name,
+                v(i.rx_errors),
+            );
+            self.add(
+                "container_network_transmit_bytes_total",
+                &name,
+                v(i.tx_bytes),
+            );
+            self.add(
+                "container_network_transmit_errors_total",
+                &name,
+                v(i.tx_errors),
+            );
+            self.add(
+                "container_network_receive_packets_total",
+                &name,
+                v(i.rx_packets),
+            );
+            self.add(
+                "container_network_receive_packets_dropped_total",
+                &name,
+                v(i.rx_dropped),
+            );
+            self.add(
+                "container_network_transmit_packets_total",
+                &name,
+                v(i.tx_packets),
+            );
+            self.add(
+                "container_network_transmit_packets_dropped_total",
+                &name,
+                v(i.tx_dropped),
+            );
+        }
+    }
 }
 
-pub fn network_metrics(net: &NetworkUsage) -> Vec<Metric> {
-    let mut out = Vec::new();
-    for i in &net.interfaces {
-        let val = |x: &Option<u64>| x.unwrap_or(0);
-        out.push(metric(
-            "container_network_receive_bytes_total",
-            vec![i.name.clone()],
-            val(&i.rx_bytes),
-        ));
-        out.push(metric(
-            "container_network_transmit_bytes_total",
-            vec![i.name.clone()],
-            val(&i.tx_bytes),
-        ));
+/// `io.stat` by device (`major:minor`): each line's `key=value` counters.
+fn io_stat(cg: &Cgroup) -> Vec<(String, BTreeMap<String, u64>)> {
+    let Ok(text) = cg.read("io.stat") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let device = words.next()?.to_string();
+            let values = words
+                .filter_map(|w| {
+                    let (k, v) = w.split_once('=')?;
+                    Some((k.to_string(), v.parse().ok()?))
+                })
+                .collect();
+            Some((device, values))
+        })
+        .collect()
+}
+
+/// Open descriptors, and how many of them are sockets, of the processes `pids`.
+fn descriptors_of(pids: &[i32]) -> (u64, u64) {
+    let (mut fds, mut sockets) = (0, 0);
+    for pid in pids {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for e in dir.flatten() {
+            fds += 1;
+            if std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            {
+                sockets += 1;
+            }
+        }
     }
-    out
+    (fds, sockets)
+}
+
+/// Seconds since the epoch of a time in nanoseconds.
+fn seconds(nanos: i64) -> u64 {
+    (nanos.max(0) / 1_000_000_000) as u64
 }
 
 impl ContainerService {
-    /// cadvisor-style metrics of every ready pod and its running containers.
+    /// Metrics of one running container: its cgroup's, its writable layer's and its times.
+    fn container_metrics(&self, pod: &sandbox::Record, r: &Record) -> Vec<Metric> {
+        let meta = pod.config.metadata.clone().unwrap_or_default();
+        let image = r
+            .config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        let mut s = Samples::new(vec![
+            meta.name,
+            meta.namespace,
+            r.config.name().to_string(),
+            r.id.clone(),
+            image,
+        ]);
+        if let Some(cg) = &r.cgroup {
+            s.cgroup(cg);
+        }
+        let layer = self.bundle(&r.id).layer;
+        let (bytes, _) = match r.project {
+            Some(_) => self.inner.layer_usage.measure(&layer, r.project),
+            None => self.inner.samples.layer(&layer.join("upper")),
+        };
+        // The writable layers' filesystem, as io.stat names devices.
+        let device = std::fs::metadata(&self.inner.layers)
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                let dev = m.dev();
+                format!(
+                    "{}:{}",
+                    nix::sys::stat::major(dev),
+                    nix::sys::stat::minor(dev)
+                )
+            })
+            .unwrap_or_default();
+        let d = [device.as_str()];
+        s.add("container_fs_usage_bytes", &d, bytes);
+        if let Ok(st) = nix::sys::statvfs::statvfs(&self.inner.layers) {
+            let frsize = st.fragment_size();
+            s.add("container_fs_limit_bytes", &d, st.blocks() * frsize);
+            s.add("container_fs_inodes_total", &d, st.files());
+            s.add("container_fs_inodes_free", &d, st.files_free());
+        }
+        s.add("container_last_seen", &[], seconds(now_nanos()));
+        s.add("container_start_time_seconds", &[], seconds(r.started_at));
+        s.out
+    }
+
+    /// cadvisor-shaped metrics of every ready pod (its cgroup's and network's) and its running
+    /// containers.
     pub async fn pod_metrics(&self) -> Vec<PodMetrics> {
         let mut out = Vec::new();
         for p in self.inner.sandboxes.list(None).await {
-            if p.state != crate::sandbox::PodState::Ready {
+            if p.state != sandbox::PodState::Ready {
                 continue;
             }
             let Ok(sb) = self.inner.sandboxes.get(&p.id).await else {
                 continue;
             };
-            let mut metrics = sb.cgroup.as_ref().map(cgroup_metrics).unwrap_or_default();
+            let meta = sb.config.metadata.clone().unwrap_or_default();
+            let mut s = Samples::new(vec![
+                meta.name,
+                meta.namespace,
+                String::new(),
+                sb.id.clone(),
+                String::new(),
+            ]);
+            if let Some(cg) = &sb.cgroup {
+                s.cgroup(cg);
+            }
             if let Some(net) = sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)) {
-                metrics.extend(network_metrics(&net));
+                s.network(&net);
             }
             let mut container_metrics = Vec::new();
             for cid in self.in_sandbox(&sb.id).await {
@@ -198,15 +739,13 @@ impl ContainerService {
                     continue;
                 };
                 let r = entry.lock().await;
-                if r.state == ContainerState::Running
-                    && let Some(cg) = &r.cgroup
-                {
-                    container_metrics.push((r.id.clone(), cgroup_metrics(cg)));
+                if r.state == ContainerState::Running {
+                    container_metrics.push((r.id.clone(), self.container_metrics(&sb, &r)));
                 }
             }
             out.push(PodMetrics {
                 pod_sandbox_id: sb.id.clone(),
-                metrics,
+                metrics: s.out,
                 container_metrics,
             });
         }
@@ -219,7 +758,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_metric_has_a_descriptor() {
-        assert_eq!(descriptors().len(), METRICS.len());
+    fn every_sample_has_its_descriptors_labels() {
+        let descs = descriptors();
+        assert_eq!(descs.len(), METRICS.len());
+        assert!(
+            descs
+                .iter()
+                .all(|d| !d.label_keys.is_empty() && !d.help.is_empty())
+        );
+        let mut s = Samples::new(vec![
+            "p".into(),
+            "ns".into(),
+            "c".into(),
+            "id".into(),
+            "i".into(),
+        ]);
+        let n = network(std::process::id() as i32).unwrap();
+        s.network(&n);
+        s.add(
+            "container_memory_failures_total",
+            &["pgfault", "container"],
+            1,
+        );
+        for m in &s.out {
+            let d = descs.iter().find(|d| d.name == m.name).unwrap();
+            assert_eq!(d.label_keys.len(), m.label_values.len(), "{}", m.name);
+        }
+        assert_eq!(
+            s.out
+                .iter()
+                .filter(|m| m.name.starts_with("container_network"))
+                .count(),
+            n.interfaces.len() * 8
+        );
     }
 }

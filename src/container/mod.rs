@@ -26,12 +26,14 @@ pub mod spec;
 pub mod stats;
 pub mod stream;
 pub mod user;
+mod volumes;
 
 use cgroups::attach_devices;
 pub use create::{recursive_read_only_mounts, user_namespaces};
-pub use lifecycle::parse_signal;
 use lifecycle::{discard_files, remove_files};
+pub use lifecycle::{parse_signal, signal_name};
 pub use listing::{ContainerFilter, ContainerStatus, ContainerSummary, ContainerUser};
+pub use volumes::ImageVolume;
 
 use std::collections::HashMap;
 use std::io;
@@ -152,6 +154,9 @@ pub struct Record {
     /// The writable layer's project ID, where its file system keeps project quotas.
     #[serde(default)]
     pub project: Option<u32>,
+    /// The images mounted as image volumes.
+    #[serde(default)]
+    pub image_volumes: Vec<ImageVolume>,
 }
 
 /// An event about `r`.
@@ -167,6 +172,19 @@ fn notice(r: &Record, kind: events::EventKind, at: i64) -> events::Notice {
 }
 
 impl Record {
+    /// The signal StopContainer sends first: the container's own stop signal, else its
+    /// image's, else SIGTERM.
+    fn stop_signal_number(&self) -> i32 {
+        lifecycle::parse_signal(&self.config.stop_signal)
+            .or_else(|| lifecycle::parse_signal(&self.stop_signal))
+            .unwrap_or(libc::SIGTERM)
+    }
+
+    /// The same, by name, as ContainerStatus reports it.
+    fn effective_stop_signal(&self) -> String {
+        lifecycle::signal_name(self.stop_signal_number())
+    }
+
     fn name_key(&self) -> String {
         let m = self.config.metadata.clone().unwrap_or_default();
         format!("{}/{}/{}", self.sandbox_id, m.name, m.attempt)
@@ -319,6 +337,7 @@ impl ContainerService {
             if let Some(c) = &r.top_chain {
                 self.inner.images.hold(c);
             }
+            self.hold_image_volumes(&r.id, &r.image_volumes);
             known.insert(r.id.clone());
             let _ = self.inner.records.reserve(&r.name_key(), &r.id);
             self.inner.records.insert(r.id.clone(), r);

@@ -61,6 +61,8 @@ pub struct Context<'a> {
     pub user: &'a User,
     /// Whether the container has its own cgroup (and cgroup namespace) to show at /sys/fs/cgroup.
     pub cgroup: bool,
+    /// The container's image volumes, mounted (their sources).
+    pub image_volumes: &'a [super::ImageVolume],
 }
 
 /// The command line: `command` replaces the entrypoint and `args` the cmd; with a command but no
@@ -240,8 +242,13 @@ fn propagation(p: Propagation) -> &'static str {
     }
 }
 
-/// Validates the CRI mounts and turns them into OCI bind mounts, parents before children.
-pub fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, Invalid> {
+/// Validates the CRI mounts and turns them into OCI bind mounts, parents before children; an
+/// image volume binds its mounted image (from `volumes`; before they are mounted, this only
+/// validates).
+pub fn cri_mounts(
+    config: &ContainerConfig,
+    volumes: &[super::ImageVolume],
+) -> Result<Vec<Mount>, Invalid> {
     let mut seen = HashSet::new();
     let mut out: Vec<(usize, Mount)> = Vec::new();
     for (i, m) in config.mounts.iter().enumerate() {
@@ -263,7 +270,21 @@ pub fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, Invalid> {
                 ),
             ));
         }
-        check_abs(&m.host_path, &format!("{field}.host_path"))?;
+        let image_volume =
+            super::volumes::check(m, &format!("config.{field}")).map_err(|e| match e {
+                super::Error::Invalid { field, reason } => invalid(field, reason),
+                other => invalid(format!("config.{field}"), other.to_string()),
+            })?;
+        let source = if image_volume {
+            volumes
+                .iter()
+                .find(|v| v.mount == i)
+                .map(|v| v.source.display().to_string())
+                .unwrap_or_default()
+        } else {
+            check_abs(&m.host_path, &format!("{field}.host_path"))?;
+            m.host_path.clone()
+        };
         if !seen.insert(dest.clone()) {
             return Err(invalid(
                 format!("{field}.container_path"),
@@ -299,7 +320,7 @@ pub fn cri_mounts(config: &ContainerConfig) -> Result<Vec<Mount>, Invalid> {
             "rw"
         });
         let depth = Path::new(&dest).components().count();
-        out.push((depth, mount(&dest, "bind", &m.host_path, &opts)?));
+        out.push((depth, mount(&dest, "bind", &source, &opts)?));
     }
     out.sort_by_key(|(d, _)| *d);
     Ok(out.into_iter().map(|(_, m)| m).collect())
@@ -560,7 +581,7 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
     } else {
         &["rbind", "rprivate", "rw"]
     };
-    let mut user_mounts = cri_mounts(config)?;
+    let mut user_mounts = cri_mounts(config, ctx.image_volumes)?;
     if !privileged {
         // No device node in a volume may open a host device, whatever the node's cgroup can
         // enforce; devices are passed as devices, or from /dev.
@@ -791,19 +812,19 @@ mod tests {
         };
         let mut c = cfg(&[], &[]);
         c.mounts = vec![m("relative", "/tmp")];
-        assert!(cri_mounts(&c).unwrap_err().reason.contains("absolute"));
+        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("absolute"));
         c.mounts = vec![m("/data", "tmp")];
-        assert!(cri_mounts(&c).unwrap_err().field.contains("host_path"));
+        assert!(cri_mounts(&c, &[]).unwrap_err().field.contains("host_path"));
         c.mounts = vec![m("/../../etc", "/tmp")];
-        assert!(cri_mounts(&c).unwrap_err().reason.contains("escapes"));
+        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("escapes"));
         c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp"), m("/a/./b/", "/x")];
-        assert!(cri_mounts(&c).unwrap_err().reason.contains("twice"));
+        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("twice"));
         c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp")];
-        let ms = cri_mounts(&c).unwrap();
+        let ms = cri_mounts(&c, &[]).unwrap();
         assert_eq!(ms[0].destination(), Path::new("/a"), "parents first");
         let mut rro = m("/r", "/tmp");
         rro.recursive_read_only = true;
         c.mounts = vec![rro];
-        assert!(cri_mounts(&c).unwrap_err().reason.contains("readonly"));
+        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("readonly"));
     }
 }

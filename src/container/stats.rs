@@ -29,13 +29,80 @@ fn v(value: u64) -> Option<u64> {
     Some(value)
 }
 
+/// Pressure stall figures of one resource for some or all of a cgroup's tasks: the total time
+/// they waited (nanoseconds) and the share of time (%) over 10, 60 and 300 s.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PsiData {
+    pub total: u64,
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+}
+
+/// A resource's pressure (`cpu.pressure`, `memory.pressure`, `io.pressure`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Psi {
+    pub full: PsiData,
+    pub some: PsiData,
+}
+
+/// A pressure file's two lines, `some avg10=.. avg60=.. avg300=.. total=..` and `full ...`
+/// (`total` in microseconds); none when the kernel keeps no pressure figures (no such file,
+/// or `psi=0` reading it fails).
+pub fn psi(text: &str) -> Option<Psi> {
+    let mut out = Psi::default();
+    let mut seen = 0;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let which = match words.next() {
+            Some("some") => &mut out.some,
+            Some("full") => &mut out.full,
+            _ => continue,
+        };
+        for w in words {
+            let Some((k, v)) = w.split_once('=') else {
+                continue;
+            };
+            match k {
+                "avg10" => which.avg10 = v.parse().ok()?,
+                "avg60" => which.avg60 = v.parse().ok()?,
+                "avg300" => which.avg300 = v.parse().ok()?,
+                "total" => which.total = v.parse::<u64>().ok()?.saturating_mul(1000),
+                _ => {}
+            }
+        }
+        seen += 1;
+    }
+    (seen > 0).then_some(out)
+}
+
+/// A cgroup's pressure of one resource (`cpu`, `memory`, `io`).
+pub fn pressure(cg: &Cgroup, resource: &str) -> Option<Psi> {
+    psi(&std::fs::read_to_string(cg.path.join(format!("{resource}.pressure"))).ok()?)
+}
+
 /// CPU use of a cgroup (or a container's processes) at a moment: total time and the rate
-/// since the previous sample.
+/// since the previous sample, with the cgroup's CPU pressure.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CpuUsage {
     pub timestamp: i64,
     pub usage_core_nano_seconds: Option<u64>,
     pub usage_nano_cores: Option<u64>,
+    pub psi: Option<Psi>,
+}
+
+/// I/O of a cgroup: its pressure.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IoUsage {
+    pub timestamp: i64,
+    pub psi: Option<Psi>,
+}
+
+pub fn io(cg: &Cgroup) -> IoUsage {
+    IoUsage {
+        timestamp: now_nanos(),
+        psi: pressure(cg, "io"),
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,6 +114,7 @@ pub struct MemoryUsage {
     pub rss_bytes: Option<u64>,
     pub page_faults: Option<u64>,
     pub major_page_faults: Option<u64>,
+    pub psi: Option<Psi>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -66,9 +134,13 @@ pub struct ProcessUsage {
 pub struct InterfaceUsage {
     pub name: String,
     pub rx_bytes: Option<u64>,
+    pub rx_packets: Option<u64>,
     pub rx_errors: Option<u64>,
+    pub rx_dropped: Option<u64>,
     pub tx_bytes: Option<u64>,
+    pub tx_packets: Option<u64>,
     pub tx_errors: Option<u64>,
+    pub tx_dropped: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -98,6 +170,7 @@ pub struct ContainerStats {
     pub memory: Option<MemoryUsage>,
     pub writable_layer: FilesystemUsage,
     pub swap: Option<SwapUsage>,
+    pub io: Option<IoUsage>,
 }
 
 /// A pod's statistics, with its running containers'.
@@ -111,6 +184,7 @@ pub struct PodStats {
     pub memory: Option<MemoryUsage>,
     pub network: Option<NetworkUsage>,
     pub process: Option<ProcessUsage>,
+    pub io: Option<IoUsage>,
     pub containers: Vec<ContainerStats>,
 }
 
@@ -126,7 +200,10 @@ impl Samples {
     /// CPU usage of a cgroup, with the rate since the previous sample.
     pub fn cpu(&self, cg: &Cgroup) -> CpuUsage {
         let usage_ns = cg.keyed("cpu.stat").get("usage_usec").copied().unwrap_or(0) * 1000;
-        self.cpu_usage(&cg.path, usage_ns)
+        CpuUsage {
+            psi: pressure(cg, "cpu"),
+            ..self.cpu_usage(&cg.path, usage_ns)
+        }
     }
 
     /// CPU usage of whatever `key` names (a cgroup, a container without one), with the rate
@@ -144,6 +221,7 @@ impl Samples {
             timestamp: now,
             usage_core_nano_seconds: v(usage_ns),
             usage_nano_cores: v(rate),
+            psi: None,
         }
     }
 
@@ -192,6 +270,7 @@ pub fn memory(cg: &Cgroup) -> MemoryUsage {
         rss_bytes: v(stat.get("anon").copied().unwrap_or(0)),
         page_faults: v(stat.get("pgfault").copied().unwrap_or(0)),
         major_page_faults: v(stat.get("pgmajfault").copied().unwrap_or(0)),
+        psi: pressure(cg, "memory"),
     }
 }
 
@@ -257,6 +336,7 @@ fn process_memory(t: &ProcessTotals) -> MemoryUsage {
         rss_bytes: v(t.anon),
         page_faults: None,
         major_page_faults: None,
+        psi: None,
     }
 }
 
@@ -297,9 +377,13 @@ pub fn network(pid: i32) -> Option<NetworkUsage> {
         ifaces.push(InterfaceUsage {
             name: name.trim().to_string(),
             rx_bytes: v(f[0]),
+            rx_packets: v(f[1]),
             rx_errors: v(f[2]),
+            rx_dropped: v(f[3]),
             tx_bytes: v(f[8]),
+            tx_packets: v(f[9]),
             tx_errors: v(f[10]),
+            tx_dropped: v(f[11]),
         });
     }
     // The pod's own interface if it has one; a loopback-only pod reports lo.
@@ -350,6 +434,7 @@ impl ContainerService {
                 inodes_used: inodes,
             },
             swap: r.cgroup.as_ref().map(swap),
+            io: r.cgroup.as_ref().map(io),
         }
     }
 
@@ -406,6 +491,7 @@ impl ContainerService {
             memory: cg.map(memory),
             network: sb.pause.filter(|p| p.alive()).and_then(|p| network(p.pid)),
             process: cg.map(processes),
+            io: cg.map(io),
             containers,
         })
     }
@@ -455,10 +541,18 @@ mod tests {
         let n = network(std::process::id() as i32).unwrap();
         assert!(n.interfaces.iter().any(|i| i.name == "lo"));
         assert!(n.default_interface.is_some());
-        assert_eq!(
-            super::super::metrics::network_metrics(&n).len(),
-            n.interfaces.len() * 2
-        );
+    }
+
+    #[test]
+    fn pressure_files() {
+        let text = "some avg10=1.50 avg60=0.25 avg300=0.00 total=1234\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n";
+        let p = psi(text).unwrap();
+        assert_eq!(p.some.total, 1_234_000);
+        assert_eq!(p.some.avg10, 1.5);
+        assert_eq!(p.full.total, 7000);
+        assert!(psi("").is_none());
+        assert!(psi("some avg10=x\n").is_none());
     }
 
     #[test]

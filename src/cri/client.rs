@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cri::v1::image_service_client::ImageServiceClient;
+use crate::cri::v1::runtime_service_client::RuntimeServiceClient;
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -12,8 +12,8 @@ use super::MAX_MESSAGE_SIZE;
 use super::proto::pulls_client::PullsClient;
 
 /// The ImageSpec naming `image`, as every client call that takes one wants it.
-pub fn image_spec(image: &str) -> k8s_cri::v1::ImageSpec {
-    k8s_cri::v1::ImageSpec {
+pub fn image_spec(image: &str) -> crate::cri::v1::ImageSpec {
+    crate::cri::v1::ImageSpec {
         image: image.to_string(),
         ..Default::default()
     }

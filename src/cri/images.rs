@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_server::ImageService as CriImageService;
+use crate::cri::v1 as cri;
+use crate::cri::v1::image_service_server::ImageService as CriImageService;
 use tonic::{Request, Response, Status};
 
 use super::rpc;
@@ -89,6 +89,31 @@ impl CriImageService for Images {
             Ok(cri::ListImagesResponse {
                 images: images.iter().map(|i| self.to_cri(i)).collect(),
             })
+        })
+        .await
+    }
+
+    type StreamImagesStream = super::lists::Listing<cri::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        req: Request<cri::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        rpc("StreamImages", async {
+            let filter = req
+                .into_inner()
+                .filter
+                .and_then(|f| f.image)
+                .map(|s| s.image)
+                .filter(|s| !s.is_empty());
+            let images = match filter {
+                Some(f) => self.svc.lookup(&f)?.into_iter().collect(),
+                None => self.svc.list(),
+            };
+            let items = images.iter().map(|i| self.to_cri(i)).collect();
+            Ok(super::lists::chunked(items, |images| {
+                cri::StreamImagesResponse { images }
+            }))
         })
         .await
     }

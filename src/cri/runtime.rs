@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_server::RuntimeService;
+use crate::cri::v1 as cri;
+use crate::cri::v1::runtime_service_server::RuntimeService;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::lists::{Listing, chunked};
 use super::rpc;
 use super::status::ToStatus;
 use crate::container::ContainerService;
@@ -431,6 +432,8 @@ impl RuntimeService for Runtime {
                 runtime_handlers,
                 features: Some(cri::RuntimeFeatures {
                     supplemental_groups_policy: true,
+                    // A pod with its own user namespace on the host's network is refused.
+                    user_namespaces_host_network: false,
                 }),
             })
         })
@@ -596,6 +599,116 @@ impl RuntimeService for Runtime {
                 .events()
                 .map(|e| e.map(convert::cri_event).map_err(|ended| ended.to_status()));
             Ok(Box::pin(stream) as Self::GetContainerEventsStream)
+        })
+        .await
+    }
+
+    type StreamPodSandboxesStream = Listing<cri::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        req: Request<cri::StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        rpc("StreamPodSandboxes", async {
+            let pods = match req.into_inner().filter.map(convert::pod_filter) {
+                Some(None) => Vec::new(),
+                Some(Some(f)) => self.sandboxes.list(Some(&f)).await,
+                None => self.sandboxes.list(None).await,
+            };
+            let items = pods.iter().map(convert::cri_pod).collect();
+            Ok(chunked(items, |pod_sandboxes| {
+                cri::StreamPodSandboxesResponse { pod_sandboxes }
+            }))
+        })
+        .await
+    }
+
+    type StreamContainersStream = Listing<cri::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        req: Request<cri::StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        rpc("StreamContainers", async {
+            let containers = match req.into_inner().filter.map(convert::container_filter) {
+                Some(None) => Vec::new(),
+                Some(Some(f)) => self.containers.list(Some(&f)).await,
+                None => self.containers.list(None).await,
+            };
+            let items = containers.iter().map(convert::cri_container).collect();
+            Ok(chunked(items, |containers| cri::StreamContainersResponse {
+                containers,
+            }))
+        })
+        .await
+    }
+
+    type StreamContainerStatsStream = Listing<cri::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        req: Request<cri::StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        rpc("StreamContainerStats", async {
+            let filter = req.into_inner().filter.map(convert::container_stats_filter);
+            let stats = self.containers.list_stats(filter.as_ref()).await;
+            let items = stats.iter().map(convert::cri_container_stats).collect();
+            Ok(chunked(items, |container_stats| {
+                cri::StreamContainerStatsResponse { container_stats }
+            }))
+        })
+        .await
+    }
+
+    type StreamPodSandboxStatsStream = Listing<cri::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        req: Request<cri::StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        rpc("StreamPodSandboxStats", async {
+            let filter = req.into_inner().filter.map(convert::pod_stats_filter);
+            let stats = self.containers.list_pod_stats(filter.as_ref()).await;
+            let items = stats.iter().map(convert::cri_pod_stats).collect();
+            Ok(chunked(items, |pod_sandbox_stats| {
+                cri::StreamPodSandboxStatsResponse { pod_sandbox_stats }
+            }))
+        })
+        .await
+    }
+
+    type StreamPodSandboxMetricsStream = Listing<cri::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        _req: Request<cri::StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        rpc("StreamPodSandboxMetrics", async {
+            let metrics = self.containers.pod_metrics().await;
+            let items = metrics.iter().map(convert::cri_pod_metrics).collect();
+            Ok(chunked(items, |pod_sandbox_metrics| {
+                cri::StreamPodSandboxMetricsResponse {
+                    pod_sandbox_metrics,
+                }
+            }))
+        })
+        .await
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        req: Request<cri::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
+        rpc("UpdatePodSandboxResources", async {
+            let req = req.into_inner();
+            self.sandboxes
+                .update_resources(
+                    &req.pod_sandbox_id,
+                    req.overhead.map(convert::resources),
+                    req.resources.map(convert::resources),
+                )
+                .await?;
+            Ok(cri::UpdatePodSandboxResourcesResponse {})
         })
         .await
     }

@@ -40,6 +40,7 @@ impl ToStatus for image::Error {
         match self {
             E::Reference(_) | E::Credentials(_) => Code::InvalidArgument,
             E::NotFound { .. } | E::RegistryNotFound { .. } => Code::NotFound,
+            E::InUse { .. } => Code::FailedPrecondition,
             E::Unauthorized { .. } => Code::Unauthenticated,
             E::Http { .. } | E::Registry { .. } | E::Download { .. } | E::Network { .. } => {
                 Code::Unavailable

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use tokio::sync::{mpsc, watch};
 
 use super::AGENT_LABEL;

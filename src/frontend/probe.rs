@@ -10,10 +10,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cri::v1 as cri;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::HTTPGetAction;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
@@ -62,7 +62,7 @@ fn cap(bytes: &[u8]) -> String {
 
 /// Runs a command in a container; exit 0 is success.
 pub async fn exec(
-    rt: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<Channel>,
+    rt: &mut crate::cri::v1::runtime_service_client::RuntimeServiceClient<Channel>,
     container: &str,
     cmd: &[String],
     timeout: Duration,

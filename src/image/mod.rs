@@ -41,6 +41,7 @@ impl Error {
             Error::Policy { .. } | Error::PolicyFile { .. } => "policy",
             Error::NotFound { .. } | Error::RegistryNotFound { .. } => "not_found",
             Error::Unauthorized { .. } => "unauthorized",
+            Error::InUse { .. } => "in_use",
             Error::Registry { .. }
             | Error::Http { .. }
             | Error::Download { .. }
@@ -64,6 +65,8 @@ pub enum Error {
     Credentials(String),
     #[error("image {image:?} not found")]
     NotFound { image: String },
+    #[error("image {image} is mounted as an image volume by container {container}")]
+    InUse { image: String, container: String },
     #[error("{url}: not found: {message}")]
     RegistryNotFound { url: String, message: String },
     #[error("registry {registry}: authentication failed: {message}")]
@@ -233,6 +236,9 @@ pub(crate) struct Inner {
     gc: Arc<tokio::sync::RwLock<()>>,
     /// Snapshot chains in use by containers, with a count per chain.
     holds: Mutex<HashMap<Digest, usize>>,
+    /// Images mounted as image volumes, with the containers mounting them: not removable
+    /// while any does.
+    pins: Mutex<HashMap<Digest, std::collections::BTreeSet<String>>>,
     progress: progress::Board,
     signature_policy: PathBuf,
 }
@@ -293,6 +299,7 @@ impl ImageService {
             layer_locks: Mutex::new(HashMap::new()),
             gc: Arc::default(),
             holds: Mutex::new(HashMap::new()),
+            pins: Mutex::new(HashMap::new()),
             progress: progress::Board::default(),
             signature_policy: cfg.signature_policy.clone(),
         };
@@ -503,6 +510,15 @@ impl ImageService {
         let Some(img) = self.lookup(image)? else {
             return Ok(());
         };
+        if let Some(c) = lock(&self.inner.pins)
+            .get(&img.record.id)
+            .and_then(|holders| holders.iter().next())
+        {
+            return Err(Error::InUse {
+                image: img.record.id.to_string(),
+                container: c.clone(),
+            });
+        }
         {
             let mut catalog = write(&self.inner.catalog);
             let path = self.record_path(&img.record.id);
@@ -606,6 +622,24 @@ impl ImageService {
             *n -= 1;
             if *n == 0 {
                 holds.remove(chain);
+            }
+        }
+    }
+
+    /// Keeps image `id` from removal while `container` mounts it as an image volume.
+    pub fn pin(&self, id: &Digest, container: &str) {
+        lock(&self.inner.pins)
+            .entry(id.clone())
+            .or_default()
+            .insert(container.to_string());
+    }
+
+    pub fn unpin(&self, id: &Digest, container: &str) {
+        let mut pins = lock(&self.inner.pins);
+        if let Some(holders) = pins.get_mut(id) {
+            holders.remove(container);
+            if holders.is_empty() {
+                pins.remove(id);
             }
         }
     }

@@ -266,6 +266,12 @@ pub fn cpu_weight(shares: i64) -> u64 {
     1 + ((shares - 2) * 9999) / 262_142
 }
 
+/// CPU shares of a `cpu.weight` (the inverse of `cpu_weight`, as kubelet computes it).
+pub fn cpu_shares(weight: u64) -> i64 {
+    let weight = weight.clamp(1, 10_000);
+    (2 + ((weight - 1) * 262_142) / 9999) as i64
+}
+
 /// "2MB" → "2MB" as cgroup v2 names hugetlb files (`hugetlb.2MB.max`); CRI and the kernel agree.
 fn hugetlb_file(size: &str) -> Result<String, LimitError> {
     let ok = !size.is_empty() && size.chars().all(|c| c.is_ascii_alphanumeric());
@@ -468,6 +474,14 @@ pub fn controller_of(file: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_shares_from_weight() {
+        // kubelet's inverse, which floors: 1024 shares are weight 39, read back as 998.
+        assert_eq!(cpu_shares(cpu_weight(1024)), 998);
+        assert_eq!(cpu_shares(1), 2);
+        assert_eq!(cpu_shares(10_000), 262_144);
+    }
 
     #[test]
     fn cpu_weight_matches_kubelet() {

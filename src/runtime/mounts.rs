@@ -207,6 +207,43 @@ pub fn overlay(
     .map_err(|e| io::Error::other(format!("mounting overlay: {e}")))
 }
 
+/// Mounts the layers `lowers` (topmost first, at least one) read-only at `target` with `flags`
+/// (`MS_NODEV` and the like): an image's root filesystem with nothing to write to (an image
+/// volume). One layer is bound as it is; more are an overlay without an upper directory.
+pub fn overlay_readonly(target: &Path, lowers: &[PathBuf], flags: MsFlags) -> io::Result<()> {
+    std::fs::create_dir_all(target)?;
+    match lowers {
+        [] => Err(io::Error::other("no layers")),
+        [one] => {
+            let tree = crate::sys::open_tree_clone(one, false)?;
+            let mut attrs = ATTR_RDONLY;
+            if flags.contains(MsFlags::MS_NODEV) {
+                attrs |= ATTR_NODEV;
+            }
+            if flags.contains(MsFlags::MS_NOSUID) {
+                attrs |= ATTR_NOSUID;
+            }
+            crate::sys::mount_setattr(&tree, attrs, None, false)?;
+            attach(&tree, target)
+        }
+        many => {
+            let lower = many
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":");
+            mount(
+                Some("overlay"),
+                target,
+                Some("overlay"),
+                flags | MsFlags::MS_RDONLY,
+                Some(format!("lowerdir={lower}").as_str()),
+            )
+            .map_err(|e| io::Error::other(format!("mounting a read-only overlay: {e}")))
+        }
+    }
+}
+
 /// Whether `rro` mounts work here (the kernel has `mount_setattr`); asked once.
 pub fn recursive_read_only_supported() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

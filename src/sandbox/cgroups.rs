@@ -82,6 +82,67 @@ impl SandboxService {
         }
     }
 
+    /// UpdatePodSandboxResources: the pod's new pod-level resources (kubelet has resized its pod
+    /// cgroup by now, or crius's own is resized here, as at creation), applied to the pod
+    /// cgroup in place and kept in its record. A memory limit below what the pod uses now is
+    /// refused; nothing of the pod restarts either way.
+    pub async fn update_resources(
+        &self,
+        id: &str,
+        overhead: Option<config::Resources>,
+        resources: Option<config::Resources>,
+    ) -> Result<(), Error> {
+        let entry = self.entry(id)?;
+        let mut r = entry.lock().await;
+        let linux = r.config.linux.get_or_insert_with(Default::default);
+        let overhead = overhead.or_else(|| linux.overhead.clone());
+        let res = resources.or_else(|| linux.resources.clone());
+        let limits = cgroup::pod_limits(
+            &self::resources(res.as_ref().unwrap_or(&Default::default())),
+            &self::resources(overhead.as_ref().unwrap_or(&Default::default())),
+        );
+        let files = cgroup::files(&limits).map_err(|reason| invalid("resources", reason))?;
+        match &r.cgroup {
+            None if limits.limits_anything() && !self.inner.cgroups.allow_unenforced => {
+                return Err(Error::Unenforceable {
+                    what: "resources".into(),
+                });
+            }
+            None => {}
+            Some(pod) => {
+                if let Some((_, limit)) = files.iter().find(|(f, _)| f == "memory.max")
+                    && let (Ok(limit), Some(used)) =
+                        (limit.parse::<u64>(), pod.number("memory.current"))
+                    && limit < used
+                {
+                    return Err(invalid(
+                        "resources.memory_limit_in_bytes",
+                        format!("{limit} is below the pod's current memory use ({used} bytes)"),
+                    ));
+                }
+                // systemd keeps a slice's limits as unit properties, or a reload undoes them;
+                // a slice kubelet made is kubelet's to resize.
+                if let Some(sd) = &self.inner.systemd
+                    && r.owns_cgroup
+                    && let Some((unit, _)) = crate::systemd::unit_and_slice(&pod.path)
+                {
+                    sd.set_limits(&unit, &files).await?;
+                }
+                if r.owns_cgroup || self.inner.systemd.is_none() {
+                    for (file, value) in &files {
+                        pod.set(file, value)
+                            .map_err(|e| invalid("resources", format!("{file} = {value}: {e}")))?;
+                    }
+                }
+            }
+        }
+        let linux = r.config.linux.get_or_insert_with(Default::default);
+        linux.overhead = overhead;
+        linux.resources = res;
+        let path = self.paths(&r.id).state();
+        atomic::write_json(&path, &*r).map_err(io_err(&path))
+    }
+
     /// Creates the pod's cgroup (kubelet's parent or crius's own) with the pod-level limits, and
     /// the pause process's leaf below it. Without cgroup v2, limits are refused unless the
     /// operator allowed running unenforced.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::net::*;
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use kernel::*;
 use sha2::Digest as _;
 

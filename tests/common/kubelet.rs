@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 use super::PodEnv;
 

@@ -12,8 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use crius::cri::v1 as cri;
 use flate2::Compression as GzLevel;
-use k8s_cri::v1 as cri;
 use tonic::transport::Channel;
 
 pub mod agent;
@@ -802,11 +802,11 @@ impl Daemon {
         crius::cri::client::channel(&self.socket).expect("channel")
     }
 
-    pub fn images(&self) -> k8s_cri::v1::image_service_client::ImageServiceClient<Channel> {
+    pub fn images(&self) -> crius::cri::v1::image_service_client::ImageServiceClient<Channel> {
         crius::cri::client::images(self.channel())
     }
 
-    pub fn runtime(&self) -> k8s_cri::v1::runtime_service_client::RuntimeServiceClient<Channel> {
+    pub fn runtime(&self) -> crius::cri::v1::runtime_service_client::RuntimeServiceClient<Channel> {
         crius::cri::client::runtime(self.channel())
     }
 

@@ -17,8 +17,9 @@ pub const PATH_BUSYBOX: &str = "/opt/crius-test/busybox/bin/busybox";
 
 const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/conformance");
 
-/// critest's registries; the test registry serves both as a mirror.
-pub const REGISTRIES: [&str; 2] = ["registry.k8s.io", "gcr.io"];
+/// critest's registries; the test registry serves each as a mirror (the newer suites pull one
+/// image from two of them and expect one image).
+pub const REGISTRIES: [&str; 3] = ["registry.k8s.io", "gcr.io", "k8s.gcr.io"];
 
 /// One image and the `repository:tag` names it is pushed under (repository paths without the
 /// registry host).
@@ -311,6 +312,15 @@ pub fn build(work: &Path) -> Vec<Pushed> {
     out.push(Pushed {
         image: on_base(Some(nnp_layer), &o),
         names: names(&["e2e-test-images/nonewprivs:1.3"]),
+    });
+    // The image the newer suites pull from two registries ("Image Identifier Consistency",
+    // tag removal across registries): the same bytes under both.
+    out.push(Pushed {
+        image: on_base(
+            Some(files_layer(&[("pause", Vec::new(), 0o644)])),
+            &opts(&["sleep", "100000"]),
+        ),
+        names: names(&["pause:3.9"]),
     });
     out
 }

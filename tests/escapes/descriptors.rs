@@ -79,7 +79,7 @@ async fn cve_2016_9962_runtime_descriptors_in_a_shared_pid_namespace() {
         cfg.image = Some(spec(&reference));
         cfg.envs.push(cri::KeyValue {
             key: "PATH".into(),
-            value: slow_path(),
+            value: slow_path().into_bytes(),
         });
         cfg
     };

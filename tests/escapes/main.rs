@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 
 /// A secret on the host that no container may read or change: a random token in a file of mode
 /// 0600, alone in a fresh directory.

@@ -1,6 +1,6 @@
 //! Container configs, statuses, filters and events.
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use tonic::Status;
 
 use super::{
@@ -21,6 +21,7 @@ pub fn image_spec(i: cri::ImageSpec) -> ImageSpec {
         annotations: i.annotations,
         user_specified_image: i.user_specified_image,
         runtime_handler: i.runtime_handler,
+        image_ref: i.image_ref,
     }
 }
 
@@ -30,7 +31,38 @@ pub fn cri_image_spec(i: &ImageSpec) -> cri::ImageSpec {
         annotations: i.annotations.clone(),
         user_specified_image: i.user_specified_image.clone(),
         runtime_handler: i.runtime_handler.clone(),
+        image_ref: i.image_ref.clone(),
     }
+}
+
+/// A CRI stop signal as crius names signals (`SIGRTMIN+3`, `SIGRTMAX-1`, one name for
+/// synonyms); empty for the runtime's default.
+fn signal(n: i32, field: &str) -> Result<String, Status> {
+    let s = cri::Signal::try_from(n)
+        .map_err(|_| Status::invalid_argument(format!("{field}: unknown signal {n}")))?;
+    if s == cri::Signal::RuntimeDefault {
+        return Ok(String::new());
+    }
+    let name = s.as_str_name();
+    Ok(if let Some(k) = name.strip_prefix("SIGRTMINPLUS") {
+        format!("SIGRTMIN+{k}")
+    } else if let Some(k) = name.strip_prefix("SIGRTMAXMINUS") {
+        format!("SIGRTMAX-{k}")
+    } else {
+        name.to_string()
+    })
+}
+
+/// A signal's name as CRI's enum has it (the runtime's default for a name it lacks).
+fn cri_signal(name: &str) -> i32 {
+    let cri_name = if let Some(k) = name.strip_prefix("SIGRTMIN+") {
+        format!("SIGRTMINPLUS{k}")
+    } else if let Some(k) = name.strip_prefix("SIGRTMAX-") {
+        format!("SIGRTMAXMINUS{k}")
+    } else {
+        name.to_string()
+    };
+    cri::Signal::from_str_name(&cri_name).map_or(0, |s| s as i32)
 }
 
 fn cri_metadata(m: &ContainerMetadata) -> cri::ContainerMetadata {
@@ -51,6 +83,7 @@ fn mount(m: cri::Mount, field: &str) -> Result<Mount, Status> {
         gid_mappings: m.gid_mappings.into_iter().map(id_mapping).collect(),
         recursive_read_only: m.recursive_read_only,
         image: m.image.map(image_spec),
+        image_sub_path: m.image_sub_path,
     })
 }
 
@@ -65,6 +98,7 @@ fn cri_mount(m: &Mount) -> cri::Mount {
         gid_mappings: m.gid_mappings.iter().map(super::cri_id_mapping).collect(),
         recursive_read_only: m.recursive_read_only,
         image: m.image.as_ref().map(cri_image_spec),
+        image_sub_path: m.image_sub_path.clone(),
     }
 }
 
@@ -128,14 +162,13 @@ pub fn container_config(c: cri::ContainerConfig) -> Result<ContainerConfig, Stat
         command: c.command,
         args: c.args,
         working_dir: c.working_dir,
-        envs: c
-            .envs
-            .into_iter()
-            .map(|kv| KeyValue {
+        envs: each(c.envs, "config.envs", |kv, f| {
+            Ok(KeyValue {
                 key: kv.key,
-                value: kv.value,
+                value: String::from_utf8(kv.value)
+                    .map_err(|_| Status::invalid_argument(format!("{f}.value: not UTF-8")))?,
             })
-            .collect(),
+        })?,
         mounts: each(c.mounts, "config.mounts", mount)?,
         devices: c
             .devices
@@ -158,6 +191,7 @@ pub fn container_config(c: cri::ContainerConfig) -> Result<ContainerConfig, Stat
             .into_iter()
             .map(|d| CdiDevice { name: d.name })
             .collect(),
+        stop_signal: signal(c.stop_signal, "config.stop_signal")?,
     })
 }
 
@@ -220,6 +254,7 @@ pub fn cri_container_status(s: &ContainerStatus) -> cri::ContainerStatus {
                     .collect(),
             }),
         }),
+        stop_signal: cri_signal(&s.stop_signal),
     }
 }
 

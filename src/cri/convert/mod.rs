@@ -35,7 +35,7 @@ fn each<A, B>(
 
 #[cfg(test)]
 mod tests {
-    use k8s_cri::v1 as cri;
+    use crate::cri::v1 as cri;
 
     use super::*;
     use crate::container::config::ContainerConfig;
@@ -128,7 +128,7 @@ mod tests {
             working_dir: "/w".into(),
             envs: vec![cri::KeyValue {
                 key: "A".into(),
-                value: "1".into(),
+                value: b"1".to_vec(),
             }],
             mounts: vec![cri::Mount {
                 container_path: "/data".into(),
@@ -177,26 +177,54 @@ mod tests {
         }
     }
 
+    /// A record of a crius from before these types: CRI v1.31's messages as JSON (k8s-cri's
+    /// serde), with string env values and none of the fields CRI gained since.
+    fn as_old_record(mut v: serde_json::Value) -> serde_json::Value {
+        fn walk(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for gone in ["image_ref", "image_sub_path", "stop_signal", "windows"] {
+                        m.remove(gone);
+                    }
+                    let env = m.get("key").is_some_and(|k| k.is_string());
+                    if env
+                        && let Some(value) = m.get_mut("value")
+                        && let serde_json::Value::Array(bytes) = value
+                    {
+                        let b: Vec<u8> = bytes.iter().map(|x| x.as_u64().unwrap() as u8).collect();
+                        *value = serde_json::Value::String(String::from_utf8(b).unwrap());
+                    }
+                    m.values_mut().for_each(walk);
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+                _ => {}
+            }
+        }
+        walk(&mut v);
+        v
+    }
+
     /// Records written before crius had its own types hold CRI's messages as JSON: they read
-    /// back as the same configuration the conversion makes, and are written back the same.
+    /// back as the same configuration the conversion makes, and what is written now reads back
+    /// the same again.
     #[test]
     fn records_keep_the_json_of_cri_messages() {
-        let old = serde_json::to_value(pod()).unwrap();
+        let old = as_old_record(serde_json::to_value(pod()).unwrap());
         let read: PodConfig = serde_json::from_value(old.clone()).unwrap();
         assert_eq!(read, pod_config(pod(), "config").unwrap());
-        let mut again = serde_json::to_value(&read).unwrap();
-        // CRI's windows part is not kept.
-        let mut old = old;
-        old.as_object_mut().unwrap().remove("windows");
-        again.as_object_mut().unwrap().remove("windows");
-        assert_eq!(again, old);
+        let again = serde_json::to_value(&read).unwrap();
+        assert_eq!(as_old_record(again.clone()), old);
+        assert_eq!(serde_json::from_value::<PodConfig>(again).unwrap(), read);
 
-        let old = serde_json::to_value(container()).unwrap();
+        let old = as_old_record(serde_json::to_value(container()).unwrap());
         let read: ContainerConfig = serde_json::from_value(old.clone()).unwrap();
         assert_eq!(read, container_config(container()).unwrap());
-        let mut old = old;
-        old.as_object_mut().unwrap().remove("windows");
-        assert_eq!(serde_json::to_value(&read).unwrap(), old);
+        let again = serde_json::to_value(&read).unwrap();
+        assert_eq!(as_old_record(again.clone()), old);
+        assert_eq!(
+            serde_json::from_value::<ContainerConfig>(again).unwrap(),
+            read
+        );
     }
 
     #[test]

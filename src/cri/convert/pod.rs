@@ -1,6 +1,6 @@
 //! Pod sandbox configs, statuses and filters.
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use tonic::Status;
 
 use super::{each, num};

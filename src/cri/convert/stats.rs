@@ -1,13 +1,36 @@
 //! Container and pod statistics, and metrics.
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 use super::cri_pod_metadata;
 use crate::container::metrics::{Metric, MetricDescriptor, MetricKind, PodMetrics};
 use crate::container::stats::{
-    ContainerStats, CpuUsage, InterfaceUsage, MemoryUsage, NetworkUsage, PodStats, ProcessUsage,
-    StatsFilter, SwapUsage,
+    ContainerStats, CpuUsage, InterfaceUsage, IoUsage, MemoryUsage, NetworkUsage, PodStats,
+    ProcessUsage, Psi, PsiData, StatsFilter, SwapUsage,
 };
+
+fn psi_data(d: &PsiData) -> cri::PsiData {
+    cri::PsiData {
+        total: d.total,
+        avg10: d.avg10,
+        avg60: d.avg60,
+        avg300: d.avg300,
+    }
+}
+
+fn psi(p: &Psi) -> cri::PsiStats {
+    cri::PsiStats {
+        full: Some(psi_data(&p.full)),
+        some: Some(psi_data(&p.some)),
+    }
+}
+
+fn io(i: &IoUsage) -> cri::IoUsage {
+    cri::IoUsage {
+        timestamp: i.timestamp,
+        psi: i.psi.as_ref().map(psi),
+    }
+}
 
 fn v(x: Option<u64>) -> Option<cri::UInt64Value> {
     x.map(|value| cri::UInt64Value { value })
@@ -18,6 +41,7 @@ fn cpu(c: &CpuUsage) -> cri::CpuUsage {
         timestamp: c.timestamp,
         usage_core_nano_seconds: v(c.usage_core_nano_seconds),
         usage_nano_cores: v(c.usage_nano_cores),
+        psi: c.psi.as_ref().map(psi),
     }
 }
 
@@ -30,6 +54,7 @@ fn memory(m: &MemoryUsage) -> cri::MemoryUsage {
         rss_bytes: v(m.rss_bytes),
         page_faults: v(m.page_faults),
         major_page_faults: v(m.major_page_faults),
+        psi: m.psi.as_ref().map(psi),
     }
 }
 
@@ -93,6 +118,7 @@ pub fn cri_container_stats(s: &ContainerStats) -> cri::ContainerStats {
             }),
         }),
         swap: s.swap.as_ref().map(swap),
+        io: s.io.as_ref().map(io),
     }
 }
 
@@ -109,6 +135,7 @@ pub fn cri_pod_stats(s: &PodStats) -> cri::PodSandboxStats {
             memory: s.memory.as_ref().map(memory),
             network: s.network.as_ref().map(network),
             process: s.process.as_ref().map(process),
+            io: s.io.as_ref().map(io),
             containers: s.containers.iter().map(cri_container_stats).collect(),
         }),
         windows: None,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::{
@@ -209,7 +209,7 @@ pub fn container_config(
             .iter()
             .map(|(k, v)| cri::KeyValue {
                 key: k.clone(),
-                value: v.clone(),
+                value: v.clone().into_bytes(),
             })
             .collect(),
         mounts: mounts(ctx, c, &env_map, termination_log)?,
@@ -343,7 +343,7 @@ spec:
         let env: HashMap<_, _> = cfg
             .envs
             .iter()
-            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .map(|kv| (kv.key.clone(), String::from_utf8(kv.value.clone()).unwrap()))
             .collect();
         assert_eq!(env["APP"], "x");
         assert_eq!(env["MEM"], "2048");

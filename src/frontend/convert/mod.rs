@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 mod container;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 
 use super::{Node, PodContext, SwapBehavior, all_containers};

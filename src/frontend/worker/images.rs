@@ -2,7 +2,7 @@
 //! credentials from the pod's imagePullSecrets (docker config JSON, matched as kubelet does by
 //! `image::dockercfg`); and the runAsNonRoot check against the image's user.
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 use k8s_openapi::api::core::v1::Container;
 
 use super::Worker;

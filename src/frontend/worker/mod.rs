@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use crate::cri::v1 as cri;
+use crate::cri::v1::image_service_client::ImageServiceClient;
+use crate::cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;

@@ -2,7 +2,7 @@
 //! directly), with their termination messages, recorded; and the pod's phase and conditions
 //! derived from the containers' states.
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 use super::Worker;
 use crate::frontend::status::{Phase, State, now};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use crate::cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::sync::mpsc;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use k8s_cri::v1 as cri;
+use crate::cri::v1 as cri;
 
 use super::{Worker, pod_context};
 use crate::frontend::AGENT_LABEL;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use crate::cri::v1 as cri;
+use crate::cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_openapi::api::core::v1::Container;
 use tonic::transport::Channel;
 

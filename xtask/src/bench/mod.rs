@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use crius::cri::v1 as cri;
+use crius::cri::v1::image_service_client::ImageServiceClient;
+use crius::cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use peers::Peer;

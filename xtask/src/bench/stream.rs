@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_cri::v1 as cri;
+use crius::cri::v1 as cri;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Results, Rt};
