@@ -21,6 +21,41 @@ const COUNTER: &[&str] = &[
      i=0; while true; do i=$((i+1)); echo $i > /count; echo count $i; sleep 0.2; done",
 ];
 
+/// The masked and read-only paths kubelet asks for every container: masked files are the host's
+/// `/dev/null`, which the checkpoint names as external.
+fn with_kubelet_masks(mut cfg: cri::ContainerConfig) -> cri::ContainerConfig {
+    let sc = cfg
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default);
+    sc.masked_paths = [
+        "/proc/asound",
+        "/proc/acpi",
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/latency_stats",
+        "/proc/timer_list",
+        "/proc/timer_stats",
+        "/proc/sched_debug",
+        "/proc/scsi",
+        "/sys/firmware",
+        "/sys/devices/virtual/powercap",
+    ]
+    .map(String::from)
+    .into();
+    sc.readonly_paths = [
+        "/proc/bus",
+        "/proc/fs",
+        "/proc/irq",
+        "/proc/sys",
+        "/proc/sysrq-trigger",
+    ]
+    .map(String::from)
+    .into();
+    cfg
+}
+
 async fn checkpoint(env: &PodEnv, id: &str, at: &str) -> Result<(), tonic::Status> {
     env.d
         .runtime()
@@ -77,7 +112,11 @@ async fn goes_on_in_another_pod(env: PodEnv) {
     let sb = env.sandbox_config("first");
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env
-        .run(&pod, &sb, env.container_config("counter", COUNTER))
+        .run(
+            &pod,
+            &sb,
+            with_kubelet_masks(env.container_config("counter", COUNTER)),
+        )
         .await;
     // Counted for a while (five a second): a restore that started over would show less.
     let before = count_above(&env, &c, 5).await;
@@ -113,7 +152,7 @@ async fn goes_on_in_another_pod(env: PodEnv) {
     let sb2 = env.sandbox_config("second");
     let pod2 = env.run_pod(&sb2).await.unwrap();
     // Not run: a container started instead of restored would have no /count.
-    let mut cfg = env.container_config("restored", &["sleep", "1000"]);
+    let mut cfg = with_kubelet_masks(env.container_config("restored", &["sleep", "1000"]));
     cfg.image = Some(spec(archive.to_str().unwrap()));
     let r = env.create(&pod2, &sb2, cfg).await.unwrap();
     env.start_container(&r).await.unwrap();
@@ -137,6 +176,25 @@ async fn goes_on_in_another_pod(env: PodEnv) {
     let text = &files.0;
     assert!(text.starts_with("kept\n"), "{text}");
     assert!(text.contains("No such file"), "{text}");
+    // Its masks came back: a masked file reads empty, a masked directory is empty, and
+    // /proc/sys stays read-only.
+    let masks = env
+        .exec(
+            &r,
+            &[
+                "sh",
+                "-c",
+                "wc -c < /proc/timer_list; ls /sys/firmware | wc -l; echo 1 > /proc/sys/kernel/ns_last_pid || echo refused",
+            ],
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        masks.0.split_whitespace().collect::<Vec<_>>(),
+        ["0", "0", "refused"],
+        "{masks:?}"
+    );
     // Its listening socket answers in the new pod.
     let web = env
         .exec(&r, &["wget", "-qO-", "http://127.0.0.1:8080/"], 10)

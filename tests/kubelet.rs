@@ -307,6 +307,25 @@ async fn kubelet_runs_pods_on_crius() {
         std::fs::read_to_string(cg.join("cpu.max")).unwrap().trim(),
         "50000 100000"
     );
+    // LimitedSwap (the tier's kubelet configuration). kubelet gives swap only to Burstable pods
+    // that are not critical, and every static pod is critical to it (GetContainerSwapBehavior:
+    // types.IsCriticalPod), so with no API server it asks for none: `memory.swap.max` 0 in the
+    // container's unified resources, which crius applies. Without a swap controller in kubelet's
+    // own cgroup it would ask nothing and the file would read "max". The proportional limit for
+    // a Burstable pod is in tests/cgroups.rs (what crius applies) and tests/agent.rs (computed).
+    let configz = get_raw(10250, "/configz");
+    assert!(
+        configz.contains(r#""swapBehavior":"LimitedSwap""#)
+            && configz.contains(r#""NodeSwap":true"#),
+        "kubelet's configuration: {configz}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("memory.swap.max"))
+            .unwrap()
+            .trim(),
+        "0",
+        "kubelet's swap answer for a static pod under LimitedSwap"
+    );
 
     // The gRPC probe follows the server's status.
     health

@@ -178,6 +178,9 @@ impl ContainerService {
                 ext.mounts.push(m.destination().display().to_string());
             }
         }
+        // A masked file is the host's /dev/null (see runtime::init::paths), whose file system the
+        // container does not hold: external too, and a restore masks with /dev/null again.
+        ext.mounts.extend(masks_of_host_null(spec, pid));
         let mut cmd = tokio::process::Command::new(criu);
         cmd.arg("dump")
             .args(["--tree", &pid.to_string()])
@@ -387,9 +390,16 @@ impl ContainerService {
                 .unwrap_or_default()
                 .iter()
                 .find(|m| m.destination() == Path::new(key));
+            let masked = || {
+                oci.linux()
+                    .as_ref()
+                    .and_then(|l| l.masked_paths().as_ref())
+                    .is_some_and(|p| p.iter().any(|p| p == key))
+            };
             let source = match m {
                 Some(m) if m.typ().as_deref() == Some("cgroup2") => monitor.cgroup.clone(),
                 Some(m) => m.source().clone(),
+                None if masked() => Some(PathBuf::from("/dev/null")),
                 None => None,
             };
             let Some(source) = source else {
@@ -447,4 +457,29 @@ fn write_archive(work: &Path, at: &Path) -> std::io::Result<()> {
         }
         std::io::Write::flush(&mut tar.into_inner()?)
     })
+}
+
+/// The spec's masked paths that are bound files in the container (the host's `/dev/null`), from
+/// its mount table: a file's mount has a root below its file system's, while a masked directory
+/// is a tmpfs of its own (root `/`) and a masked path that does not exist is no mount.
+fn masks_of_host_null(spec: &oci_spec::runtime::Spec, pid: i32) -> Vec<String> {
+    let masked = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.masked_paths().clone())
+        .unwrap_or_default();
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        return Vec::new();
+    };
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let root = fields.nth(3)?;
+            let point = fields.next()?;
+            (root != "/").then_some(point)
+        })
+        .filter(|point| masked.iter().any(|m| m == point))
+        .map(str::to_string)
+        .collect()
 }

@@ -87,6 +87,8 @@ pub struct Kubelet {
     pub log: PathBuf,
     pub manifests: PathBuf,
     pub root: PathBuf,
+    /// kubelet's own cgroup (see `start`), removed after it.
+    cgroup: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -102,7 +104,44 @@ impl Kubelet {
         let log = dir.path().join("kubelet.log");
         let endpoint = format!("unix://{}", socket.display());
         let root = dir.path().join("root");
-        let child = Command::new(bin)
+        // Settings without a flag: swap for Burstable pods in proportion to their memory
+        // requests (LimitedSwap).
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             failSwapOn: false\nmemorySwap:\n  swapBehavior: LimitedSwap\n\
+             featureGates:\n  NodeSwap: true\n",
+        )
+        .expect("kubelet config");
+        // kubelet offers swap only when its own cgroup has a swap controller, which the root
+        // cgroup (where a shell as PID 1 runs everything) has not: it starts in one of its own.
+        let cgroup =
+            Path::new("/sys/fs/cgroup").join(format!("crius-test-kubelet-{}", std::process::id()));
+        let in_cgroup =
+            std::fs::create_dir_all(&cgroup).is_ok() && cgroup.join("memory.swap.max").exists();
+        eprintln!(
+            "kubelet's cgroup: {} ({})",
+            cgroup.display(),
+            if in_cgroup {
+                "with a swap controller"
+            } else {
+                "none: it stays where it is"
+            }
+        );
+        let mut cmd = if in_cgroup {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("echo $$ > \"$0\" && exec \"$@\"")
+                .arg(cgroup.join("cgroup.procs"))
+                .arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let child = cmd
+            .arg("--config")
+            .arg(&config)
             .arg("--root-dir")
             .arg(&root)
             .arg("--pod-manifest-path")
@@ -156,6 +195,7 @@ impl Kubelet {
             log,
             manifests,
             root,
+            cgroup,
             _dir: dir,
         }
     }
@@ -194,6 +234,7 @@ impl Drop for Kubelet {
         for m in below {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
+        let _ = std::fs::remove_dir(&self.cgroup);
     }
 }
 
