@@ -330,8 +330,14 @@ impl ContainerService {
             MsFlags::MS_NODEV
         };
         let mount_label = confinement.selinux.as_ref().map(|l| l.mount.as_str());
-        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags, mount_label)
-            .map_err(io_err(&rootfs))?;
+        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags, mount_label).map_err(|e| {
+            // Too many layers for this kernel: the image's fault, said with the limit.
+            if e.kind() == io::ErrorKind::InvalidInput {
+                invalid("image", e.to_string())
+            } else {
+                io_err(&rootfs)(e)
+            }
+        })?;
         crate::fault::point("rootfs.mount.after");
 
         let sc = config

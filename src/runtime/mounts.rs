@@ -197,6 +197,16 @@ pub fn overlay(
     if let Some(l) = label {
         opts.push_str(&format!(",context=\"{l}\""));
     }
+    if opts.len() > MOUNT_DATA_MAX {
+        return overlay_by_layer(
+            target,
+            lowers,
+            Some((&upper, &work)),
+            flags,
+            label,
+            opts.len(),
+        );
+    }
     mount(
         Some("overlay"),
         target,
@@ -232,6 +242,17 @@ pub fn overlay_readonly(target: &Path, lowers: &[PathBuf], flags: MsFlags) -> io
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(":");
+            let needed = "lowerdir=".len() + lower.len();
+            if needed > MOUNT_DATA_MAX {
+                return overlay_by_layer(
+                    target,
+                    many,
+                    None,
+                    flags | MsFlags::MS_RDONLY,
+                    None,
+                    needed,
+                );
+            }
             mount(
                 Some("overlay"),
                 target,
@@ -242,6 +263,58 @@ pub fn overlay_readonly(target: &Path, lowers: &[PathBuf], flags: MsFlags) -> io
             .map_err(|e| io::Error::other(format!("mounting a read-only overlay: {e}")))
         }
     }
+}
+
+/// The most option text mount(2) takes: the kernel copies one page and cuts the rest, which
+/// for an overlay of many layers turns into a lower directory that is not found.
+const MOUNT_DATA_MAX: usize = 4095;
+
+/// An overlay whose options outgrow one page (an image of some 60 layers or more): the lower
+/// layers go to the kernel one at a time (`lowerdir+`, Linux 6.8), the mount is made detached
+/// and attached at `target`. On an older kernel the refusal names the limit
+/// (`ErrorKind::InvalidInput`).
+fn overlay_by_layer(
+    target: &Path,
+    lowers: &[PathBuf],
+    upper: Option<(&Path, &Path)>,
+    flags: MsFlags,
+    label: Option<&str>,
+    needed: usize,
+) -> io::Result<()> {
+    let paths: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+    let mut options: Vec<(&str, &str)> = paths.iter().map(|p| ("lowerdir+", p.as_str())).collect();
+    let upper = upper.map(|(u, w)| (u.display().to_string(), w.display().to_string()));
+    if let Some((u, w)) = &upper {
+        options.push(("upperdir", u.as_str()));
+        options.push(("workdir", w.as_str()));
+    }
+    if let Some(l) = label {
+        options.push(("context", l));
+    }
+    let mut attrs = 0;
+    for (flag, attr) in [
+        (MsFlags::MS_RDONLY, crate::sys::MOUNT_ATTR_RDONLY),
+        (MsFlags::MS_NOSUID, crate::sys::MOUNT_ATTR_NOSUID),
+        (MsFlags::MS_NODEV, crate::sys::MOUNT_ATTR_NODEV),
+        (MsFlags::MS_NOEXEC, crate::sys::MOUNT_ATTR_NOEXEC),
+    ] {
+        if flags.contains(flag) {
+            attrs |= attr;
+        }
+    }
+    let tree = crate::sys::new_mount("overlay", &options, attrs).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} layers: their overlay options take {needed} bytes, more than the {} \
+                 mount(2) takes, and giving them one at a time (lowerdir+, Linux 6.8 or \
+                 later) failed: {e}",
+                lowers.len(),
+                MOUNT_DATA_MAX + 1
+            ),
+        )
+    })?;
+    attach(&tree, target)
 }
 
 /// Whether `rro` mounts work here (the kernel has `mount_setattr`); asked once.

@@ -8,7 +8,9 @@
 //! file this layer already holds, files are created `O_EXCL | O_NOFOLLOW` after removing whatever
 //! held the name. OCI whiteouts become overlay whiteouts: `.wh.NAME` a 0/0 character device,
 //! `.wh..wh..opq` the `trusted.overlay.opaque=y` attribute; `trusted.overlay.*` attributes in the
-//! tar itself are dropped, since they would steer overlayfs.
+//! tar itself are dropped, since they would steer overlayfs. A whiteout hides the lower layers
+//! only, as the OCI spec says: a directory of this layer's that it names, or one this layer makes
+//! again after it, becomes opaque, so the lower files stay hidden and this layer's show.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -143,7 +145,8 @@ impl Dirs {
                 .resolve(beneath());
             let fd = match openat2(self.root.as_fd(), &join(comps), how) {
                 Ok(fd) => fd,
-                Err(Errno::ENOENT) => self.create(comps, shown)?,
+                // ENOTDIR: perhaps a whiteout of this layer's on the way, made a directory again.
+                Err(Errno::ENOENT | Errno::ENOTDIR) => self.create(comps, shown)?,
                 Err(e) => return Err(Self::map_err(e, shown)),
             };
             self.cached = Some((comps.to_vec(), fd));
@@ -163,6 +166,13 @@ impl Dirs {
         let mut cur =
             openat2(self.root.as_fd(), ".", how()).map_err(|e| Self::map_err(e, shown))?;
         for comp in comps {
+            // A parent this layer whited out is made again as an opaque directory (the OCI
+            // whiteout hides the lower one, not what this layer puts there).
+            let after_whiteout = is_whiteout_at(cur.as_fd(), comp);
+            if after_whiteout {
+                unlinkat(cur.as_fd(), comp.as_os_str(), UnlinkatFlags::NoRemoveDir)
+                    .map_err(|e| Self::map_err(e, shown))?;
+            }
             match mkdirat(
                 cur.as_fd(),
                 comp.as_os_str(),
@@ -170,6 +180,22 @@ impl Dirs {
             ) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => return Err(Self::map_err(e, shown)),
+            }
+            if after_whiteout {
+                let dir = openat2(
+                    cur.as_fd(),
+                    comp.as_os_str(),
+                    OpenHow::new()
+                        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                        .resolve(beneath()),
+                )
+                .map_err(|e| Self::map_err(e, shown))?;
+                sys::fsetxattr(dir.as_fd(), OPAQUE_XATTR, b"y").map_err(|source| {
+                    UnpackError::Io {
+                        path: shown.to_string(),
+                        source,
+                    }
+                })?;
             }
             cur = openat2(cur.as_fd(), comp.as_os_str(), how())
                 .map_err(|e| Self::map_err(e, shown))?;
@@ -208,6 +234,13 @@ impl Dirs {
         }
         self.parent(parents, shown)
     }
+}
+
+/// Whether `name` in `dir` is an overlay whiteout (a 0/0 character device).
+fn is_whiteout_at(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+        SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR && st.st_rdev == 0
+    })
 }
 
 /// Sets the owner of `name` in `dir` itself, never what a symlink there points at.
@@ -329,14 +362,28 @@ pub fn unpack<R: Read>(
                 if hidden.is_empty() || hidden == "." || hidden == ".." {
                     return Err(rejected(&shown, "whiteout names no file"));
                 }
+                // A whiteout hides the lower layers' file only (OCI): what this layer already
+                // made under the name stays, a directory turning opaque so that the lower
+                // directory's files stay hidden below it.
                 let pfd = dirs.parent(parents, &shown)?;
-                let removed_dir = clear(pfd, hidden, false, &shown)?;
-                mknodat(pfd, hidden, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
-                    .map_err(|e| io(e.into()))?;
-                if removed_dir {
-                    dirs.invalidate();
+                match fstatat(pfd, hidden, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Err(Errno::ENOENT) => {
+                        mknodat(pfd, hidden, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
+                            .map_err(|e| io(e.into()))?;
+                        stats.inodes += 1;
+                    }
+                    Err(e) => return Err(io(e.into())),
+                    Ok(st)
+                        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT
+                            == SFlag::S_IFDIR =>
+                    {
+                        let mut path = parents.to_vec();
+                        path.push(hidden.to_os_string());
+                        let fd = dirs.open_dir(&path, &shown)?;
+                        sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(io)?;
+                    }
+                    Ok(_) => {}
                 }
-                stats.inodes += 1;
             }
             continue;
         }
@@ -344,6 +391,8 @@ pub fn unpack<R: Read>(
         match kind {
             EntryType::Directory => {
                 let pfd = dirs.parent(parents, &shown)?;
+                // Made again after this layer's whiteout of it: only what follows shows.
+                let after_whiteout = is_whiteout_at(pfd, name);
                 let removed_dir = clear(pfd, name, true, &shown)?;
                 match mkdirat(pfd, name.as_os_str(), Mode::from_bits_truncate(0o700)) {
                     Ok(()) | Err(Errno::EEXIST) => {}
@@ -354,6 +403,9 @@ pub fn unpack<R: Read>(
                 }
                 let fd = dirs.open_dir(&comps, &shown)?;
                 set_attrs(fd.as_fd(), &a, &shown)?;
+                if after_whiteout {
+                    sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(io)?;
+                }
                 dir_times.push((comps.clone(), a.mtime));
             }
             EntryType::Regular | EntryType::Continuous => {
@@ -575,382 +627,4 @@ fn set_attrs(fd: BorrowedFd<'_>, a: &Attrs, shown: &str) -> Result<(), UnpackErr
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use super::*;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-
-    fn is_root() -> bool {
-        nix::unistd::geteuid().is_root()
-    }
-
-    /// A tar builder that writes names verbatim, so hostile names can be expressed.
-    pub(crate) struct Layer(tar::Builder<Vec<u8>>);
-
-    impl Layer {
-        pub(crate) fn new() -> Layer {
-            Layer(tar::Builder::new(Vec::new()))
-        }
-        pub(crate) fn entry(
-            &mut self,
-            name: &str,
-            kind: EntryType,
-            data: &[u8],
-            link: Option<&str>,
-            mode: u32,
-        ) -> &mut Self {
-            let mut h = tar::Header::new_gnu();
-            let gnu = h.as_gnu_mut().unwrap();
-            gnu.name[..name.len()].copy_from_slice(name.as_bytes());
-            if let Some(l) = link {
-                gnu.linkname[..l.len()].copy_from_slice(l.as_bytes());
-            }
-            h.set_entry_type(kind);
-            h.set_size(data.len() as u64);
-            h.set_mode(mode);
-            h.set_uid(nix::unistd::geteuid().as_raw().into());
-            h.set_gid(nix::unistd::getegid().as_raw().into());
-            h.set_mtime(1_600_000_000);
-            h.set_cksum();
-            self.0.append(&h, data).unwrap();
-            self
-        }
-        pub(crate) fn file(&mut self, name: &str, data: &[u8]) -> &mut Self {
-            self.entry(name, EntryType::Regular, data, None, 0o644)
-        }
-        pub(crate) fn dir(&mut self, name: &str) -> &mut Self {
-            self.entry(name, EntryType::Directory, b"", None, 0o755)
-        }
-        pub(crate) fn symlink(&mut self, name: &str, target: &str) -> &mut Self {
-            self.entry(name, EntryType::Symlink, b"", Some(target), 0o777)
-        }
-        pub(crate) fn hardlink(&mut self, name: &str, target: &str) -> &mut Self {
-            self.entry(name, EntryType::Link, b"", Some(target), 0o644)
-        }
-        pub(crate) fn bytes(&mut self) -> Vec<u8> {
-            std::mem::replace(&mut self.0, tar::Builder::new(Vec::new()))
-                .into_inner()
-                .unwrap()
-        }
-    }
-
-    struct Case {
-        _tmp: tempfile::TempDir,
-        layer: PathBuf,
-        outside: PathBuf,
-    }
-
-    fn case() -> Case {
-        let tmp = tempfile::tempdir().unwrap();
-        let layer = tmp.path().join("layer");
-        let outside = tmp.path().join("outside");
-        std::fs::create_dir(&layer).unwrap();
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("target"), b"original").unwrap();
-        Case {
-            _tmp: tmp,
-            layer,
-            outside,
-        }
-    }
-
-    fn run(c: &Case, tar: &[u8]) -> Result<UnpackStats, UnpackError> {
-        unpack(tar, &c.layer, &UnpackOptions::default())
-    }
-
-    fn assert_rejected(result: Result<UnpackStats, UnpackError>, want: &str) {
-        match result {
-            Err(UnpackError::Rejected { reason, .. }) => {
-                assert!(
-                    reason.contains(want),
-                    "reason {reason:?} should mention {want:?}"
-                )
-            }
-            other => panic!("expected rejection ({want}), got {other:?}"),
-        }
-    }
-
-    fn outside_untouched(c: &Case) {
-        assert_eq!(
-            std::fs::read(c.outside.join("target")).unwrap(),
-            b"original"
-        );
-        assert_eq!(std::fs::read_dir(&c.outside).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn rejects_parent_dir_components() {
-        let c = case();
-        assert_rejected(
-            run(&c, &Layer::new().file("../outside/target", b"evil").bytes()),
-            "..",
-        );
-        assert_rejected(
-            run(&c, &Layer::new().file("a/../../x", b"evil").bytes()),
-            "..",
-        );
-        outside_untouched(&c);
-    }
-
-    #[test]
-    fn absolute_paths_stay_in_the_layer() {
-        let c = case();
-        let name = format!("{}/target", c.outside.display());
-        let tar = Layer::new()
-            .file(&name, b"inside")
-            .file("/etc/passwd", b"root")
-            .hardlink("/etc/passwd-", "/etc/passwd")
-            .bytes();
-        run(&c, &tar).unwrap();
-        outside_untouched(&c);
-        let inside = c.layer.join(name.trim_start_matches('/'));
-        assert_eq!(std::fs::read(inside).unwrap(), b"inside");
-        let passwd = std::fs::metadata(c.layer.join("etc/passwd")).unwrap();
-        let linked = std::fs::metadata(c.layer.join("etc/passwd-")).unwrap();
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!((passwd.ino(), passwd.nlink()), (linked.ino(), 2));
-    }
-
-    #[test]
-    fn rejects_writes_through_a_symlink() {
-        let c = case();
-        let outside = c.outside.display().to_string();
-        let tar = Layer::new()
-            .symlink("link", &outside)
-            .file("link/target", b"evil")
-            .bytes();
-        assert_rejected(run(&c, &tar), "symlink");
-        outside_untouched(&c);
-    }
-
-    #[test]
-    fn rejects_relative_symlink_escape() {
-        let c = case();
-        let tar = Layer::new()
-            .symlink("up", "..")
-            .file("up/outside/target", b"evil")
-            .bytes();
-        assert_rejected(run(&c, &tar), "symlink");
-        outside_untouched(&c);
-    }
-
-    #[test]
-    fn rejects_directory_entry_through_symlink() {
-        let c = case();
-        let outside = c.outside.display().to_string();
-        let tar = Layer::new()
-            .symlink("link", &outside)
-            .dir("link/newdir/")
-            .bytes();
-        assert_rejected(run(&c, &tar), "symlink");
-        outside_untouched(&c);
-    }
-
-    #[test]
-    fn rejects_hardlink_escapes() {
-        let c = case();
-        assert_rejected(
-            run(&c, &Layer::new().hardlink("h", "../outside/target").bytes()),
-            "..",
-        );
-        // An absolute target names the layer's own file, never the host's.
-        let abs = format!("{}/target", c.outside.display());
-        let stats = run(&c, &Layer::new().hardlink("h", &abs).bytes()).unwrap();
-        assert_rejected(
-            super::super::copyup::copy_up(&c.layer, &stats.lower_links, &[]),
-            "in no layer",
-        );
-        let outside = c.outside.display().to_string();
-        let tar = Layer::new()
-            .symlink("link", &outside)
-            .hardlink("h", "link/target")
-            .bytes();
-        assert_rejected(run(&c, &tar), "symlink");
-        // A target this layer does not hold is left for the copy-up from lower layers, which
-        // refuses it when no layer has it.
-        let stats = run(&c, &Layer::new().hardlink("h2", "missing").bytes()).unwrap();
-        assert_eq!(stats.lower_links.len(), 1);
-        assert_rejected(
-            super::super::copyup::copy_up(&c.layer, &stats.lower_links, &[]),
-            "in no layer",
-        );
-        outside_untouched(&c);
-    }
-
-    #[test]
-    fn rejects_device_nodes_unless_allowed() {
-        let c = case();
-        let tar = Layer::new()
-            .entry("dev/sda", EntryType::Block, b"", None, 0o600)
-            .bytes();
-        assert_rejected(run(&c, &tar), "device node");
-        let tar = Layer::new()
-            .entry("null", EntryType::Char, b"", None, 0o666)
-            .bytes();
-        assert_rejected(run(&c, &tar), "device node");
-    }
-
-    #[test]
-    fn rejects_whiteout_of_parent() {
-        let c = case();
-        assert_rejected(
-            run(
-                &c,
-                &Layer::new()
-                    .entry(".wh...", EntryType::Regular, b"", None, 0)
-                    .bytes(),
-            ),
-            "whiteout",
-        );
-    }
-
-    #[test]
-    fn file_replaces_symlink_without_following_it() {
-        let c = case();
-        let target = format!("{}/target", c.outside.display());
-        let tar = Layer::new()
-            .symlink("f", &target)
-            .file("f", b"inside")
-            .bytes();
-        run(&c, &tar).unwrap();
-        outside_untouched(&c);
-        assert_eq!(std::fs::read(c.layer.join("f")).unwrap(), b"inside");
-    }
-
-    #[test]
-    fn regular_layer_contents() {
-        let c = case();
-        let tar = Layer::new()
-            .dir("./")
-            .dir("etc/")
-            .file("etc/hostname", b"box\n")
-            .entry("bin/tool", EntryType::Regular, b"#!/bin/sh\n", None, 0o755)
-            .symlink("bin/sh", "tool")
-            .hardlink("bin/tool2", "bin/tool")
-            .entry("run/fifo", EntryType::Fifo, b"", None, 0o600)
-            .dir("etc/") // a repeated directory keeps its contents
-            .bytes();
-        let stats = run(&c, &tar).unwrap();
-        assert_eq!(stats.size, 14);
-        let l = &c.layer;
-        assert_eq!(std::fs::read(l.join("etc/hostname")).unwrap(), b"box\n");
-        assert_eq!(
-            std::fs::read_link(l.join("bin/sh")).unwrap(),
-            PathBuf::from("tool")
-        );
-        let tool = std::fs::metadata(l.join("bin/tool")).unwrap();
-        assert_eq!(tool.permissions().mode() & 0o7777, 0o755);
-        assert_eq!(tool.nlink(), 2);
-        assert_eq!(tool.mtime(), 1_600_000_000);
-        assert!(
-            std::fs::metadata(l.join("run/fifo"))
-                .unwrap()
-                .file_type()
-                .is_fifo()
-        );
-        assert_eq!(
-            std::fs::metadata(l.join("etc")).unwrap().mtime(),
-            1_600_000_000
-        );
-        // the implicit parent "run" was created
-        assert!(l.join("run").is_dir());
-    }
-
-    #[test]
-    fn file_replaces_directory_and_directory_replaces_file() {
-        let c = case();
-        let tar = Layer::new()
-            .dir("a/")
-            .file("a/x", b"1")
-            .file("a", b"now a file")
-            .dir("b")
-            .bytes();
-        let tar2 = Layer::new()
-            .file("b", b"x")
-            .dir("b/")
-            .file("b/y", b"2")
-            .bytes();
-        run(&c, &tar).unwrap();
-        assert_eq!(std::fs::read(c.layer.join("a")).unwrap(), b"now a file");
-        let c2 = case();
-        run(&c2, &tar2).unwrap();
-        assert_eq!(std::fs::read(c2.layer.join("b/y")).unwrap(), b"2");
-    }
-
-    #[test]
-    fn whiteouts_become_overlay_whiteouts() {
-        if !is_root() {
-            eprintln!("skipped: whiteouts need CAP_MKNOD and trusted xattrs (root)");
-            return;
-        }
-        let c = case();
-        let tar = Layer::new()
-            .entry("etc/.wh.passwd", EntryType::Regular, b"", None, 0o600)
-            .entry(
-                "var/cache/.wh..wh..opq",
-                EntryType::Regular,
-                b"",
-                None,
-                0o600,
-            )
-            .entry(".wh..wh.plnk", EntryType::Directory, b"", None, 0o700)
-            .bytes();
-        run(&c, &tar).unwrap();
-        let wh = std::fs::symlink_metadata(c.layer.join("etc/passwd")).unwrap();
-        assert!(wh.file_type().is_char_device());
-        assert_eq!(wh.rdev(), 0);
-        let dir = File::open(c.layer.join("var/cache")).unwrap();
-        assert_eq!(
-            sys::fgetxattr(&dir, OPAQUE_XATTR).unwrap(),
-            Some(b"y".to_vec())
-        );
-        assert!(!c.layer.join(".wh..wh.plnk").exists());
-        assert!(!c.layer.join("var/cache/.wh..wh..opq").exists());
-    }
-
-    #[test]
-    fn ownership_setid_and_xattrs() {
-        if !is_root() {
-            eprintln!("skipped: ownership needs root");
-            return;
-        }
-        let c = case();
-        let mut b = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_ustar();
-        h.set_path("usr/bin/su").unwrap();
-        h.set_size(3);
-        h.set_mode(0o4755);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_entry_type(EntryType::Regular);
-        h.set_cksum();
-        b.append_pax_extensions([
-            ("SCHILY.xattr.user.note", &b"hi"[..]),
-            ("SCHILY.xattr.trusted.overlay.redirect", &b"/etc"[..]),
-            ("uid", &b"1234"[..]),
-        ])
-        .unwrap();
-        b.append(&h, &b"elf"[..]).unwrap();
-        let tar = b.into_inner().unwrap();
-        run(&c, &tar).unwrap();
-        let path = c.layer.join("usr/bin/su");
-        let m = std::fs::metadata(&path).unwrap();
-        assert_eq!(m.uid(), 1234);
-        assert_eq!(m.permissions().mode() & 0o7777, 0o4755);
-        let f = File::open(&path).unwrap();
-        assert_eq!(
-            sys::fgetxattr(&f, b"user.note").unwrap(),
-            Some(b"hi".to_vec())
-        );
-        assert_eq!(
-            sys::fgetxattr(&f, b"trusted.overlay.redirect").unwrap(),
-            None
-        );
-    }
-
-    #[test]
-    fn garbage_is_not_a_tar() {
-        let c = case();
-        let junk = vec![0x55u8; 1024];
-        assert!(matches!(run(&c, &junk), Err(UnpackError::Tar(_))));
-    }
-}
+pub(super) mod tests;

@@ -437,7 +437,11 @@ pub fn layer(entries: &[Entry], compress: Compress) -> TestLayer {
             }
         }
     }
-    let tar = b.into_inner().expect("tar");
+    layer_from_tar(b.into_inner().expect("tar"), compress)
+}
+
+/// A layer of a tar made elsewhere (GNU tar, Python's tarfile), compressed as asked.
+pub fn layer_from_tar(tar: Vec<u8>, compress: Compress) -> TestLayer {
     let diff_id = sha256(&tar);
     let (blob, media_type) = match compress {
         Compress::Gzip => {
