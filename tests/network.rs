@@ -388,6 +388,71 @@ async fn broken_lists_and_missing_plugins_are_named() {
     assert_eq!((net.veths(), net.allocations().len()), (0, 0));
 }
 
+/// StopPodSandbox and RemovePodSandbox whose client gives up mid-teardown (a deadline shorter
+/// than the DEL): the teardown still runs to its end with no further call, leaving no veth,
+/// allocation or hostPort rule, and the calls made again answer OK.
+#[tokio::test]
+async fn a_teardown_its_client_gave_up_on_still_finishes() {
+    let Some((_host, net)) = host_net().await else {
+        return;
+    };
+    let rules_before = iptables_rules();
+    script_plugin(
+        &net,
+        "slow-portmap",
+        &format!("[ \"$CNI_COMMAND\" = DEL ] && sleep 1\nexec {PLUGINS}/portmap\n"),
+    );
+    let env = PodEnv::start_with(&net.tables()).await;
+    std::fs::write(
+        env.d.net_dir().join("10-test.conflist"),
+        net.conflist(r#",{"type":"slow-portmap","capabilities":{"portMappings":true}}"#),
+    )
+    .unwrap();
+    for (round, remove) in [(0, false), (1, true)] {
+        let mut sb = env.sandbox_config(&format!("cut-{round}"));
+        sb.port_mappings = vec![cri::PortMapping {
+            protocol: cri::Protocol::Tcp as i32,
+            container_port: 80,
+            host_port: 21000 + round,
+            host_ip: String::new(),
+        }];
+        let pod = env.run_pod(&sb).await.unwrap();
+        assert!(!pod_ip(&env, &pod).await.is_empty());
+        assert!(!pod_rules(&rules_before).is_empty());
+        let mut rt = env.d.runtime();
+        let cut = if remove {
+            let mut req = tonic::Request::new(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            });
+            req.set_timeout(Duration::from_millis(50));
+            rt.remove_pod_sandbox(req).await.map(drop)
+        } else {
+            let mut req = tonic::Request::new(cri::StopPodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            });
+            req.set_timeout(Duration::from_millis(50));
+            rt.stop_pod_sandbox(req).await.map(drop)
+        };
+        assert_eq!(
+            cut.unwrap_err().code(),
+            tonic::Code::DeadlineExceeded,
+            "the DEL takes a second"
+        );
+        let t = Instant::now();
+        while net.veths() + net.allocations().len() > 0 || !pod_rules(&rules_before).is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "round {round}: the teardown stopped with its call: {} veths, {:?}, {:?}",
+                net.veths(),
+                net.allocations(),
+                pod_rules(&rules_before)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        env.remove_pod(&pod).await;
+    }
+}
+
 /// Makes `name` in the test's plugin directory: a shell script.
 fn script_plugin(net: &TestNet, name: &str, body: &str) {
     let path = net.bin.path().join(name);

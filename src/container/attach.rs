@@ -30,7 +30,9 @@ impl ContainerService {
                 stderr: opts.stderr,
             },
         };
-        let body = serde_json::to_vec(&req).map_err(|e| fail(e.to_string()))?;
+        let mut body = serde_json::to_vec(&req).map_err(|e| fail(e.to_string()))?;
+        // The monitor reads its request up to a newline (see `exec::send_request`).
+        body.push(b'\n');
         let mut conn = {
             let dir = sock.parent().unwrap_or(Path::new("/"));
             let (_dir, short) =
@@ -39,7 +41,6 @@ impl ContainerService {
                 .await
                 .map_err(|e| fail(format!("the container's monitor does not answer ({e})")))?
         };
-        // One write: the monitor reads its request as one message.
         conn.write_all(&body)
             .await
             .map_err(|e| fail(format!("sending the request to the monitor: {e}")))?;

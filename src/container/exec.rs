@@ -68,10 +68,13 @@ impl ContainerService {
         };
         let req = ExecRequest {
             args: cmd,
-            timeout_ms: if timeout > 0 {
-                timeout as u64 * 1000
-            } else {
-                0
+            // 0 (or less): no deadline. Seconds whose milliseconds overflow are refused, not
+            // wrapped into a short deadline.
+            timeout_ms: match u64::try_from(timeout) {
+                Ok(0) | Err(_) => 0,
+                Ok(s) => s.checked_mul(1000).ok_or_else(|| {
+                    invalid("timeout", format!("{timeout} s is more than can be waited"))
+                })?,
             },
             stdin: false,
             tty: false,
@@ -207,22 +210,30 @@ impl ContainerService {
     }
 }
 
-/// Sends a request to a monitor with `fds` attached (SCM_RIGHTS; none when empty).
+/// Sends a request to a monitor with `fds` attached (SCM_RIGHTS; none when empty), ended by a
+/// newline (JSON has none of its own): the monitor reads until it, however the stream cuts it.
 pub(super) fn send_request(
     conn: &std::os::unix::net::UnixStream,
     body: &[u8],
     fds: &[std::os::fd::RawFd],
 ) -> nix::Result<()> {
+    use std::io::Write;
     use std::os::fd::AsRawFd;
+    let mut line = Vec::with_capacity(body.len() + 1);
+    line.extend_from_slice(body);
+    line.push(b'\n');
     let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
     let cmsgs: &[nix::sys::socket::ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    let iov = [std::io::IoSlice::new(body)];
-    nix::sys::socket::sendmsg::<()>(
+    let iov = [std::io::IoSlice::new(&line)];
+    let sent = nix::sys::socket::sendmsg::<()>(
         conn.as_raw_fd(),
         &iov,
         cmsgs,
         nix::sys::socket::MsgFlags::empty(),
         None,
-    )
-    .map(drop)
+    )?;
+    // The descriptors went with the first piece; the rest is plain bytes.
+    let mut rest = conn;
+    rest.write_all(&line[sent..])
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }

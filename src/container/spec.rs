@@ -88,9 +88,15 @@ pub fn command_line(config: &ContainerConfig, image: &Image) -> Vec<String> {
 /// plus HOME from the user's passwd entry when nothing set it.
 pub fn environment(config: &ContainerConfig, image: &Image, user: &User) -> Vec<String> {
     let mut env: Vec<(String, String)> = Vec::new();
-    let mut set = |k: &str, v: &str| match env.iter_mut().find(|(key, _)| key == k) {
-        Some(e) => e.1 = v.to_string(),
-        None => env.push((k.to_string(), v.to_string())),
+    // Where each key is in `env`: a linear search per key was quadratic (100,000 variables
+    // took seconds).
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut set = |k: &str, v: &str| match at.get(k) {
+        Some(&i) => env[i].1 = v.to_string(),
+        None => {
+            at.insert(k.to_string(), env.len());
+            env.push((k.to_string(), v.to_string()));
+        }
     };
     for e in image.config.config.env.as_deref().unwrap_or_default() {
         let (k, v) = e.split_once('=').unwrap_or((e, ""));
@@ -560,7 +566,17 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         .build()
         .map_err(|e| invalid("process", e.to_string()))?;
     if let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref()) {
-        process.set_oom_score_adj(Some(r.oom_score_adj as i32));
+        // The kernel's range; a wider number must not wrap into it.
+        let adj = i32::try_from(r.oom_score_adj)
+            .ok()
+            .filter(|v| (-1000..=1000).contains(v))
+            .ok_or_else(|| {
+                invalid(
+                    "linux.resources.oom_score_adj",
+                    format!("{} is outside -1000..=1000", r.oom_score_adj),
+                )
+            })?;
+        process.set_oom_score_adj(Some(adj));
     }
 
     let paths = ctx.sandbox_paths;

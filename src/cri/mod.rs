@@ -1,6 +1,7 @@
 //! cri: the tonic glue. It serves CRI `runtime.v1` (RuntimeService, ImageService) and crius's own
 //! `crius.v1.Pulls` on a unix socket, converts requests into crius's own types and answers back
-//! into CRI's (`convert`: nothing below sees a generated CRI type), turns requests into calls on
+//! into CRI's (`convert`: nothing below sees a generated CRI type) and holds every request to
+//! crius's limits (`validate`: sizes, ranges, NULs, line breaks), turns requests into calls on
 //! the `image`, `pod`, `sandbox` and `container` services, maps their errors to statuses in one
 //! place (`status`),
 //! and logs one line per RPC with its duration. It also holds the client side used by the CLI,
@@ -16,6 +17,7 @@ mod pulls;
 mod runtime;
 pub mod status;
 pub mod streaming;
+pub mod validate;
 
 use std::future::Future;
 use std::time::Instant;
@@ -115,6 +117,9 @@ pub async fn serve(
     .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let pulls = proto::pulls_server::PullsServer::new(pulls::Pulls::new(services.images));
     tonic::transport::Server::builder()
+        // A header block is buffered whole before the call starts: kubelet's are well under a
+        // KiB, and the default (16 MiB) let each half-sent block hold a MiB.
+        .http2_max_header_list_size(HEADER_LIST_MAX)
         .layer(deadline::DeadlineLayer)
         .add_service(runtime)
         .add_service(images)
@@ -124,6 +129,22 @@ pub async fn serve(
             shutdown,
         )
         .await
+}
+
+/// The most header bytes a call may send.
+const HEADER_LIST_MAX: u32 = 64 * 1024;
+
+/// Runs a change of several steps (a teardown, a creation) to its end even when its caller goes
+/// away (a client deadline, a closed connection): the call waits for it, and a dropped call no
+/// longer drops the work half-way, such as between a pod's network and its record.
+pub(crate) async fn to_the_end<T: Send + 'static>(
+    work: impl Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::spawn(work).await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Status::unavailable(format!("the daemon is stopping: {e}"))),
+    }
 }
 
 /// Runs one RPC: times it, logs it, and logs failures with their status.

@@ -74,10 +74,13 @@ impl RuntimeService for Runtime {
             let req = req.into_inner();
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
             let config = convert::pod_config(config, "config")?;
-            let id = self
-                .pods
-                .run(config, &req.runtime_handler, self.pause_image.as_deref())
-                .await?;
+            let (pods, pause) = (self.pods.clone(), self.pause_image.clone());
+            let id = super::to_the_end(async move {
+                Ok(pods
+                    .run(config, &req.runtime_handler, pause.as_deref())
+                    .await?)
+            })
+            .await?;
             Ok(cri::RunPodSandboxResponse { pod_sandbox_id: id })
         })
         .await
@@ -88,7 +91,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::StopPodSandboxRequest>,
     ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
         rpc("StopPodSandbox", async {
-            self.pods.stop(&req.into_inner().pod_sandbox_id).await?;
+            let (pods, id) = (self.pods.clone(), req.into_inner().pod_sandbox_id);
+            super::to_the_end(async move { Ok(pods.stop(&id).await?) }).await?;
             Ok(cri::StopPodSandboxResponse {})
         })
         .await
@@ -99,7 +103,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::RemovePodSandboxRequest>,
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
         rpc("RemovePodSandbox", async {
-            self.pods.remove(&req.into_inner().pod_sandbox_id).await?;
+            let (pods, id) = (self.pods.clone(), req.into_inner().pod_sandbox_id);
+            super::to_the_end(async move { Ok(pods.remove(&id).await?) }).await?;
             Ok(cri::RemovePodSandboxResponse {})
         })
         .await
@@ -146,10 +151,13 @@ impl RuntimeService for Runtime {
                 .sandbox_config
                 .map(|c| convert::pod_config(c, "sandbox_config"))
                 .transpose()?;
-            let id = self
-                .pods
-                .create_container(&req.pod_sandbox_id, config, sandbox_config)
-                .await?;
+            let pods = self.pods.clone();
+            let id = super::to_the_end(async move {
+                Ok(pods
+                    .create_container(&req.pod_sandbox_id, config, sandbox_config)
+                    .await?)
+            })
+            .await?;
             Ok(cri::CreateContainerResponse { container_id: id })
         })
         .await
@@ -160,9 +168,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::StartContainerRequest>,
     ) -> Result<Response<cri::StartContainerResponse>, Status> {
         rpc("StartContainer", async {
-            self.containers
-                .start(&req.into_inner().container_id)
-                .await?;
+            let (containers, id) = (self.containers.clone(), req.into_inner().container_id);
+            super::to_the_end(async move { Ok(containers.start(&id).await?) }).await?;
             Ok(cri::StartContainerResponse {})
         })
         .await
@@ -174,7 +181,11 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::StopContainerResponse>, Status> {
         rpc("StopContainer", async {
             let req = req.into_inner();
-            self.containers.stop(&req.container_id, req.timeout).await?;
+            let containers = self.containers.clone();
+            super::to_the_end(
+                async move { Ok(containers.stop(&req.container_id, req.timeout).await?) },
+            )
+            .await?;
             Ok(cri::StopContainerResponse {})
         })
         .await
@@ -185,9 +196,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::RemoveContainerRequest>,
     ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
         rpc("RemoveContainer", async {
-            self.containers
-                .remove(&req.into_inner().container_id)
-                .await?;
+            let (containers, id) = (self.containers.clone(), req.into_inner().container_id);
+            super::to_the_end(async move { Ok(containers.remove(&id).await?) }).await?;
             Ok(cri::RemoveContainerResponse {})
         })
         .await
@@ -234,6 +244,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ExecSyncResponse>, Status> {
         rpc("ExecSync", async {
             let req = req.into_inner();
+            super::validate::exec(&req.cmd)?;
             let (stdout, stderr, exit_code) = self
                 .containers
                 .exec_sync(&req.container_id, req.cmd, req.timeout)
@@ -253,9 +264,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ExecResponse>, Status> {
         rpc("Exec", async {
             let req = req.into_inner();
-            if req.cmd.is_empty() {
-                return Err(super::status::missing("cmd"));
-            }
+            super::validate::exec(&req.cmd)?;
             let opts = crate::stream::Opts {
                 stdin: req.stdin,
                 stdout: req.stdout,

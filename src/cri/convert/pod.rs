@@ -142,6 +142,13 @@ pub fn cri_resources(r: &Resources) -> cri::LinuxContainerResources {
 /// `field`.
 #[allow(deprecated)] // seccomp_profile_path is what older kubelets send
 pub fn pod_config(c: cri::PodSandboxConfig, field: &str) -> Result<PodConfig, Status> {
+    let config = pod_config_unchecked(c, field)?;
+    super::super::validate::pod(&config, field)?;
+    Ok(config)
+}
+
+#[allow(deprecated)] // seccomp_profile_path is what older kubelets send
+fn pod_config_unchecked(c: cri::PodSandboxConfig, field: &str) -> Result<PodConfig, Status> {
     let linux = match c.linux {
         None => None,
         Some(l) => {

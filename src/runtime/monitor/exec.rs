@@ -22,6 +22,8 @@ pub(super) struct Exec {
     pub(super) conn: UnixStream,
     pub(super) deadline: Option<Instant>,
     pub(super) timed_out: bool,
+    /// Its client hung up and it was killed; its exit is reported to no one.
+    pub(super) abandoned: bool,
 }
 
 impl Exec {
@@ -67,6 +69,7 @@ impl Monitor {
                     conn,
                     deadline,
                     timed_out: false,
+                    abandoned: false,
                 }),
                 Err(e) => send_report(&mut conn, &exec_error(e.to_string())),
             }
@@ -247,11 +250,17 @@ impl Monitor {
     }
 }
 
-/// Reads one request from a new connection, with the descriptors that came with it.
+/// The largest request read: an exec's arguments and environment fit the kernel's own limit
+/// for them (a quarter of an 8 MiB stack) well below it.
+const MAX_REQUEST: usize = 4 << 20;
+
+/// Reads one request from a new connection, with the descriptors that came with it: a line of
+/// JSON, which a stream socket may hand over in pieces (a read stops after the piece that
+/// carried descriptors).
 fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), StepError> {
     conn.set_read_timeout(Some(Duration::from_secs(2)))
         .map_err(step("reading the request"))?;
-    let mut data = vec![0u8; 256 << 10];
+    let mut data = vec![0u8; 64 << 10];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 3]);
     let mut iov = [IoSliceMut::new(&mut data)];
     let msg = recvmsg::<()>(
@@ -269,6 +278,22 @@ fn read_request(conn: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), StepError>
     }
     let n = msg.bytes;
     data.truncate(n);
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut rest = conn;
+    while n > 0 && !data.ends_with(b"\n") {
+        if data.len() > MAX_REQUEST {
+            return Err(StepError::new(
+                "reading the request",
+                format!("it passes {MAX_REQUEST} bytes"),
+            ));
+        }
+        match rest.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(k) => data.extend_from_slice(&chunk[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(step("reading the request")(e)),
+        }
+    }
     Ok((data, fds))
 }
 

@@ -516,7 +516,7 @@ impl Monitor {
                 Some(ms) => PollTimeout::from(ms.min(u16::MAX as u64) as u16),
                 None => PollTimeout::NONE,
             };
-            let (sig_ready, listen_ready, ready, oom_ready, stdin_ready, attach_ready) = {
+            let (sig_ready, listen_ready, ready, oom_ready, stdin_ready, attach_ready, hung_up) = {
                 let mut fds = Vec::with_capacity(4 + self.outputs.len() + self.attachers.len());
                 fds.push(PollFd::new(self.signals.as_fd(), PollFlags::POLLIN));
                 fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
@@ -526,6 +526,17 @@ impl Monitor {
                 let outputs_end = fds.len();
                 if let Some(fd) = self.oom.as_ref().and_then(OomWatch::fd) {
                     fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                }
+                let oom_at = (fds.len() > outputs_end).then_some(outputs_end);
+                // A command's client hanging up (a cancelled ExecSync, a closed stream) ends
+                // the command, as containerd does: watched until it is killed.
+                let execs_start = fds.len();
+                let watched: Vec<usize> = (0..self.execs.len())
+                    .filter(|&i| !self.execs[i].abandoned)
+                    .collect();
+                for &i in &watched {
+                    // Hang-ups are reported whatever is asked; the client never half-closes.
+                    fds.push(PollFd::new(self.execs[i].conn.as_fd(), PollFlags::empty()));
                 }
                 let attach_start = fds.len();
                 let polls_stdin = self.attach_poll_fds(&mut fds);
@@ -543,7 +554,15 @@ impl Monitor {
                 }
                 let revents = |i: usize| fds[i].revents().unwrap_or(PollFlags::empty());
                 let ready: Vec<bool> = (2..outputs_end).map(|i| !revents(i).is_empty()).collect();
-                let oom_ready = attach_start > outputs_end && !revents(outputs_end).is_empty();
+                let oom_ready = oom_at.is_some_and(|i| !revents(i).is_empty());
+                let hung_up: Vec<usize> = watched
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| {
+                        revents(execs_start + k).intersects(PollFlags::POLLHUP | PollFlags::POLLERR)
+                    })
+                    .map(|(_, &i)| i)
+                    .collect();
                 let stdin_ready = polls_stdin && !revents(attach_start).is_empty();
                 let attach_ready: Vec<PollFlags> =
                     (attachers_start..fds.len()).map(revents).collect();
@@ -554,8 +573,14 @@ impl Monitor {
                     oom_ready,
                     stdin_ready,
                     attach_ready,
+                    hung_up,
                 )
             };
+            for i in hung_up {
+                let e = &mut self.execs[i];
+                e.abandoned = true;
+                let _ = nix::sys::signal::kill(e.pid, Signal::SIGKILL);
+            }
             if let Some(o) = self.oom.as_mut()
                 && (oom_ready || o.settles_at().is_some_and(|t| t <= Instant::now()))
             {
