@@ -1163,3 +1163,38 @@ async fn hostile_websocket_frames() {
     assert!(!ps.contains(" cat"), "an exec'd cat is left: {ps}");
     env.remove_pod(&pod).await;
 }
+
+/// Runs `cmd` under `script`, on a terminal of its own whose input ends at once, as a script
+/// driving `kubectl exec -it` does; what the terminal showed.
+fn on_a_terminal(cmd: &str) -> String {
+    let out = Command::new("script")
+        .args(["-qec", cmd, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The built-in client's terminal shows what the command wrote: `-t` keeps the remote
+/// terminal's line ends (`\r\n`, not `\r\r\n`), and `-it` gives the command a terminal on
+/// its stdin too.
+#[tokio::test]
+async fn terminals_show_only_what_the_command_wrote() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("terminals");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env
+        .run(&pod, &sb, env.container_config("terminals", LONG))
+        .await;
+    let crius = env!("CARGO_BIN_EXE_crius");
+    let socket = env.d.socket.display();
+    let out = on_a_terminal(&format!(
+        "{crius} --socket {socket} exec -t {c} -- sh -c 'echo a; echo b'"
+    ));
+    assert_eq!(out, "a\r\nb\r\n");
+    let out = on_a_terminal(&format!(
+        "{crius} --socket {socket} exec -it {c} -- sh -c 'test -t 0 && echo tty'"
+    ));
+    assert_eq!(out, "tty\r\n");
+    env.remove_pod(&pod).await;
+}

@@ -257,33 +257,45 @@ fn exit_code(status: &[u8]) -> Result<i32> {
     refuse!("{}", v["message"].as_str().unwrap_or("the stream failed"))
 }
 
-/// The local terminal in raw mode while it lives; restored on drop.
-struct RawTerminal(Option<nix::sys::termios::Termios>);
+/// The local terminal set up for a remote one while it lives; restored on drop. With stdin the
+/// terminal is raw, so every key reaches the remote side; without, only output processing is
+/// off (the remote terminal already turned each `\n` into `\r\n`, and a second pass would
+/// print `\r\r\n`), and ^C still stops the client.
+struct RawTerminal(Option<(std::os::fd::OwnedFd, nix::sys::termios::Termios)>);
 
 impl RawTerminal {
-    fn enter() -> RawTerminal {
-        use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
-        let stdin = std::io::stdin();
-        let Ok(saved) = tcgetattr(&stdin) else {
+    fn enter(stdin: bool) -> RawTerminal {
+        use nix::sys::termios::{OutputFlags, SetArg, cfmakeraw, tcgetattr, tcsetattr};
+        use std::os::fd::AsFd;
+        let fd = if stdin {
+            std::io::stdin().as_fd().try_clone_to_owned()
+        } else {
+            std::io::stdout().as_fd().try_clone_to_owned()
+        };
+        let Ok(fd) = fd else {
             return RawTerminal(None);
         };
-        let mut raw = saved.clone();
-        cfmakeraw(&mut raw);
-        if tcsetattr(&stdin, SetArg::TCSANOW, &raw).is_err() {
+        // Not a terminal (a pipe, a file): nothing to set.
+        let Ok(saved) = tcgetattr(&fd) else {
+            return RawTerminal(None);
+        };
+        let mut set = saved.clone();
+        if stdin {
+            cfmakeraw(&mut set);
+        } else {
+            set.output_flags.remove(OutputFlags::OPOST);
+        }
+        if tcsetattr(&fd, SetArg::TCSANOW, &set).is_err() {
             return RawTerminal(None);
         }
-        RawTerminal(Some(saved))
+        RawTerminal(Some((fd, saved)))
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        if let Some(t) = &self.0 {
-            let _ = nix::sys::termios::tcsetattr(
-                std::io::stdin(),
-                nix::sys::termios::SetArg::TCSANOW,
-                t,
-            );
+        if let Some((fd, t)) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(fd, nix::sys::termios::SetArg::TCSANOW, t);
         }
     }
 }
@@ -309,7 +321,7 @@ pub async fn remote_command(url: &str, stdin: bool, tty: bool) -> Result<i32> {
         let (id, _) = conn.open(&[("streamtype", "stdin".into())]).await?;
         tokio::spawn(send_all(tokio::io::stdin(), id, conn.out.clone()));
     }
-    let _raw = (tty && stdin).then(RawTerminal::enter);
+    let _raw = tty.then(|| RawTerminal::enter(stdin));
     if tty {
         let (id, _) = conn.open(&[("streamtype", "resize".into())]).await?;
         let out = conn.out.clone();
@@ -517,7 +529,11 @@ mod tests {
         assert_eq!(exit_code(&status(Ok(0))).ok(), Some(0));
         assert_eq!(exit_code(&status(Ok(7))).ok(), Some(7));
         assert!(exit_code(b"").is_err());
-        let err = exit_code(&status(Err("container gone".into())));
+        let gone = crate::stream::BackendError::new(
+            "container gone".into(),
+            std::io::Error::other("container gone"),
+        );
+        let err = exit_code(&status(Err(gone)));
         assert!(err.is_err_and(|e| e.to_string().contains("container gone")));
     }
 }

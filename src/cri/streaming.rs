@@ -7,11 +7,16 @@ use futures_util::future::BoxFuture;
 use crate::container::ContainerService;
 use crate::container::stream::{StreamOpts, StreamSession};
 use crate::sandbox::SandboxService;
-use crate::stream::{Backend, Opts, Session};
+use crate::stream::{Backend, BackendError, Opts, Session};
 
 pub struct StreamBackend {
     pub containers: ContainerService,
     pub sandboxes: SandboxService,
+}
+
+/// A backend error as the client reads it: the error with its causes.
+fn told<E: std::error::Error + Send + Sync + 'static>(e: E) -> BackendError {
+    BackendError::new(super::status::chain(&e), e)
 }
 
 /// A container's stream session as the streaming server serves it.
@@ -21,7 +26,7 @@ fn session(s: StreamSession) -> Session {
         stdout: s.stdout,
         stderr: s.stderr,
         resize: s.resize,
-        done: Box::pin(async move { s.done.await.map_err(|e| super::status::chain(&e)) }),
+        done: Box::pin(async move { s.done.await.map_err(told) }),
     }
 }
 
@@ -40,24 +45,28 @@ impl Backend for StreamBackend {
         container_id: String,
         cmd: Vec<String>,
         o: Opts,
-    ) -> BoxFuture<'static, Result<Session, String>> {
+    ) -> BoxFuture<'static, Result<Session, BackendError>> {
         let containers = self.containers.clone();
         Box::pin(async move {
             let s = containers
                 .exec_stream(&container_id, cmd, opts(o))
                 .await
-                .map_err(|e| super::status::chain(&e))?;
+                .map_err(told)?;
             Ok(session(s))
         })
     }
 
-    fn attach(&self, container_id: String, o: Opts) -> BoxFuture<'static, Result<Session, String>> {
+    fn attach(
+        &self,
+        container_id: String,
+        o: Opts,
+    ) -> BoxFuture<'static, Result<Session, BackendError>> {
         let containers = self.containers.clone();
         Box::pin(async move {
             let s = containers
                 .attach_stream(&container_id, opts(o))
                 .await
-                .map_err(|e| super::status::chain(&e))?;
+                .map_err(told)?;
             Ok(session(s))
         })
     }
@@ -66,13 +75,8 @@ impl Backend for StreamBackend {
         &self,
         sandbox_id: String,
         port: u16,
-    ) -> BoxFuture<'static, Result<tokio::net::TcpStream, String>> {
+    ) -> BoxFuture<'static, Result<tokio::net::TcpStream, BackendError>> {
         let sandboxes = self.sandboxes.clone();
-        Box::pin(async move {
-            sandboxes
-                .dial(&sandbox_id, port)
-                .await
-                .map_err(|e| super::status::chain(&e))
-        })
+        Box::pin(async move { sandboxes.dial(&sandbox_id, port).await.map_err(told) })
     }
 }

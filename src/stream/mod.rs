@@ -61,7 +61,7 @@ pub enum Request {
 impl Request {
     /// Starts the command or attachment asked for; None for port forwarding, which has no
     /// session of its own.
-    async fn start(self, backend: &dyn Backend) -> Option<Result<Session, String>> {
+    async fn start(self, backend: &dyn Backend) -> Option<Result<Session, BackendError>> {
         Some(match self {
             Request::Exec {
                 container_id,
@@ -85,7 +85,27 @@ pub struct Session {
     /// Sets the terminal's size (width, height); with a terminal only.
     pub resize: Option<Resize>,
     /// The exit code once the command (or container) ends; an error when it could not be told.
-    pub done: Pin<Box<dyn Future<Output = Result<i32, String>> + Send>>,
+    pub done: Pin<Box<dyn Future<Output = Result<i32, BackendError>> + Send>>,
+}
+
+/// Why the backend could not start a session or tell how it ended: what the client is told
+/// (the backend's error with its causes, worded by the backend) and the error itself, kept as
+/// the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{told}")]
+pub struct BackendError {
+    told: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl BackendError {
+    pub fn new(told: String, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BackendError {
+            told,
+            source: Box::new(source),
+        }
+    }
 }
 
 /// The work behind the streams.
@@ -95,18 +115,18 @@ pub trait Backend: Send + Sync + 'static {
         container_id: String,
         cmd: Vec<String>,
         opts: Opts,
-    ) -> BoxFuture<'static, Result<Session, String>>;
+    ) -> BoxFuture<'static, Result<Session, BackendError>>;
     fn attach(
         &self,
         container_id: String,
         opts: Opts,
-    ) -> BoxFuture<'static, Result<Session, String>>;
+    ) -> BoxFuture<'static, Result<Session, BackendError>>;
     /// A connection to localhost:port inside the pod's network namespace.
     fn dial(
         &self,
         sandbox_id: String,
         port: u16,
-    ) -> BoxFuture<'static, Result<tokio::net::TcpStream, String>>;
+    ) -> BoxFuture<'static, Result<tokio::net::TcpStream, BackendError>>;
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -184,7 +184,7 @@ fn stream_type(h: &Headers) -> String {
 }
 
 /// `metav1.Status` as the error stream carries it from v4 on.
-pub fn exit_status(code: Result<i32, String>) -> Vec<u8> {
+pub fn exit_status(code: Result<i32, super::BackendError>) -> Vec<u8> {
     let v = match code {
         Ok(0) => serde_json::json!({"metadata": {}, "status": "Success"}),
         Ok(n) => serde_json::json!({
@@ -194,10 +194,10 @@ pub fn exit_status(code: Result<i32, String>) -> Vec<u8> {
             "reason": "NonZeroExitCode",
             "details": {"causes": [{"reason": "ExitCode", "message": n.to_string()}]},
         }),
-        Err(message) => serde_json::json!({
+        Err(e) => serde_json::json!({
             "metadata": {},
             "status": "Failure",
-            "message": message,
+            "message": e.to_string(),
             "reason": "InternalError",
             "code": 500,
         }),
@@ -206,13 +206,13 @@ pub fn exit_status(code: Result<i32, String>) -> Vec<u8> {
 }
 
 /// What v1 to v3 put on the error stream: nothing on success, else a message.
-fn exit_text(code: &Result<i32, String>) -> Option<Vec<u8>> {
+fn exit_text(code: &Result<i32, super::BackendError>) -> Option<Vec<u8>> {
     match code {
         Ok(0) => None,
         Ok(n) => Some(
             format!("command terminated with non-zero exit code: exit status {n}").into_bytes(),
         ),
-        Err(m) => Some(m.clone().into_bytes()),
+        Err(e) => Some(e.to_string().into_bytes()),
     }
 }
 
@@ -330,7 +330,7 @@ async fn remote_command(
         }
     }
     let error_stream = ids.get("error").copied();
-    let finish = |code: Result<i32, String>| {
+    let finish = |code: Result<i32, super::BackendError>| {
         let out = out.clone();
         async move {
             if let Some(s) = error_stream {
