@@ -433,10 +433,11 @@ async fn a_teardown_its_client_gave_up_on_still_finishes() {
             req.set_timeout(Duration::from_millis(50));
             rt.stop_pod_sandbox(req).await.map(drop)
         };
-        assert_eq!(
-            cut.unwrap_err().code(),
-            tonic::Code::DeadlineExceeded,
-            "the DEL takes a second"
+        // The server's deadline or the client's own timer, whichever fires first.
+        let code = cut.unwrap_err().code();
+        assert!(
+            matches!(code, tonic::Code::DeadlineExceeded | tonic::Code::Cancelled),
+            "the DEL takes a second: {code:?}"
         );
         let t = Instant::now();
         while net.veths() + net.allocations().len() > 0 || !pod_rules(&rules_before).is_empty() {

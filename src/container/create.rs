@@ -377,6 +377,7 @@ impl ContainerService {
             cgroup: cgroup.is_some(),
             image_volumes: volumes,
         })?;
+        check_working_dir(&rootfs, &oci)?;
         let scoped = self.scoped(cgroup.as_ref());
         if let Some(cg) = &cgroup
             && !scoped
@@ -602,6 +603,47 @@ pub fn recursive_read_only_mounts() -> bool {
 
 /// Puts SELinux labels in a container's spec: the process's (set on its exec by the init), the
 /// files' (the rootfs is mounted with it) and a `context=` on its tmpfs mounts.
+/// A working directory the image holds as something other than a directory (`/etc/passwd`) is
+/// the caller's error, named before anything starts; a missing one is made at start, and one
+/// under a mount is the mount's to provide.
+fn check_working_dir(rootfs: &Path, oci: &oci_spec::runtime::Spec) -> Result<(), Error> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    let Some(cwd) = oci.process().as_ref().map(|p| p.cwd().clone()) else {
+        return Ok(());
+    };
+    let mounted = oci
+        .mounts()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.destination() != Path::new("/") && cwd.starts_with(m.destination()));
+    let rel = cwd.strip_prefix("/").unwrap_or(&cwd);
+    if mounted || rel.as_os_str().is_empty() {
+        return Ok(());
+    }
+    let root = std::fs::File::open(rootfs).map_err(io_err(rootfs))?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let not_dir = match openat2(&root, rel, how) {
+        Ok(fd) => !std::fs::File::from(fd)
+            .metadata()
+            .map_err(io_err(&cwd))?
+            .is_dir(),
+        // A file on the way (`/etc/passwd/x`).
+        Err(nix::errno::Errno::ENOTDIR) => true,
+        // Missing, or for the container's own start to say.
+        Err(_) => false,
+    };
+    if not_dir {
+        return Err(invalid(
+            "config.working_dir",
+            format!("{} is not a directory in the image", cwd.display()),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn label_spec(oci: &mut oci_spec::runtime::Spec, l: &sandbox::security::SelinuxLabels) {
     if let Some(p) = oci.process_mut() {
         p.set_selinux_label(Some(l.process.clone()));

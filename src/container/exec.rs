@@ -158,6 +158,9 @@ impl ContainerService {
         let report: ExecReport = serde_json::from_slice(&report)
             .map_err(|_| exec_err("the container's monitor ended without an answer".into()))?;
         if let Some(message) = report.error {
+            if report.bad_command {
+                return Err(invalid("cmd", message));
+            }
             return Err(exec_err(message));
         }
         if report.timed_out {

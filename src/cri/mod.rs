@@ -3,12 +3,13 @@
 //! into CRI's (`convert`: nothing below sees a generated CRI type) and holds every request to
 //! crius's limits (`validate`: sizes, ranges, NULs, line breaks), turns requests into calls on
 //! the `image`, `pod`, `sandbox` and `container` services, maps their errors to statuses in one
-//! place (`status`),
+//! place (`status`), bounds the socket's connections and their header blocks (`connections`),
 //! and logs one line per RPC with its duration. It also holds the client side used by the CLI,
 //! the front end and the tests. No runtime logic lives here.
 
 mod authority;
 pub mod client;
+mod connections;
 pub mod convert;
 mod deadline;
 mod images;
@@ -25,8 +26,6 @@ use std::time::Instant;
 use crate::cri::v1::image_service_server::ImageServiceServer;
 use crate::cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Code, Response, Status};
 
 use crate::container::ContainerService;
@@ -119,20 +118,14 @@ pub async fn serve(
     tonic::transport::Server::builder()
         // A header block is buffered whole before the call starts: kubelet's are well under a
         // KiB, and the default (16 MiB) let each half-sent block hold a MiB.
-        .http2_max_header_list_size(HEADER_LIST_MAX)
+        .http2_max_header_list_size(connections::HEADER_LIST_MAX)
         .layer(deadline::DeadlineLayer)
         .add_service(runtime)
         .add_service(images)
         .add_service(pulls)
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener).map(|c| c.map(authority::AuthorityFilter::new)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(connections::incoming(listener), shutdown)
         .await
 }
-
-/// The most header bytes a call may send.
-const HEADER_LIST_MAX: u32 = 64 * 1024;
 
 /// Runs a change of several steps (a teardown, a creation) to its end even when its caller goes
 /// away (a client deadline, a closed connection): the call waits for it, and a dropped call no

@@ -201,8 +201,18 @@ pub struct PauseImage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PauseReport {
-    Ready { pid: i32, start_time: u64 },
-    Failed { message: String },
+    Ready {
+        pid: i32,
+        start_time: u64,
+    },
+    Failed {
+        message: String,
+    },
+    /// The kernel refused a sysctl's value (`net.core.somaxconn=-1`): the caller's error.
+    Refused {
+        sysctl: String,
+        message: String,
+    },
 }
 
 /// A command to run inside a running container (ExecSync), sent to its monitor's socket
@@ -232,6 +242,9 @@ pub struct ExecReport {
     pub exit_code: i32,
     pub timed_out: bool,
     pub error: Option<String>,
+    /// The command names no program the container can run (the caller's to fix).
+    #[serde(default)]
+    pub bad_command: bool,
 }
 
 pub use crate::records::now_nanos;

@@ -50,8 +50,13 @@ pub fn main(config: &str) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    if let Err(e) = setup(&cfg) {
-        return fail(e);
+    match setup(&cfg) {
+        Ok(()) => {}
+        Err(Setup::Step(e)) => return fail(e),
+        Err(Setup::Refused { sysctl, message }) => {
+            report(&PauseReport::Refused { sysctl, message });
+            return 1;
+        }
     }
     if cfg.new_pid {
         if let Err(e) = unshare(CloneFlags::CLONE_NEWPID) {
@@ -302,7 +307,20 @@ fn signal_fd() -> Result<SignalFd, StepError> {
     SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).map_err(step("signalfd"))
 }
 
-fn setup(cfg: &PauseConfig) -> Result<(), StepError> {
+/// Why the pod's namespaces could not be made: a step that failed, or a sysctl value the
+/// kernel refused (told apart, since that one is the caller's to fix).
+enum Setup {
+    Step(StepError),
+    Refused { sysctl: String, message: String },
+}
+
+impl From<StepError> for Setup {
+    fn from(e: StepError) -> Setup {
+        Setup::Step(e)
+    }
+}
+
+fn setup(cfg: &PauseConfig) -> Result<(), Setup> {
     let proc = super::procfs::ProcFs::open().map_err(step("/proc"))?;
     if cfg.placed {
         super::await_placement().map_err(|e| StepError::new("placement", e))?;
@@ -336,7 +354,19 @@ fn setup(cfg: &PauseConfig) -> Result<(), StepError> {
         sys::loopback_up().map_err(step("loopback up"))?;
     }
     for (k, v) in &cfg.sysctls {
-        super::init::write_sysctl(proc.borrow(), k, v)?;
+        let path = super::init::sysctl_path(k)?;
+        match proc.borrow().write(&path, v.as_bytes()) {
+            Ok(()) => {}
+            // The kernel's word on a value it cannot take (a number out of range, a pair in
+            // the wrong order).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ERANGE)) => {
+                return Err(Setup::Refused {
+                    sysctl: k.clone(),
+                    message: format!("the kernel refused {v:?}: {e}"),
+                });
+            }
+            Err(e) => return Err(StepError::new(format!("sysctl {k}={v}"), e).into()),
+        }
     }
     Ok(())
 }

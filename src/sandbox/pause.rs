@@ -100,6 +100,10 @@ pub(super) async fn spawn_pause(
             Ok((ProcessId { pid, start_time }, Keeper(stdin)))
         }
         Ok(PauseReport::Failed { message }) => Err(Error::Pause { message }),
+        Ok(PauseReport::Refused { sysctl, message }) => Err(super::invalid(
+            &format!("config.linux.sysctls[{sysctl}]"),
+            message,
+        )),
         Err(_) => Err(Error::Pause {
             message: format!("unexpected answer {:?}", line.trim()),
         }),

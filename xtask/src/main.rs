@@ -1,5 +1,5 @@
 //! Project tasks: `cargo xtask lint | unit | integration | conformance | test | test-vm |
-//! test-kubelet | chaos | soak | ci | bench | dist | deb`.
+//! test-kubelet | chaos | fuzz | soak | ci | bench | dist | deb`.
 
 mod bench;
 mod deb;
@@ -336,6 +336,26 @@ fn chaos(args: &[String]) -> Result<()> {
     run(&mut cmd)
 }
 
+/// The fuzz test of the CRI edge alone, as long as asked: `--cases N` (CI: 150), `--seed S`.
+fn fuzz(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the fuzz test needs root (it runs a crius daemon)");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--test", "fuzz", "--", "--nocapture"]);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let var = match a.as_str() {
+            "--cases" => "CRIUS_FUZZ_CASES",
+            "--seed" => "CRIUS_FUZZ_SEED",
+            _ => bail!("fuzz: unknown argument {a:?} (--cases N, --seed S)"),
+        };
+        let v = it.next().with_context(|| format!("{a} needs a value"))?;
+        cmd.env(var, v);
+    }
+    run(&mut cmd)
+}
+
 /// The soak test alone, as large and as long as asked: `--pods N` (CI: 40), `--minutes M`
 /// (CI: one), `--churn C` (pods replaced a minute, 10).
 fn soak(args: &[String]) -> Result<()> {
@@ -416,6 +436,7 @@ fn main() -> Result<()> {
         "bench" => bench(&args[1..]),
         "chaos" => chaos(&args[1..]),
         "soak" => soak(&args[1..]),
+        "fuzz" => fuzz(&args[1..]),
         "dist" => dist().map(drop),
         "deb" => deb::build(&dist()?).map(drop),
         _ => {
@@ -451,6 +472,9 @@ fn main() -> Result<()> {
             eprintln!("               [--probed-pods N] [--probe-seconds S] [--kubelet-pods N]");
             eprintln!("               [--forward-mb MB] [--crius BINARY]");
             eprintln!("  chaos        the crash-anywhere test alone [--iterations N] [--seed S]");
+            eprintln!(
+                "  fuzz         hostile CRI requests against a daemon [--cases N] [--seed S]"
+            );
             eprintln!(
                 "  soak         many probed pods with churn [--pods N] [--minutes M] [--churn C]"
             );

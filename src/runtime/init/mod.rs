@@ -26,7 +26,8 @@ mod paths;
 mod process;
 
 pub use process::{
-    apply_process, container_terminal, enter_working_dir, exec, label_exec, set_oom_score_adj,
+    BAD_COMMAND, apply_process, container_terminal, enter_working_dir, exec, label_exec,
+    set_oom_score_adj,
 };
 
 use super::mounts::{self, Options};
@@ -463,15 +464,19 @@ fn pivot(rootfd: &OwnedFd) -> Result<(), InitError> {
 /// Writes a sysctl (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`) for the caller's namespaces,
 /// through the runtime's procfs handle.
 pub fn write_sysctl(proc: ProcRef<'_>, key: &str, value: &str) -> Result<(), InitError> {
+    proc.write(&sysctl_path(key)?, value.as_bytes())
+        .map_err(fail(format!("sysctl {key}={value}")))
+}
+
+/// Where a sysctl lives under /proc: `sys/` and its name with dots as slashes.
+pub fn sysctl_path(key: &str) -> Result<String, InitError> {
     if key.contains("..") || key.starts_with('/') {
         return Err(InitError {
             step: format!("sysctl {key}"),
             detail: "invalid name".into(),
         });
     }
-    let path = format!("sys/{}", key.replace('.', "/"));
-    proc.write(&path, value.as_bytes())
-        .map_err(fail(format!("sysctl {key}={value}")))
+    Ok(format!("sys/{}", key.replace('.', "/")))
 }
 
 /// Whether a path component walk from the root reaches `path` without symlinks (for checks).

@@ -261,6 +261,10 @@ fn apparmor_on_exec(proc: ProcRef<'_>, profile: &str) -> Result<(), InitError> {
     }
 }
 
+/// The step of a command that names no program it can run (missing, not executable, a
+/// directory), which the caller can tell apart: it is the caller's to fix.
+pub const BAD_COMMAND: &str = "command";
+
 /// Looks up `args[0]` in the process's PATH (as runc does) and execs it.
 pub fn exec(p: &Process) -> Result<Infallible, InitError> {
     let args = p.args().as_deref().unwrap_or_default();
@@ -272,7 +276,7 @@ pub fn exec(p: &Process) -> Result<Infallible, InitError> {
     };
     let env = p.env().as_deref().unwrap_or_default();
     let path = resolve(arg0, env).ok_or_else(|| InitError {
-        step: "exec".into(),
+        step: BAD_COMMAND.into(),
         detail: format!("{arg0:?}: executable file not found in $PATH"),
     })?;
     let cstr = |s: &str| CString::new(s).map_err(fail("exec: NUL in argument or environment"));
@@ -280,8 +284,19 @@ pub fn exec(p: &Process) -> Result<Infallible, InitError> {
     let envp: Vec<CString> = env.iter().map(|e| cstr(e)).collect::<Result<_, _>>()?;
     let prog = CString::new(path.as_os_str().as_encoded_bytes()).map_err(fail("exec"))?;
     let err = nix::unistd::execve(&prog, &argv, &envp).unwrap_err();
+    use nix::errno::Errno;
+    let step = match err {
+        Errno::ENOENT
+        | Errno::EACCES
+        | Errno::ENOEXEC
+        | Errno::ENOTDIR
+        | Errno::EISDIR
+        | Errno::ELOOP
+        | Errno::ENAMETOOLONG => BAD_COMMAND,
+        _ => "exec",
+    };
     Err(InitError {
-        step: "exec".into(),
+        step: step.into(),
         detail: format!("{}: {err}", path.display()),
     })
 }

@@ -35,6 +35,7 @@ impl Exec {
                 exit_code: code,
                 timed_out: self.timed_out,
                 error: None,
+                bad_command: false,
             },
         );
     }
@@ -71,7 +72,11 @@ impl Monitor {
                     timed_out: false,
                     abandoned: false,
                 }),
-                Err(e) => send_report(&mut conn, &exec_error(e.to_string())),
+                Err(e) => {
+                    let mut report = exec_error(e.to_string());
+                    report.bad_command = e.step == crate::runtime::init::BAD_COMMAND;
+                    send_report(&mut conn, &report);
+                }
             }
         }
     }
@@ -302,6 +307,7 @@ pub(super) fn exec_error(message: String) -> ExecReport {
         exit_code: -1,
         timed_out: false,
         error: Some(message),
+        bad_command: false,
     }
 }
 
