@@ -182,7 +182,7 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 
 /// Unfinished connections hold little: 64 connections that each send a MiB of one header block
 /// and never end it add a few MiB to the daemon at most (each held a MiB before), and it still
-/// answers. Past 256 open connections a new one waits until another leaves.
+/// answers. Past 1024 open connections a new one waits until another leaves.
 #[tokio::test]
 async fn unfinished_connections_hold_little() {
     let d = Daemon::start("");
@@ -232,12 +232,15 @@ async fn unfinished_connections_hold_little() {
     version().await.unwrap().unwrap();
     drop(held);
 
-    // 256 connections that say nothing hold every place; a call waits until one leaves.
+    // 1024 connections that say nothing hold every place; a call waits until one leaves.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
     let socket = d.socket.clone();
-    let mut idle: Vec<_> = (0..256)
+    let mut idle: Vec<_> = (0..1024)
         .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut client = d.runtime();
     let waiting = tokio::spawn(async move { client.version(cri::VersionRequest::default()).await });
     tokio::time::sleep(Duration::from_secs(1)).await;
