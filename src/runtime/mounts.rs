@@ -271,8 +271,9 @@ const MOUNT_DATA_MAX: usize = 4095;
 
 /// An overlay whose options outgrow one page (an image of some 60 layers or more): the lower
 /// layers go to the kernel one at a time (`lowerdir+`, Linux 6.8), the mount is made detached
-/// and attached at `target`. On an older kernel the refusal names the limit
-/// (`ErrorKind::InvalidInput`).
+/// and attached at `target`. An older kernel gets them as short names of descriptors this
+/// process holds (`by_descriptors`), which fit some 200 layers in a page. Past that the refusal
+/// names the limit (`ErrorKind::InvalidInput`).
 fn overlay_by_layer(
     target: &Path,
     lowers: &[PathBuf],
@@ -283,8 +284,8 @@ fn overlay_by_layer(
 ) -> io::Result<()> {
     let paths: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
     let mut options: Vec<(&str, &str)> = paths.iter().map(|p| ("lowerdir+", p.as_str())).collect();
-    let upper = upper.map(|(u, w)| (u.display().to_string(), w.display().to_string()));
-    if let Some((u, w)) = &upper {
+    let upper_dirs = upper.map(|(u, w)| (u.display().to_string(), w.display().to_string()));
+    if let Some((u, w)) = &upper_dirs {
         options.push(("upperdir", u.as_str()));
         options.push(("workdir", w.as_str()));
     }
@@ -302,19 +303,75 @@ fn overlay_by_layer(
             attrs |= attr;
         }
     }
-    let tree = crate::sys::new_mount("overlay", &options, attrs).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{} layers: their overlay options take {needed} bytes, more than the {} \
-                 mount(2) takes, and giving them one at a time (lowerdir+, Linux 6.8 or \
-                 later) failed: {e}",
-                lowers.len(),
-                MOUNT_DATA_MAX + 1
-            ),
-        )
-    })?;
-    attach(&tree, target)
+    match crate::sys::new_mount("overlay", &options, attrs) {
+        Ok(tree) => attach(&tree, target),
+        Err(one_at_a_time) => by_descriptors(target, lowers, upper, flags, label).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} layers: their overlay options take {needed} bytes, more than the {} \
+                     mount(2) takes; giving them one at a time (lowerdir+, Linux 6.8 or \
+                     later) failed ({one_at_a_time}), and as descriptors: {e}",
+                    lowers.len(),
+                    MOUNT_DATA_MAX + 1
+                ),
+            )
+        }),
+    }
+}
+
+/// An overlay whose lower layers are named by descriptors this process holds open while it
+/// mounts (`/proc/self/fd/N`: 17 bytes or so a layer, whatever the layer's path), for kernels
+/// without `lowerdir+`. The kernel resolves each name when the mount is made; the overlay then
+/// holds the layers themselves.
+pub(crate) fn by_descriptors(
+    target: &Path,
+    lowers: &[PathBuf],
+    upper: Option<(&Path, &Path)>,
+    flags: MsFlags,
+    label: Option<&str>,
+) -> io::Result<()> {
+    let held: Vec<OwnedFd> = lowers
+        .iter()
+        .map(|l| {
+            nix::fcntl::open(
+                l,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io::Error::from)
+        })
+        .collect::<io::Result<_>>()?;
+    let lower = held
+        .iter()
+        .map(|fd| format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .collect::<Vec<_>>()
+        .join(":");
+    let mut opts = format!("lowerdir={lower}");
+    if let Some((u, w)) = upper {
+        opts.push_str(&format!(
+            ",upperdir={},workdir={}",
+            u.display(),
+            w.display()
+        ));
+    }
+    if let Some(l) = label {
+        opts.push_str(&format!(",context=\"{l}\""));
+    }
+    if opts.len() > MOUNT_DATA_MAX {
+        return Err(io::Error::other(format!(
+            "they take {} bytes even so",
+            opts.len()
+        )));
+    }
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        flags,
+        Some(opts.as_str()),
+    )
+    .map_err(io::Error::from)
 }
 
 /// Whether `rro` mounts work here (the kernel has `mount_setattr`); asked once.
@@ -613,5 +670,59 @@ mod tests {
         std::fs::write(root.join("etc/hostname"), "x").unwrap();
         target(&rootfd, "/etc/hostname", false).unwrap();
         assert_eq!(std::fs::read(root.join("etc/hostname")).unwrap(), b"x");
+    }
+
+    /// Two hundred layers whose paths would take 20 KB of options mount by descriptor names,
+    /// as on a kernel without `lowerdir+`, and the overlay keeps them after the descriptors
+    /// are closed.
+    #[test]
+    fn many_layers_by_descriptors() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        mount(
+            Some("tmpfs"),
+            tmp.path(),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let deep = tmp
+            .path()
+            .join("a-directory-name-long-enough-to-matter-".repeat(2));
+        let lowers: Vec<PathBuf> = (0..200)
+            .map(|i| {
+                let d = deep.join(format!("layer-{i:03}"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join(format!("f{i}")), "x").unwrap();
+                d
+            })
+            .collect();
+        let (upper, work, target) = (
+            tmp.path().join("upper"),
+            tmp.path().join("work"),
+            tmp.path().join("root"),
+        );
+        for d in [&upper, &work, &target] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let mounted = by_descriptors(
+            &target,
+            &lowers,
+            Some((&upper, &work)),
+            MsFlags::MS_NODEV,
+            None,
+        );
+        let seen = mounted.is_ok()
+            && target.join("f0").is_file()
+            && target.join("f199").is_file()
+            && std::fs::write(target.join("new"), "y").is_ok()
+            && upper.join("new").is_file();
+        let _ = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH);
+        nix::mount::umount2(tmp.path(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+        mounted.unwrap();
+        assert!(seen, "the layers and the upper directory show through");
     }
 }
