@@ -1,5 +1,6 @@
 //! Crash anywhere: a random workload of CRI calls (pulls and image removals, pods with and
-//! without CNI, containers, exec, updates, stops and removals, from two clients at once) runs
+//! without CNI, containers, exec, updates, stops and removals, from two clients at once, one
+//! call in five dropped by its client part-way) runs
 //! against a daemon that is killed with SIGKILL, either at a random moment or at a named fault
 //! point (`CRIUS_FAULT`, see src/fault.rs: right before or after a state write, blob or
 //! snapshot commit, mount, cgroup write, helper spawn or CNI call). After each kill the daemon
@@ -65,6 +66,8 @@ struct Chaos {
     configs: Mutex<BTreeMap<String, cri::PodSandboxConfig>>,
     /// Steps that succeeded, and why the others failed while the daemon still ran.
     steps_ok: std::sync::atomic::AtomicU64,
+    /// Steps their client gave up on part-way (a deadline of 1-200 ms, the call dropped).
+    steps_cut: std::sync::atomic::AtomicU64,
     refusals: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -559,6 +562,7 @@ async fn crash_anywhere_for(default_iterations: u64) {
         pods_made: Default::default(),
         configs: Default::default(),
         steps_ok: Default::default(),
+        steps_cut: Default::default(),
         refusals: Default::default(),
     };
     let run_env = ("CRIUS_CHAOS_RUN".to_string(), marker.to_string());
@@ -597,7 +601,21 @@ async fn crash_anywhere_for(default_iterations: u64) {
                 tokio::spawn(async move {
                     for n in 0..8 {
                         let kind = first.filter(|_| n == 0).unwrap_or_else(|| r.below(100));
-                        let result = s.step(&mut r, kind).await;
+                        // One step in five is given up on by its client part-way: the call
+                        // is dropped, and what it began must still be whole or undone.
+                        let result = if r.below(5) == 0 {
+                            let after = Duration::from_millis(1 + r.below(200));
+                            match tokio::time::timeout(after, s.step(&mut r, kind)).await {
+                                Ok(result) => result,
+                                Err(_) => {
+                                    s.steps_cut
+                                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                    continue;
+                                }
+                            }
+                        } else {
+                            s.step(&mut r, kind).await
+                        };
                         let alive = running(pid);
                         match result {
                             Ok(()) => {
@@ -721,8 +739,9 @@ async fn crash_anywhere_for(default_iterations: u64) {
         println!("chaos:   {p}: {n}");
     }
     println!(
-        "chaos: {} steps succeeded; refused while the daemon ran:",
-        c.steps_ok.load(std::sync::atomic::Ordering::SeqCst)
+        "chaos: {} steps succeeded, {} cut short by their client; refused while the daemon ran:",
+        c.steps_ok.load(std::sync::atomic::Ordering::SeqCst),
+        c.steps_cut.load(std::sync::atomic::Ordering::SeqCst)
     );
     for (why, n) in c.refusals.lock().unwrap().iter() {
         println!("chaos:   {n} x {why}");
