@@ -1164,14 +1164,20 @@ async fn hostile_websocket_frames() {
     env.remove_pod(&pod).await;
 }
 
-/// Runs `cmd` under `script`, on a terminal of its own whose input ends at once, as a script
-/// driving `kubectl exec -it` does; what the terminal showed.
+/// Runs `cmd` under `script`, on a terminal of its own; what the terminal showed. script's own
+/// input stays open: when it ends, script sends the terminal an end of file, which a client
+/// that then makes the terminal raw reads as a NUL byte (the line discipline's EOF marker) and
+/// sends on (what crictl does under `script ... </dev/null`, issue 24).
 fn on_a_terminal(cmd: &str) -> String {
-    let out = Command::new("script")
+    let mut child = Command::new("script")
         .args(["-qec", cmd, "/dev/null"])
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
+    let held = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(held);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
