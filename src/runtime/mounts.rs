@@ -189,14 +189,7 @@ pub fn overlay(
             .collect::<Vec<_>>()
             .join(":")
     };
-    let mut opts = format!(
-        "lowerdir={lower},upperdir={},workdir={}",
-        upper.display(),
-        work.display()
-    );
-    if let Some(l) = label {
-        opts.push_str(&format!(",context=\"{l}\""));
-    }
+    let opts = overlay_options(&lower, Some((&upper, &work)), label);
     if opts.len() > MOUNT_DATA_MAX {
         return overlay_by_layer(
             target,
@@ -263,6 +256,23 @@ pub fn overlay_readonly(target: &Path, lowers: &[PathBuf], flags: MsFlags) -> io
             .map_err(|e| io::Error::other(format!("mounting a read-only overlay: {e}")))
         }
     }
+}
+
+/// An overlay's mount(2) options: its lower directories (joined by `:`), the upper and work
+/// directories when it has them, and the SELinux context.
+fn overlay_options(lower: &str, upper: Option<(&Path, &Path)>, label: Option<&str>) -> String {
+    let mut opts = format!("lowerdir={lower}");
+    if let Some((u, w)) = upper {
+        opts.push_str(&format!(
+            ",upperdir={},workdir={}",
+            u.display(),
+            w.display()
+        ));
+    }
+    if let Some(l) = label {
+        opts.push_str(&format!(",context=\"{l}\""));
+    }
+    opts
 }
 
 /// The most option text mount(2) takes: the kernel copies one page and cuts the rest, which
@@ -347,17 +357,7 @@ pub(crate) fn by_descriptors(
         .map(|fd| format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .collect::<Vec<_>>()
         .join(":");
-    let mut opts = format!("lowerdir={lower}");
-    if let Some((u, w)) = upper {
-        opts.push_str(&format!(
-            ",upperdir={},workdir={}",
-            u.display(),
-            w.display()
-        ));
-    }
-    if let Some(l) = label {
-        opts.push_str(&format!(",context=\"{l}\""));
-    }
+    let opts = overlay_options(&lower, upper, label);
     if opts.len() > MOUNT_DATA_MAX {
         return Err(io::Error::other(format!(
             "they take {} bytes even so",
