@@ -44,6 +44,27 @@ pub struct Config {
     pub metrics: Metrics,
     pub network: Network,
     pub stream: Stream,
+    pub cdi: Cdi,
+}
+
+/// CDI devices (`ContainerConfig.cdi_devices`, `cdi.k8s.io/` annotations).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cdi {
+    /// Off, a container that asks for a CDI device is refused (never started without it).
+    pub enable: bool,
+    /// Where spec files are read, lowest priority first: a device defined again in a later
+    /// directory replaces the earlier one.
+    pub spec_dirs: Vec<PathBuf>,
+}
+
+impl Default for Cdi {
+    fn default() -> Cdi {
+        Cdi {
+            enable: true,
+            spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+        }
+    }
 }
 
 /// The streaming server of Exec and PortForward.
@@ -229,6 +250,7 @@ impl Default for Config {
             metrics: Metrics::default(),
             network: Network::default(),
             stream: Stream::default(),
+            cdi: Cdi::default(),
         }
     }
 }
@@ -393,7 +415,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 27, "{uncommented}");
+        assert_eq!(keys, 29, "{uncommented}");
     }
 
     use super::*;

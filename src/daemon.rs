@@ -190,8 +190,15 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     if let Some(sd) = sandboxes.systemd() {
         sd.connect().await?;
     }
-    let containers =
-        ContainerService::open(&cfg.root, &cfg.state, images.clone(), sandboxes.clone())?;
+    let containers = ContainerService::open(
+        &cfg.root,
+        &cfg.state,
+        images.clone(),
+        sandboxes.clone(),
+        cfg.cdi
+            .enable
+            .then(|| crate::cdi::Registry::new(cfg.cdi.spec_dirs.clone())),
+    )?;
     containers.remove_orphan_cgroups().await;
 
     if let Some(addr) = &cfg.metrics.address {

@@ -14,11 +14,13 @@
 //! - `content` (blobs by digest), `snapshot` (unpacked layers), `runtime` (the synchronous
 //!   helpers: monitor, pause, init, cgroup, seccomp), `systemd` (the systemd cgroup driver's
 //!   D-Bus side, used by `sandbox` and `container`), `metrics` (the OpenMetrics registry and
-//!   endpoint), `tls` (the streaming server's certificates)
+//!   endpoint), `tls` (the streaming server's certificates), `cdi` (CDI spec files and the
+//!   container edits they make)
 //! - `config`, `atomic` (state files), `records` (in-memory record index), `mounttable` (the
 //!   mounts under a directory), `fault` (crash points for tests), `sys` (the only `unsafe`)
 
 pub mod atomic;
+pub mod cdi;
 pub mod cli;
 pub mod config;
 pub mod container;

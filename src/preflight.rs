@@ -1,7 +1,8 @@
 //! preflight: `crius check`, what an operator asks before running pods on a node: the kernel,
 //! cgroup v2 and its controllers, overlayfs, idmapped mounts, seccomp, an LSM, the CNI network
 //! list and its plugins, the capabilities crius needs, free space under the root, and whether
-//! the image signature policy reads, and whether criu can checkpoint here. Each
+//! the image signature policy reads, whether criu can checkpoint here, and the CDI spec
+//! files (the devices they offer, and what is wrong with any of them, through `cdi`). Each
 //! item is ok, warn (works, with less) or fail (pods will not run), with what to do. Reads the
 //! node through `runtime`, `sys` and `sandbox::security`, and the network list through
 //! `network::conflist` (from the configuration's `[network]`, as the daemon reads it), the
@@ -79,6 +80,58 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
         signature_policy(&cfg.image.signature_policy),
         checkpoint(),
     ]
+    .into_iter()
+    .chain(cdi(cfg))
+    .collect()
+}
+
+/// The CDI spec files: the devices they offer, and each file or device that cannot be used.
+pub fn cdi(cfg: &Config) -> Vec<Finding> {
+    let dirs = cfg
+        .cdi
+        .spec_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if !cfg.cdi.enable {
+        return vec![ok(
+            "CDI",
+            "off ([cdi] enable = false): CDI devices are refused",
+        )];
+    }
+    let survey = crate::cdi::Registry::new(cfg.cdi.spec_dirs.clone()).survey();
+    let mut out = Vec::new();
+    for (file, why) in &survey.invalid {
+        out.push(bad(
+            "CDI",
+            Level::Warn,
+            format!("{}: {why}", file.display()),
+            "fix or remove the file: containers asking for its devices are refused",
+        ));
+    }
+    for (device, a, b) in &survey.conflicts {
+        out.push(bad(
+            "CDI",
+            Level::Warn,
+            format!(
+                "{device} is defined by both {} and {}",
+                a.display(),
+                b.display()
+            ),
+            "remove one: containers asking for it are refused",
+        ));
+    }
+    let names: Vec<&str> = survey.devices.iter().map(|(n, _)| n.as_str()).collect();
+    out.push(ok(
+        "CDI",
+        if names.is_empty() {
+            format!("no devices in {dirs}")
+        } else {
+            format!("{} devices in {dirs}: {}", names.len(), names.join(" "))
+        },
+    ));
+    out
 }
 
 /// Whether CheckpointContainer can work here: criu installed and its own check passing.

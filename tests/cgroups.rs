@@ -652,6 +652,59 @@ async fn device_controller_allows_only_the_containers_devices() {
     env.remove_pod(&ppod).await;
 }
 
+/// A CDI device node gets exactly the access its spec gives, through the device controller:
+/// write to it, but no read, and no other device made in the container's /dev opens.
+#[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
+async fn cdi_device_controller_allows_the_node_only() {
+    if !cgroup_v2() {
+        return;
+    }
+    let specs = tempfile::tempdir().unwrap();
+    let env = PodEnv::start_with(&format!(
+        "[cdi]\nspec_dirs = [\"{}\"]\n",
+        specs.path().display()
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("fake0");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(1, 11),
+    )
+    .unwrap();
+    std::fs::write(
+        specs.path().join("t.json"),
+        format!(
+            r#"{{"cdiVersion":"0.5.0","kind":"crius.test/dev","devices":[{{"name":"k","containerEdits":{{"deviceNodes":[{{"path":"/dev/crius-k","hostPath":"{}","permissions":"w"}}]}}}}]}}"#,
+            node.display()
+        ),
+    )
+    .unwrap();
+    let sb = env.sandbox_config("cdi-devices");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("cdi", LONG);
+    cfg.cdi_devices = vec![cri::CdiDevice {
+        name: "crius.test/dev=k".into(),
+    }];
+    let c = env.run(&pod, &sb, cfg).await;
+    let sh = |script: &'static str| {
+        let (env, c) = (&env, c.clone());
+        async move { env.exec(&c, &["sh", "-c", script], 20).await.expect("exec") }
+    };
+    let (_, err, code) = sh("echo crius-cdi-test > /dev/crius-k").await;
+    assert_eq!(code, 0, "write was given: {err}");
+    let (_, err, code) = sh("head -c 1 /dev/crius-k").await;
+    assert_ne!(code, 0, "read was not given");
+    assert!(err.contains("Operation not permitted"), "{err}");
+    let (_, err, code) = sh("mknod /dev/m c 1 1 && head -c 1 /dev/m").await;
+    assert_ne!(code, 0, "no other device");
+    assert!(err.contains("Operation not permitted"), "{err}");
+    env.remove_pod(&pod).await;
+}
+
 /// Waits until systemd has stopped an emptied scope and removed its cgroup.
 async fn scope_gone(unit: &str, cgroup: Option<&Path>) {
     let t = Instant::now();

@@ -377,6 +377,16 @@ impl ContainerService {
             cgroup: cgroup.is_some(),
             image_volumes: volumes,
         })?;
+        super::cdi::inject(self.inner.cdi.as_ref(), config, &mut oci)?;
+        // CDI may add groups: exec'd processes get them too.
+        let mut user = user;
+        if let Some(g) = oci
+            .process()
+            .as_ref()
+            .and_then(|p| p.user().additional_gids().as_ref())
+        {
+            user.additional_gids.clone_from(g);
+        }
         check_working_dir(&rootfs, &oci)?;
         let scoped = self.scoped(cgroup.as_ref());
         if let Some(cg) = &cgroup

@@ -13,6 +13,7 @@
 //! `systemd`, `records`, `atomic`, `content`, `mounttable`, `fault` and `sys`.
 
 mod attach;
+mod cdi;
 mod cgroups;
 mod checkpoint;
 pub mod config;
@@ -203,6 +204,8 @@ struct Inner {
     /// Where the root (persistent) state lives, for the default AppArmor profile.
     root: PathBuf,
     filters: sandbox::security::Filters,
+    /// CDI spec files; `None` when CDI is turned off.
+    cdi: Option<crate::cdi::Registry>,
 }
 
 /// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
@@ -254,6 +257,7 @@ impl ContainerService {
         state: &Path,
         images: ImageService,
         sandboxes: SandboxService,
+        cdi: Option<crate::cdi::Registry>,
     ) -> Result<ContainerService, Error> {
         let layers = root.join("containers");
         std::fs::create_dir_all(&layers).map_err(io_err(&layers))?;
@@ -269,6 +273,7 @@ impl ContainerService {
                 samples: stats::Samples::default(),
                 root: root.to_path_buf(),
                 filters: sandbox::security::Filters::default(),
+                cdi,
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {

@@ -213,22 +213,23 @@ pub fn container(c: &ContainerConfig) -> Result<(), Status> {
     for (i, m) in c.mounts.iter().enumerate() {
         mount(&format!("config.mounts[{i}]"), m)?;
     }
-    // Until crius reads CDI specs, every CDI device is one no spec provides: refused, never
-    // dropped (a container started without its GPU is a silent loss).
-    if let Some(d) = c.cdi_devices.first() {
-        return Err(refuse(
-            "config.cdi_devices[0]",
-            format!(
-                "no CDI spec provides {} (crius reads no CDI specs yet)",
-                quoted(&d.name)
-            ),
-        ));
+    // CDI names are checked here for their form; whether a spec provides them is the
+    // container's business, at creation.
+    for (i, d) in c.cdi_devices.iter().enumerate() {
+        crate::cdi::spec::parse_qualified(&d.name)
+            .map_err(|r| refuse(&format!("config.cdi_devices[{i}].name"), r))?;
     }
-    if let Some(k) = c.annotations.keys().find(|k| k.starts_with(CDI_ANNOTATION)) {
-        return Err(refuse(
-            &format!("config.annotations[{}]", quoted(k)),
-            "a CDI device request, and crius reads no CDI specs yet",
-        ));
+    let mut cdi_keys: Vec<&String> = c
+        .annotations
+        .keys()
+        .filter(|k| k.starts_with(CDI_ANNOTATION))
+        .collect();
+    cdi_keys.sort();
+    for k in cdi_keys {
+        let field = format!("config.annotations[{}]", quoted(k));
+        for name in c.annotations[k].split(',') {
+            crate::cdi::spec::parse_qualified(name).map_err(|r| refuse(&field, r))?;
+        }
     }
     for (i, d) in c.devices.iter().enumerate() {
         path(
@@ -415,14 +416,14 @@ mod tests {
         refused(
             &|c| {
                 c.cdi_devices = vec![crate::container::config::CdiDevice {
-                    name: "vendor.com/gpu=0".into(),
+                    name: "gpu0".into(),
                 }]
             },
-            "config.cdi_devices[0]",
+            "config.cdi_devices[0].name",
         );
         refused(
             &|c| {
-                c.annotations = [("cdi.k8s.io/gpu".into(), "vendor.com/gpu=0".into())].into();
+                c.annotations = [("cdi.k8s.io/gpu".into(), "vendor.com/gpu=0,gpu1".into())].into();
             },
             "config.annotations",
         );

@@ -11,6 +11,7 @@ pub mod attach;
 pub mod cgroup;
 pub mod devices;
 pub mod exe;
+pub mod hooks;
 pub mod init;
 pub mod logs;
 pub mod monitor;

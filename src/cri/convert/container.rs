@@ -143,14 +143,12 @@ fn security(s: cri::LinuxContainerSecurityContext, f: &str) -> Result<ContainerS
 
 /// A container's config from CreateContainer.
 pub fn container_config(c: cri::ContainerConfig) -> Result<ContainerConfig, Status> {
-    let config = container_config_unchecked(c)?;
+    let config = convert(c)?;
     super::super::validate::container(&config)?;
     Ok(config)
 }
 
-pub(super) fn container_config_unchecked(
-    c: cri::ContainerConfig,
-) -> Result<ContainerConfig, Status> {
+fn convert(c: cri::ContainerConfig) -> Result<ContainerConfig, Status> {
     let linux = match c.linux {
         None => None,
         Some(l) => Some(ContainerLinux {

@@ -30,6 +30,7 @@ pub use process::{
     set_oom_score_adj,
 };
 
+use super::hooks;
 use super::mounts::{self, Options};
 use super::procfs::ProcRef;
 use super::seccomp::Compiled;
@@ -83,6 +84,12 @@ pub struct Plan<'a> {
     pub monitor: BorrowedFd<'a>,
     /// The monitor's handle on procfs, for every write there (see `procfs`).
     pub proc: ProcRef<'a>,
+    /// The container's id and bundle, for the state its hooks read.
+    pub id: &'a str,
+    pub bundle: &'a Path,
+    /// With `prestart` or `createRuntime` hooks: a byte written to the first says the mounts
+    /// are made; a byte read from the second says the monitor ran them (see `hooks`).
+    pub hook_pause: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// Runs the container init in the forked child; never returns.
@@ -215,6 +222,9 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         placement,
         monitor,
         proc,
+        id,
+        bundle,
+        hook_pause,
     } = plan;
     // Nothing of the monitor's may reach the container (CVE-2024-21626, CVE-2016-9962): only
     // what the init was given stays open, and all of it is gone or close-on-exec by the exec.
@@ -224,6 +234,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         pid_report
             .iter()
             .chain(placement.iter())
+            .chain(hook_pause.iter().flat_map(|(a, b)| [a, b]))
             .map(AsRawFd::as_raw_fd),
     );
     sys::close_all_except(&keep).map_err(fail("closing the monitor's descriptors"))?;
@@ -378,6 +389,36 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         .unwrap_or_default();
     let nulls = paths::null_mounts(masked.len())?;
 
+    let hook_state = |status, pid| hooks::State {
+        oci_version: hooks::OCI_VERSION,
+        id,
+        status,
+        pid,
+        bundle,
+        annotations: spec.annotations().as_ref(),
+    };
+    if let Some((tell, go)) = hook_pause {
+        std::fs::File::from(tell)
+            .write_all(&[1])
+            .map_err(fail("asking the monitor to run its hooks"))?;
+        let mut b = [0u8; 1];
+        std::fs::File::from(go)
+            .read_exact(&mut b)
+            .map_err(fail("waiting for the monitor's hooks"))?;
+    }
+    if !hooks::of(spec, hooks::Kind::CreateContainer).is_empty() {
+        // The hook sees the host's /proc, so the pid it is told is the host's.
+        let pid = std::fs::read_link("/proc/self")
+            .ok()
+            .and_then(|p| p.to_str()?.parse().ok())
+            .unwrap_or(0);
+        hooks::run(
+            spec,
+            hooks::Kind::CreateContainer,
+            &hook_state("creating", pid),
+        )?;
+    }
+
     pivot(&rootfd)?;
     drop(rootfd);
 
@@ -433,6 +474,14 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
     sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
     enter_working_dir(Path::new(&cwd))?;
     apply_process(process, seccomp)?;
+    // The path is the container's to resolve, so the hook runs with the container process's
+    // own user, capabilities, seccomp filter and LSM label, as runc runs it: an image cannot
+    // put a program there that runs with more.
+    hooks::run(
+        spec,
+        hooks::Kind::StartContainer,
+        &hook_state("created", std::process::id() as i32),
+    )?;
     exec(process)
 }
 

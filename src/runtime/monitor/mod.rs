@@ -41,6 +41,7 @@ use oom::OomWatch;
 pub use restore::criu_errors;
 
 use super::attach::AttachRequest;
+use super::hooks::{self, MonitorHooks};
 use super::init::{self, InitError, Stdio};
 use super::logs::{LogWriter, Stream};
 use super::procfs::ProcFs;
@@ -119,6 +120,8 @@ struct Monitor {
     /// The terminal's master (a second handle), for attachers' terminal sizes.
     terminal: Option<OwnedFd>,
     attachers: Vec<Attacher>,
+    /// The spec's hooks that are the monitor's to run.
+    hooks: Option<MonitorHooks>,
 }
 
 fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), StepError> {
@@ -147,6 +150,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     let cfg: MonitorConfig =
         serde_json::from_slice(&read("monitor.json")?).map_err(step("monitor.json"))?;
     let spec: Spec = serde_json::from_slice(&read("config.json")?).map_err(step("config.json"))?;
+    let hooks = MonitorHooks::new(&spec, &cfg.id, bundle)?;
     let process = spec
         .process()
         .clone()
@@ -267,6 +271,14 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
     } else {
         (None, None)
     };
+    // The init waits before pivot_root while we run prestart and createRuntime hooks.
+    let (pause_child, pause_ours) = if hooks::monitor_runs_before_pivot(&spec) {
+        let (tell_r, tell_w) = cloexec_pipe()?;
+        let (go_r, go_w) = cloexec_pipe()?;
+        (Some((tell_w, go_r)), Some((tell_r, go_w)))
+    } else {
+        (None, None)
+    };
     let (placed_r, placed_w) = if cfg.placed {
         let (r, w) = cloexec_pipe()?;
         (Some(r), Some(w))
@@ -301,7 +313,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
             .as_ref()
             .map(|r| r.path().clone())
             .ok_or_else(|| StepError::new("config.json", "no root"))?;
-        drop((err_r, err_w, pid_r, pid_w));
+        drop((err_r, err_w, pid_r, pid_w, pause_child, pause_ours));
         let placement = placed_r.zip(placed_w);
         restore::run(
             &cfg,
@@ -321,6 +333,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                 drop(err_r);
                 drop(pid_r);
                 drop(placed_w);
+                drop(pause_ours);
                 init::run(
                     init::Plan {
                         spec: &spec,
@@ -332,6 +345,9 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                         placement: placed_r,
                         monitor: own_fd.as_fd(),
                         proc: proc.borrow(),
+                        id: &cfg.id,
+                        bundle,
+                        hook_pause: pause_child,
                     },
                     child_stdio,
                     err_w,
@@ -341,6 +357,7 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                 drop(err_w);
                 drop(pid_w);
                 drop(placed_r);
+                drop(pause_child);
                 drop(child_stdio);
                 // The daemon puts the forked process in its systemd scope, then says go.
                 if let Some(w) = placed_w {
@@ -365,6 +382,19 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
                         got.ok().map(|_| Pid::from_raw(i32::from_ne_bytes(b)))
                     }
                 };
+                if let (Some((tell, go)), Some(c), Some(h)) = (pause_ours, child, &hooks) {
+                    // End of file instead of the byte: the init failed, its error follows.
+                    let mut b = [0u8; 1];
+                    if std::fs::File::from(tell).read_exact(&mut b).is_ok() {
+                        if let Err(e) = h.before_pivot(c.as_raw()) {
+                            let _ = nix::sys::signal::kill(c, Signal::SIGKILL);
+                            let _ = waitpid(c, None);
+                            let _ = std::fs::remove_file(&sock_path);
+                            return Err(e);
+                        }
+                        let _ = std::fs::File::from(go).write_all(&[1]);
+                    }
+                }
                 let mut msg = Vec::new();
                 let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
                 if !msg.is_empty() || child.is_none() {
@@ -445,7 +475,11 @@ fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
         },
         terminal,
         attachers: Vec::new(),
+        hooks,
     };
+    if let Some(h) = &monitor.hooks {
+        h.poststart(child.as_raw());
+    }
     Ok((
         monitor,
         StartReport::Started {
@@ -698,6 +732,10 @@ impl Monitor {
         if let Err(e) = written {
             eprintln!("monitor: writing {}: {e}", self.exit_file.display());
             return 1;
+        }
+        // At the exit rather than at removal: the monitor is what outlives a daemon restart.
+        if let Some(h) = &self.hooks {
+            h.poststop();
         }
         0
     }
