@@ -346,6 +346,69 @@ async fn nothing_leaks_over_cycles_and_a_kill_mid_add() {
     assert_eq!(pod_rules(&rules_before), Vec::<String>::new());
 }
 
+/// Pods start side by side with the firewall plugin in the list: the first ADD runs alone
+/// (the plugin makes its chains then, racily), the rest together; an ADD that loses a race
+/// later ("File exists", as the plugin's chain creation says it) is undone and run again alone.
+/// Every pod gets its IP and nothing is left once they are gone.
+#[tokio::test]
+async fn pods_start_side_by_side_with_the_firewall_plugin() {
+    let Some((_host, net)) = host_net().await else {
+        return;
+    };
+    let rules_before = iptables_rules();
+    let marks = tempfile::tempdir().unwrap();
+    let m = marks.path().display();
+    // The real firewall plugin, but the first ADD after one went through fails as a lost race.
+    script_plugin(
+        &net,
+        "racy-firewall",
+        &format!(
+            "if [ \"$CNI_COMMAND\" = ADD ] && [ -e {m}/warm ] && mkdir {m}/raced 2>/dev/null; then\n\
+             cat >/dev/null\n\
+             echo '{{\"cniVersion\":\"1.0.0\",\"code\":999,\"msg\":\"CHAIN_USER_ADD failed (File exists)\"}}'\n\
+             exit 1\nfi\n\
+             [ \"$CNI_COMMAND\" = ADD ] && touch {m}/warm\n\
+             exec {PLUGINS}/firewall\n"
+        ),
+    );
+    let env = PodEnv::start_with(&net.tables()).await;
+    std::fs::write(
+        env.d.net_dir().join("10-test.conflist"),
+        net.conflist(&format!(
+            "{},{{\"type\":\"racy-firewall\"}}",
+            TestNet::portmap()
+        )),
+    )
+    .unwrap();
+    let runs = (0..8).map(|i| {
+        let sb = env.sandbox_config(&format!("side-{i}"));
+        let env = &env;
+        async move { env.run_pod(&sb).await }
+    });
+    let pods: Vec<String> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.expect("every pod starts"))
+        .collect();
+    assert!(marks.path().join("raced").exists(), "one ADD lost its race");
+    let mut ips = Vec::new();
+    for p in &pods {
+        ips.push(pod_ip(&env, p).await);
+    }
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), pods.len(), "{ips:?}");
+    assert!(
+        env.d.log_text().contains("again, alone"),
+        "the lost race was run again"
+    );
+    for p in &pods {
+        env.remove_pod(p).await;
+    }
+    assert_eq!((net.veths(), net.allocations().len()), (0, 0));
+    assert_eq!(pod_rules(&rules_before), Vec::<String>::new());
+}
+
 /// A broken list and a missing plugin: RunPodSandbox fails naming the file or the plugin, and
 /// leaves no pod, veth or allocation.
 #[tokio::test]

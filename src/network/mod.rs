@@ -12,9 +12,9 @@
 pub mod conflist;
 pub mod plugin;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -119,10 +119,25 @@ pub struct NetworkService {
     bin_dirs: Vec<PathBuf>,
     /// The last list read, with the file and time it came from.
     loaded: Mutex<Option<(Instant, Result<NetworkList, ConfError>)>>,
-    /// Chains run one pod at a time: plugins race each other otherwise (the firewall plugin of
-    /// Debian 12's containernetworking-plugins 1.1 fails one of two concurrent ADDs creating
-    /// its iptables chain: "CHAIN_USER_ADD failed (File exists)").
-    chain: tokio::sync::Mutex<()>,
+    /// The first ADD of each network list runs alone; the rest run side by side. Plugins make
+    /// their shared state at the first ADD, and some do it racily: the firewall plugin of
+    /// Debian 12's containernetworking-plugins 1.1 lists its iptables chains, then creates the
+    /// missing ones, so of two first ADDs one fails "CHAIN_USER_ADD failed (File exists)".
+    /// Bridges, portmap's chains and host-local's files are made safely at any time.
+    first_add: tokio::sync::Mutex<()>,
+    /// The lists (file and name) that have had an ADD succeed since the daemon started.
+    warm: Mutex<HashSet<String>>,
+    /// One network operation per pod at a time: a DEL that ran beside its pod's ADD (a
+    /// RemovePodSandbox while the RunPodSandbox its client gave up on still attaches) would
+    /// free nothing and leave the ADD's address held.
+    pods: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// What a plugin says when another made the same shared thing a moment before (iptables,
+/// netlink): an ADD that fails so is undone and run once more, alone.
+fn lost_a_race(e: &PluginError) -> bool {
+    let text = e.to_string();
+    text.contains("File exists") || text.contains("already exists")
 }
 
 /// Reading the directory again more often than this is pointless (kubelet asks every 5 s).
@@ -134,7 +149,9 @@ impl NetworkService {
             conf_dir,
             bin_dirs,
             loaded: Mutex::new(None),
-            chain: tokio::sync::Mutex::new(()),
+            first_add: tokio::sync::Mutex::new(()),
+            warm: Mutex::new(HashSet::new()),
+            pods: Mutex::new(HashMap::new()),
         }
     }
 
@@ -189,9 +206,20 @@ impl NetworkService {
         }
     }
 
+    /// The pod's own turn at its network; entries nobody waits on are dropped as others come.
+    async fn pod_turn(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            pods.retain(|_, l| Arc::strong_count(l) > 1);
+            pods.entry(id.to_string()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
     /// ADD: attaches `pod` to the node's network and records it in `record`. A failing plugin
     /// undoes what the ones before it did; nothing is left but the error.
     pub async fn attach(&self, pod: &Pod<'_>, record: &Path) -> Result<Attachment, Error> {
+        let _turn = self.pod_turn(pod.sandbox_id).await;
         let list = self.current()?;
         let mut att = Attachment {
             list: list.to_json(),
@@ -207,7 +235,60 @@ impl NetworkService {
             source,
         })?;
         let started = Instant::now();
-        let one_at_a_time = self.chain.lock().await;
+        let key = format!("{}\0{}", list.file.display(), list.name);
+        let warm = || {
+            self.warm
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&key)
+        };
+        let mut held = None;
+        if !warm() {
+            let first = self.first_add.lock().await;
+            // Those that queued behind the first go side by side once it is through.
+            if !warm() {
+                held = Some(first);
+            }
+        }
+        let outcome = match self.add(&list, &mut att).await {
+            Err((e, true)) if held.is_none() && lost_a_race(&e) => {
+                tracing::info!(sandbox = pod.sandbox_id, error = %e, "network ADD raced another; again, alone");
+                held = Some(self.first_add.lock().await);
+                self.add(&list, &mut att).await
+            }
+            other => other,
+        };
+        drop(held);
+        match outcome {
+            Ok(()) => {}
+            // Undone: nothing is left but the error.
+            Err((e, true)) => {
+                let _ = atomic::remove(record);
+                return Err(e.into());
+            }
+            // Not all undone: the record stays, so the next stop or remove runs DEL again.
+            Err((e, false)) => return Err(e.into()),
+        }
+        self.warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+        atomic::write_json(record, &att).map_err(|source| Error::Io {
+            path: record.to_path_buf(),
+            source,
+        })?;
+        crate::metrics::global().network("add", started.elapsed().as_secs_f64());
+        Ok(att)
+    }
+
+    /// The plugins' ADDs in order; a failing plugin undoes what the ones before it did (and
+    /// itself, unless it never ran), and says whether that undo went through. The result goes
+    /// into `att`.
+    async fn add(
+        &self,
+        list: &NetworkList,
+        att: &mut Attachment,
+    ) -> Result<(), (PluginError, bool)> {
         let mut prev: Option<Value> = None;
         for (i, p) in list.plugins.iter().enumerate() {
             let conf = plugin::stdin_config(
@@ -217,39 +298,35 @@ impl NetworkService {
                 prev.as_ref(),
                 &att.runtime_config,
             );
-            match plugin::run(&self.call(&att, Op::Add), &conf).await {
+            match plugin::run(&self.call(att, Op::Add), &conf).await {
                 Ok(r) => prev = r.or(prev),
                 Err(e) => {
-                    // Whatever the plugins so far did (the failing one too, unless it never
-                    // ran): undo it, then say why.
                     let ran = match e {
                         PluginError::NotFound { .. } | PluginError::Spawn { .. } => i,
                         _ => i + 1,
                     };
                     att.result = prev;
-                    drop(one_at_a_time);
-                    if let Err(undo) = self.delete(&att, ran).await {
-                        tracing::warn!(sandbox = pod.sandbox_id, error = %undo, "undoing a failed network ADD");
-                        return Err(e.into());
-                    }
-                    let _ = atomic::remove(record);
-                    return Err(e.into());
+                    let undone = match self.delete(att, ran).await {
+                        Ok(()) => true,
+                        Err(undo) => {
+                            tracing::warn!(sandbox = att.container_id, error = %undo, "undoing a failed network ADD");
+                            false
+                        }
+                    };
+                    att.result = None;
+                    return Err((e, undone));
                 }
             }
         }
-        drop(one_at_a_time);
         att.result = prev;
-        atomic::write_json(record, &att).map_err(|source| Error::Io {
-            path: record.to_path_buf(),
-            source,
-        })?;
-        crate::metrics::global().network("add", started.elapsed().as_secs_f64());
-        Ok(att)
+        Ok(())
     }
 
     /// DEL: detaches the pod recorded in `record` (if any) with the list and result its ADD
     /// used. On failure the record stays, so the next stop or remove tries again.
-    pub async fn detach(&self, record: &Path) -> Result<(), Error> {
+    pub async fn detach(&self, sandbox_id: &str, record: &Path) -> Result<(), Error> {
+        // Read in the pod's turn, so a DEL after its ADD sees what the ADD recorded.
+        let _turn = self.pod_turn(sandbox_id).await;
         let Some(att) = read(record)? else {
             return Ok(());
         };
@@ -307,7 +384,6 @@ impl NetworkService {
         };
         let mut first = None;
         let prev = att.result.as_ref().filter(|_| list.del_takes_result());
-        let _one_at_a_time = self.chain.lock().await;
         let mut call = self.call(att, Op::Del);
         // A namespace already taken down (by a removal that ran alongside, or one a crash cut
         // short) is passed as none, as the spec allows for DEL: the plugins then release what

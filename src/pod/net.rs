@@ -60,7 +60,7 @@ impl PodService {
     /// DEL with what ADD used; an error leaves the record for the next try.
     pub(super) async fn detach(&self, id: &str) -> Result<(), Error> {
         self.network
-            .detach(&self.record(id))
+            .detach(id, &self.record(id))
             .await
             .map_err(Self::network_err(id))
     }
