@@ -803,6 +803,16 @@ async fn cni_rows(
                 res.add("pod+container to running, CNI bridge", "ms", name, ms);
                 rt.remove_pod(&pod).await?;
             }
+            // Pods at once on the network: plugin chains side by side where the runtime
+            // lets them.
+            let d = rt.concurrent_pods(o.concurrent, image).await?;
+            res.add(
+                &format!("{} pods+containers concurrently, CNI bridge", o.concurrent),
+                "ms",
+                name,
+                d.as_secs_f64() * 1000.0,
+            );
+            rt.remove_all_pods().await?;
         }
         for n in 0..5 {
             res.add(CHAIN, "ms", "crius", net.chain_alone(round * 5 + n)?);
