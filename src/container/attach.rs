@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::stream::{StreamOpts, StreamSession};
-use super::*;
+use super::{ContainerService, Duration, Error, Path, io_err, runtime};
 use crate::runtime::attach::{self, AttachOpts, AttachRequest};
 
 /// Room for output on its way to the streaming server, per stream.

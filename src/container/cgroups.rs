@@ -2,7 +2,10 @@
 //! properties) it gets, the systemd placement of its init, in-place updates, and the start-up
 //! sweep of cgroups no record owns.
 
-use super::*;
+use super::{
+    Cgroup, ContainerConfig, ContainerService, Error, Path, PathBuf, Record, atomic, cgroup,
+    config, devices, invalid, io_err, sandbox,
+};
 
 impl ContainerService {
     /// Removes cgroups crius made that no pod or container owns any longer (a state directory

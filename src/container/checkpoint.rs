@@ -9,7 +9,10 @@
 //! container of the checkpoint's image with its layer changes, and StartContainer restores the
 //! processes into it (CRI-O's convention); the pod may be another one.
 
-use super::*;
+use super::{
+    Bundle, ContainerService, ContainerState, Deserialize, Duration, Error, MonitorConfig, Path,
+    PathBuf, ProcessId, Record, Serialize, atomic, invalid, io_err, now_nanos, runtime, state_name,
+};
 
 /// What `crius.json` in an archive holds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

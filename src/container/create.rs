@@ -2,7 +2,12 @@
 //! resolved, its rootfs mounted (the image's snapshots under a fresh writable layer) and its
 //! bundle written (`config.json`, `monitor.json`, the record).
 
-use super::*;
+use super::{
+    Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Error,
+    ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
+    atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
+    logs, notice, now_nanos, random_id, runtime, sandbox, spec, user,
+};
 
 impl ContainerService {
     pub async fn create(

@@ -1,7 +1,11 @@
 //! ExecSync: a command run in a running container by its monitor, its output read from pipes
 //! the daemon hands over, with the timeout enforced by the monitor.
 
-use super::*;
+use super::{
+    ContainerService, ContainerState, Duration, Error, ExecReport, ExecRequest, Path, PathBuf,
+    invalid, io_err, runtime, state_name,
+};
+use tokio::io::AsyncReadExt;
 
 /// Exec output beyond this is dropped (probes read 10 KiB; this protects the daemon).
 const MAX_EXEC_OUTPUT: usize = 16 << 20;

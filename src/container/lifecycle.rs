@@ -1,7 +1,12 @@
 //! Starting a container (its monitor), stopping it (stop signal, grace period, then every
 //! process of it), removing it, and reopening its log after kubelet rotated it.
 
-use super::*;
+use super::{
+    Bundle, Cgroup, ContainerService, ContainerState, Duration, Error, MntFlags, ProcessId,
+    StartReport, atomic, events, io, io_err, notice, now_nanos, runtime, sandbox, state_name,
+    umount2, wait_for_exit,
+};
+use tokio::io::AsyncBufReadExt;
 
 impl ContainerService {
     pub async fn start(&self, id: &str) -> Result<(), Error> {

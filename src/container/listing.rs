@@ -1,7 +1,7 @@
 //! ListContainers and ContainerStatus: what records show of containers, in crius's own terms
 //! (`cri` makes CRI's messages of them), with filters.
 
-use super::*;
+use super::{ContainerService, ContainerState, Error, HashMap, Record, config, runtime, sandbox};
 use config::{ContainerMetadata, ImageSpec, Mount, Resources};
 
 /// A container as ListContainers shows it.

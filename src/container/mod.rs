@@ -44,7 +44,6 @@ use std::time::Duration;
 
 use nix::mount::{MntFlags, MsFlags, umount2};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::atomic;
 use crate::content::Digest;

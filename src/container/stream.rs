@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::*;
+use super::{ContainerService, Duration, Error, ExecReport, ExecRequest, invalid, io_err, runtime};
 use crate::sys;
 
 /// What the client asked for.

@@ -2,7 +2,10 @@
 //! removal, the systemd placement of a helper's first process (used by containers too), and
 //! CRI resources as cgroup limits.
 
-use super::*;
+use super::{
+    Arc, Cgroup, Error, PodConfig, Resources, SandboxService, atomic, cgroup, config, invalid, io,
+    io_err,
+};
 
 /// Where systemd is to put a process: its scope, the slice the scope goes in, and the cgroup
 /// path the process must show once there.

@@ -6,7 +6,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use super::*;
+use super::{Error, Path, SandboxService, io, io_err};
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -1,7 +1,10 @@
 //! A pod's files and kernel settings: `/etc/hosts`, `/etc/resolv.conf` from its DNS config,
 //! `/etc/hostname`, the sysctls it may set, and their removal.
 
-use super::*;
+use super::{
+    Error, MntFlags, NamespaceMode, Path, Paths, PodConfig, atomic, config, invalid, io_err,
+    umount2,
+};
 
 pub(super) fn write_file(path: &Path, data: &[u8]) -> Result<(), Error> {
     atomic::write(path, data, 0o644).map_err(io_err(path))

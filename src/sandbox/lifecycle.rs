@@ -1,7 +1,12 @@
 //! RunPodSandbox (checks, names, namespaces, files, cgroups, the pause process), StopPodSandbox
 //! and RemovePodSandbox, with the SELinux levels pods hold.
 
-use super::*;
+use super::{
+    Duration, Error, MsFlags, NamespaceMode, Path, Paths, PauseConfig, Placement, PodConfig,
+    Record, SandboxImage, SandboxService, UserNs, atomic, config, default_hosts, invalid, io_err,
+    mount, mount_pause_image, name_key, now_nanos, random_id, remove_files, resolv_conf, runtime,
+    security, spawn_pause, sysctls, userns_request, wait_for_exit, write_file,
+};
 
 impl SandboxService {
     /// The pod's security profiles: the pause process runs no code of the pod's, but a profile

@@ -1,7 +1,10 @@
 //! PodSandboxStatus and ListPodSandbox: what records show of pods, in crius's own terms (`cri`
 //! makes CRI's messages of them), with filters.
 
-use super::*;
+use super::{
+    BTreeMap, Error, HashMap, IdMapping, NamespaceMode, Record, SandboxService, config,
+    labels_match,
+};
 use config::{NamespaceOptions, PodMetadata, UserNamespace};
 
 /// Whether a pod is ready: its pause process holds its namespaces.

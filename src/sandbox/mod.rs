@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncBufReadExt;
 
 mod cgroups;
 pub mod config;

@@ -1,7 +1,11 @@
 //! Starting the pause process (`crius pause`) that holds a pod's namespaces, on the built-in
 //! pause or a configured pause image mounted for it.
 
-use super::*;
+use super::{
+    Digest, Duration, Error, MsFlags, PathBuf, Paths, PauseConfig, PauseImage, PauseReport,
+    Placement, ProcessId, io_err, runtime,
+};
+use tokio::io::AsyncBufReadExt;
 
 /// A configured pause image, resolved and unpacked by the caller: its layers and its command.
 #[derive(Debug, Clone)]

@@ -1,7 +1,10 @@
 //! Pods with their own user namespace: the maps kubelet asks for (or crius picks), reserved
 //! so no two pods share host IDs.
 
-use super::*;
+use super::{
+    Deserialize, Error, IdMapping, NamespaceMode, Path, PathBuf, SandboxService, Serialize,
+    USERNS_FIRST, USERNS_LAST, USERNS_SIZE, config, invalid,
+};
 
 /// A pod's user namespace: one range each for user and group IDs, container ID 0 first.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -7,8 +7,10 @@
 //! meanwhile). With `stdin_once` (and no terminal, as containerd) the container's stdin closes
 //! when the first attacher's stdin ends.
 
-use super::*;
+use super::{Duration, Errno, Monitor, OwnedFd, PollFd, PollFlags, Stream, UnixStream, sys};
 use crate::runtime::attach::{self, AttachOpts};
+use std::io::Write;
+use std::os::fd::AsFd;
 
 /// Output an attacher may fall behind by before it is dropped.
 const BACKLOG_MAX: usize = 4 << 20;

@@ -3,7 +3,15 @@
 //! exactly as its init did, optionally a terminal made inside the container's own devpts, and
 //! the report once the command ends.
 
-use super::*;
+use super::{
+    AttachRequest, CloneFlags, ControlMessageOwned, Duration, ExecReport, ExecRequest, ForkResult,
+    InitError, Instant, IoSliceMut, Monitor, MsgFlags, OFlag, OwnedFd, Pid, StepError, UnixStream,
+    cloexec_pipe, init, io, recvmsg, setns, step, sys, waitpid,
+};
+use std::io::Read;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 
 /// What a command's stdio is made of.
 pub(super) enum ExecStdio<'a> {

@@ -14,7 +14,7 @@ use oci_spec::runtime::{
 };
 
 use super::bpf::tests::{Data, run};
-use super::*;
+use super::{AUDIT_ARCH_X86_64, X86_64, bpf, compile_for, runtime_default};
 
 const PYTHON: &str = "/usr/bin/python3";
 
