@@ -277,6 +277,26 @@ async fn cdi_spec_file_to_running_container() {
         "{}",
         e.message()
     );
+    // A monitor's hook that outlasts its timeout is killed, and fails the start too.
+    std::fs::write(
+        run.join("slow.json"),
+        r#"{"cdiVersion":"0.3.0","kind":"crius.test/slow","devices":[{"name":"x","containerEdits":{"hooks":[{"hookName":"createRuntime","path":"/bin/sleep","args":["sleep","3600"],"timeout":1}]}}]}"#,
+    )
+    .unwrap();
+    let mut cfg = env.container_config("slow", LONG);
+    cdi(&["crius.test/slow=x"], &mut cfg);
+    let id = env.create(&pod, &sb, cfg).await.unwrap();
+    let e = env.start_container(&id).await.unwrap_err();
+    assert!(
+        e.message().contains("createRuntime hook") && e.message().contains("timed out after 1 s"),
+        "{}",
+        e.message()
+    );
+    let hung = std::process::Command::new("pgrep")
+        .args(["-f", "sleep 3600"])
+        .output()
+        .unwrap();
+    assert!(hung.stdout.is_empty(), "the hook was killed");
     env.remove_pod(&pod).await;
 }
 
