@@ -1,16 +1,16 @@
-//! `cargo xtask bench`: crius and containerd side by side, on this machine, in one run, driven by
-//! the same CRI client code. Each round runs every operation on both runtimes, alternating which
-//! goes first; the report gives median, p90 and spread per operation and runtime, and the ratio
-//! crius/containerd of the medians. Results are printed as a table and written as JSON.
+//! `cargo xtask bench`: crius, Debian's containerd 1.6 and containerd 2.3 side by side, on this
+//! machine, in one run, driven by the same CRI client code. Each round runs every operation on
+//! every runtime, each going first in turn; the report (`report`) gives median, p90 and spread
+//! per operation and runtime, and crius's ratio to each peer.
 
 mod agent;
 mod cni;
 mod images;
 mod kubelet;
 mod peers;
+mod report;
 mod stream;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use crius::cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
 use peers::Peer;
+use report::{Results, report, stats};
 
 pub struct Options {
     pub rounds: usize,
@@ -347,58 +348,6 @@ impl Rt {
     }
 }
 
-/// Samples per operation and runtime, in milliseconds (or KiB, or CPU seconds).
-#[derive(Default)]
-struct Results {
-    samples: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>>,
-    units: BTreeMap<String, &'static str>,
-}
-
-impl Results {
-    fn add(&mut self, op: &str, unit: &'static str, rt: &'static str, v: f64) {
-        self.samples
-            .entry(op.to_string())
-            .or_default()
-            .entry(rt)
-            .or_default()
-            .push(v);
-        self.units.insert(op.to_string(), unit);
-    }
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-}
-
-struct Stats {
-    median: f64,
-    p90: f64,
-    spread: f64,
-    n: usize,
-}
-
-fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let median = quantile(&s, 0.5);
-    let spread = if median > 0.0 {
-        (s[s.len() - 1] - s[0]) / median * 100.0
-    } else {
-        0.0
-    };
-    Stats {
-        median,
-        p90: quantile(&s, 0.9),
-        spread,
-        n: s.len(),
-    }
-}
-
 async fn timed<F, T>(f: F) -> Result<(T, f64)>
 where
     F: std::future::Future<Output = Result<T>>,
@@ -464,7 +413,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         .await?;
     let mut small = Vec::new();
     for r in 0..o.rounds {
-        for rt in ["crius", "containerd"] {
+        for rt in ["crius", "containerd", "containerd2"] {
             let img = images::image(
                 vec![images::busybox_layer(&format!("small-{r}-{rt}"))?],
                 &["sh"],
@@ -489,7 +438,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         }
     }
 
-    eprintln!("bench: starting crius and containerd");
+    eprintln!("bench: starting crius, containerd 1.6 and containerd 2.3");
     // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
     let run = tmp.join("run");
     std::fs::create_dir_all(&run)?;
@@ -503,10 +452,18 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"), &run)?;
     let containerd =
         peers::start_containerd(&tmp.join("containerd"), &run, &registry.host(), &pause)?;
-    let mut rts = [
+    let mut rts = vec![
         Rt::new(crius, tmp.join("logs/crius")),
         Rt::new(containerd, tmp.join("logs/containerd")),
     ];
+    match peers::start_containerd2(&tmp.join("containerd2"), &run, &registry.host(), &pause)? {
+        Some(p) => rts.push(Rt::new(p, tmp.join("logs/containerd2"))),
+        None => eprintln!(
+            "bench: skipped containerd 2.3: {} is missing",
+            peers::CONTAINERD2
+        ),
+    }
+    let others: Vec<&'static str> = rts[1..].iter().map(|r| r.name()).collect();
     for rt in rts.iter_mut() {
         rt.pull(&busybox).await?;
         rt.pull(&pause).await?;
@@ -519,11 +476,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
 
     for round in 0..o.rounds {
         eprintln!("bench: round {}/{}", round + 1, o.rounds);
-        let order: Vec<usize> = if round % 2 == 0 {
-            vec![0, 1]
-        } else {
-            vec![1, 0]
-        };
+        let order = turns(round, rts.len());
         for &i in &order {
             let rt = &mut rts[i];
             let name = rt.name();
@@ -585,7 +538,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
                 rt.remove_pod(&pod).await?;
             }
             // Cold pull of a small image nobody has.
-            let img = &small[round * 2 + i];
+            let img = &small[round * 3 + i];
             let (_, ms) = timed(rt.pull(img)).await?;
             res.add("cold pull small (1 MB)", "ms", name, ms);
             // Concurrent pods.
@@ -720,8 +673,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     }
     eprintln!("bench: streaming");
     for round in 0..o.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        for i in turns(round, rts.len()) {
             stream::rows(&mut rts[i], &o.crius_bin, &busybox, o.forward_mb, &mut res).await?;
         }
     }
@@ -750,8 +702,13 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             }
         }
     }
-    report(&res, o)?;
+    report(&res, o, &others)?;
     Ok(())
+}
+
+/// The order the runtimes take their turns in a round: each goes first in turn.
+fn turns(round: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|k| (k + round) % n).collect()
 }
 
 /// Pods on the same CNI bridge list for both runtimes, and the plugin chain alone: what each
@@ -759,7 +716,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
 async fn cni_rows(
     o: &Options,
     tmp: &Path,
-    rts: &mut [Rt; 2],
+    rts: &mut [Rt],
     image: &str,
     res: &mut Results,
 ) -> Result<()> {
@@ -775,8 +732,7 @@ async fn cni_rows(
     const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
     const ABOVE_OWN: &str = "sandbox with CNI above its own plugin runs, per pod";
     for round in 0..o.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        for i in turns(round, rts.len()) {
             let rt = &mut rts[i];
             let name = rt.name();
             for _ in 0..5 {
@@ -825,7 +781,8 @@ async fn cni_rows(
             .map(|v| stats(v).median)
     };
     if let Some(chain) = median("crius", CHAIN) {
-        let above: Vec<(&str, f64)> = ["crius", "containerd"]
+        let names: Vec<&'static str> = rts.iter().map(|r| r.name()).collect();
+        let above: Vec<(&str, f64)> = names
             .into_iter()
             .filter_map(|rt| median(rt, SANDBOX).map(|sb| (rt, sb - chain)))
             .collect();
@@ -841,90 +798,5 @@ async fn cni_rows(
     for rt in rts.iter() {
         std::fs::remove_file(rt.peer.cni_conf.join(cni::FILE))?;
     }
-    Ok(())
-}
-
-fn report(res: &Results, o: &Options) -> Result<()> {
-    let mut rows = vec![vec![
-        "operation".to_string(),
-        "crius median".into(),
-        "p90".into(),
-        "spread".into(),
-        "containerd median".into(),
-        "p90".into(),
-        "spread".into(),
-        "ratio".into(),
-    ]];
-    let mut json = serde_json::Map::new();
-    for (op, per) in &res.samples {
-        let unit = res.units.get(op).copied().unwrap_or("ms");
-        let c = per.get("crius").map(|v| stats(v));
-        let d = per.get("containerd").map(|v| stats(v));
-        let fmt = |s: &Option<Stats>| match s {
-            Some(s) => (
-                format!("{:.2} {unit}", s.median),
-                format!("{:.2}", s.p90),
-                format!("{:.0}%", s.spread),
-            ),
-            None => ("-".into(), "-".into(), "-".into()),
-        };
-        let ratio = match (&c, &d) {
-            (Some(c), Some(d)) if d.median > 0.0 => format!("{:.3}", c.median / d.median),
-            _ => "-".into(),
-        };
-        let (cm, cp, cs) = fmt(&c);
-        let (dm, dp, ds) = fmt(&d);
-        rows.push(vec![op.clone(), cm, cp, cs, dm, dp, ds, ratio.clone()]);
-        let entry = |s: &Option<Stats>, raw: Option<&Vec<f64>>| {
-            s.as_ref().map(|s| serde_json::json!({"median": s.median, "p90": s.p90, "spread_pct": s.spread, "n": s.n, "samples": raw}))
-        };
-        json.insert(
-            op.clone(),
-            serde_json::json!({"unit": unit, "crius": entry(&c, per.get("crius")), "containerd": entry(&d, per.get("containerd")), "ratio": ratio.parse::<f64>().ok()}),
-        );
-    }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    println!();
-    for (n, r) in rows.iter().enumerate() {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        println!("| {} |", line.join(" | "));
-        if n == 0 {
-            println!(
-                "|{}|",
-                widths
-                    .iter()
-                    .map(|w| "-".repeat(w + 2))
-                    .collect::<Vec<_>>()
-                    .join("|")
-            );
-        }
-    }
-    let unpigz = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("command -v unpigz")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    println!(
-        "\nrounds: {}, containerd 1.6 + runc with unpigz on PATH: {unpigz}",
-        o.rounds
-    );
-    if let Some(dir) = o.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let doc = serde_json::json!({
-        "rounds": o.rounds,
-        "smoke": o.smoke,
-        "unpigz": unpigz,
-        "results": json,
-    });
-    std::fs::write(&o.out, serde_json::to_vec_pretty(&doc)?)?;
-    println!("results written to {}", o.out.display());
     Ok(())
 }

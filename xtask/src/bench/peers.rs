@@ -1,5 +1,7 @@
-//! The two runtimes under test, each with private state under the benchmark's directory and its
-//! own socket: crius (the release binary) and Debian's containerd with its CRI plugin and runc.
+//! The runtimes under test, each with private state under the benchmark's directory and its own
+//! socket: crius (the release binary), Debian's containerd 1.6 with its CRI plugin and runc, and
+//! containerd 2.3.4 with its runc shim (from `../shared/bin/containerd2`, unpacked into the
+//! benchmark's directory, on Debian's runc; NRI off, so it leaves no socket behind).
 //! containerd needs `restrict_oom_score_adj` on these machines, a pause image (built from
 //! busybox here) and a CNI result with an address: it gets Debian's `loopback` plugin plus a
 //! no-op plugin that reports one, so both runtimes give pods a loopback-only network, until the
@@ -17,6 +19,7 @@ use tonic::transport::Channel;
 pub enum Kind {
     Crius,
     Containerd,
+    Containerd2,
 }
 
 impl Kind {
@@ -24,6 +27,7 @@ impl Kind {
         match self {
             Kind::Crius => "crius",
             Kind::Containerd => "containerd",
+            Kind::Containerd2 => "containerd2",
         }
     }
 }
@@ -109,7 +113,10 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
     })
 }
 
-pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> Result<Peer> {
+/// What both containerds read besides their config: the CNI directories (loopback and a
+/// plugin reporting an address) and the registry's hosts.toml. Returns the socket, the CNI
+/// configuration and binary directories.
+fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir)?;
     let socket = dir.join("containerd.sock");
     let cni_conf = dir.join("cni-conf");
@@ -139,6 +146,11 @@ pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> 
             "server = \"http://{registry}\"\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
         ),
     )?;
+    Ok((socket, cni_conf, cni_bin))
+}
+
+pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> Result<Peer> {
+    let (socket, cni_conf, cni_bin) = containerd_files(dir, registry)?;
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
@@ -175,19 +187,37 @@ state = "{state}"
             certs = dir.join("certs.d").display(),
         ),
     )?;
+    spawn_containerd(
+        Kind::Containerd,
+        Command::new("containerd"),
+        dir,
+        &cfg,
+        socket,
+        cni_conf,
+    )
+    .context("starting containerd (run hack/install-bench-deps.sh)")
+}
+
+fn spawn_containerd(
+    kind: Kind,
+    mut cmd: Command,
+    dir: &Path,
+    cfg: &Path,
+    socket: PathBuf,
+    cni_conf: PathBuf,
+) -> Result<Peer> {
     let log = dir.join("containerd.log");
-    let mut child = Command::new("containerd")
+    let mut child = cmd
         .arg("--config")
-        .arg(&cfg)
+        .arg(cfg)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log)?)
         .stderr(std::fs::File::options().append(true).open(&log)?)
-        .spawn()
-        .context("starting containerd (run hack/install-bench-deps.sh)")?;
-    wait_socket(&socket, &mut child, &log).context("containerd")?;
+        .spawn()?;
+    wait_socket(&socket, &mut child, &log).context(kind.name())?;
     let channel = crius::cri::client::channel(&socket)?;
     Ok(Peer {
-        kind: Kind::Containerd,
+        kind,
         pid: child.id() as i32,
         socket,
         child,
@@ -195,6 +225,86 @@ state = "{state}"
         cni_conf,
         metrics: None,
     })
+}
+
+/// Where containerd 2.3 and its shim are kept, xz-compressed.
+pub const CONTAINERD2: &str = "../shared/bin/containerd2";
+
+/// containerd 2.3 with config version 3, its shim first on its PATH; none when its binaries
+/// are not here.
+pub fn start_containerd2(
+    dir: &Path,
+    run: &Path,
+    registry: &str,
+    pause: &str,
+) -> Result<Option<Peer>> {
+    let from = Path::new(CONTAINERD2);
+    if !from.join("containerd.xz").is_file() {
+        return Ok(None);
+    }
+    let (socket, cni_conf, cni_bin) = containerd_files(dir, registry)?;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    for name in ["containerd", "containerd-shim-runc-v2"] {
+        let out = std::fs::File::create(bin.join(name))?;
+        let ok = Command::new("xz")
+            .args(["-dc"])
+            .arg(from.join(format!("{name}.xz")))
+            .stdout(out)
+            .status()?
+            .success();
+        if !ok {
+            bail!("unpacking {name}.xz from {}", from.display());
+        }
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))?;
+    }
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"version = 3
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[debug]
+  level = "warn"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause}"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{certs}"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{cni_conf}"
+"#,
+            root = dir.join("root").display(),
+            state = run.join("containerd2").display(),
+            socket = socket.display(),
+            certs = dir.join("certs.d").display(),
+            cni_bin = cni_bin.display(),
+            cni_conf = cni_conf.display(),
+        ),
+    )?;
+    let mut cmd = Command::new(bin.join("containerd"));
+    let path = std::env::var("PATH").unwrap_or_default();
+    cmd.env("PATH", format!("{}:{path}", bin.display()));
+    spawn_containerd(Kind::Containerd2, cmd, dir, &cfg, socket, cni_conf)
+        .map(Some)
+        .context("starting containerd 2.3")
 }
 
 impl Peer {
@@ -328,7 +438,7 @@ pub fn helper_pids(peer: &Peer) -> (Vec<i32>, Vec<i32>) {
                 .collect();
             (monitors, pauses)
         }
-        Kind::Containerd => {
+        Kind::Containerd | Kind::Containerd2 => {
             let addr = peer.socket.display().to_string();
             let shims: Vec<i32> = procs
                 .iter()
