@@ -70,11 +70,17 @@ impl BenchNet {
     }
 
     pub fn conflist(&self) -> String {
+        self.conflist_with("")
+    }
+
+    /// The list with more plugins after portmap (`,{...}`), as crius's default list adds the
+    /// firewall plugin.
+    fn conflist_with(&self, more: &str) -> String {
         format!(
             r#"{{"cniVersion":"1.0.0","name":"bench-bridge","plugins":[
   {{"type":"bridge","bridge":"{}","isGateway":true,"ipMasq":false,"hairpinMode":true,
     "ipam":{{"type":"host-local","dataDir":"{}","ranges":[[{{"subnet":"{}.0/24"}}]]}}}},
-  {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true}}
+  {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true}}{more}
 ]}}"#,
             self.bridge,
             self.ipam.display(),
@@ -85,6 +91,15 @@ impl BenchNet {
     /// Runs the list's plugins as a runtime would, ADD then DEL, on a new network namespace:
     /// the time of the two, in ms (making and deleting the namespace not counted).
     pub fn chain_alone(&self, n: usize) -> Result<f64> {
+        self.chain_alone_of(n, &self.conflist())
+    }
+
+    /// The same with the firewall plugin last, as in crius's default list (`dist/cni`).
+    pub fn chain_alone_with_firewall(&self, n: usize) -> Result<f64> {
+        self.chain_alone_of(n, &self.conflist_with(r#",{"type":"firewall"}"#))
+    }
+
+    fn chain_alone_of(&self, n: usize, list: &str) -> Result<f64> {
         let netns = format!("crbench-{n}");
         let ok = Command::new("ip")
             .args(["netns", "add", &netns])
@@ -95,7 +110,7 @@ impl BenchNet {
         }
         let path = format!("/var/run/netns/{netns}");
         let id = format!("bench-chain-{n}");
-        let list: serde_json::Value = serde_json::from_str(&self.conflist())?;
+        let list: serde_json::Value = serde_json::from_str(list)?;
         let plugins = list["plugins"].as_array().context("plugins")?.clone();
         let start = Instant::now();
         let mut prev: Option<serde_json::Value> = None;

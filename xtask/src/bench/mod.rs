@@ -730,6 +730,8 @@ async fn cni_rows(
     }
     const SANDBOX: &str = "sandbox run+stop+remove, CNI bridge";
     const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
+    // crius's default list (dist/cni) adds the firewall plugin: what that costs.
+    const CHAIN_FIREWALL: &str = "CNI bridge+portmap+firewall alone, ADD+DEL (no runtime)";
     const ABOVE_OWN: &str = "sandbox with CNI above its own plugin runs, per pod";
     for round in 0..o.rounds {
         for i in turns(round, rts.len()) {
@@ -772,6 +774,12 @@ async fn cni_rows(
         }
         for n in 0..5 {
             res.add(CHAIN, "ms", "crius", net.chain_alone(round * 5 + n)?);
+            res.add(
+                CHAIN_FIREWALL,
+                "ms",
+                "crius",
+                net.chain_alone_with_firewall(round * 5 + n)?,
+            );
         }
     }
     let median = |rt: &str, op: &str| {
