@@ -1202,5 +1202,27 @@ async fn terminals_show_only_what_the_command_wrote() {
         "{crius} --socket {socket} exec -it {c} -- sh -c 'test -t 0 && echo tty'"
     ));
     assert_eq!(out, "tty\r\n");
+    // crictl under script with its input at an end at once (issue 24): the EOF marker its
+    // terminal hands it as a NUL is not echoed back as `^@`.
+    if let Some(crictl) = client("crictl") {
+        let endpoint = format!("unix://{socket}");
+        for transport in ["spdy", "websocket"] {
+            let cmd = format!(
+                "{} --runtime-endpoint {endpoint} exec -it --transport {transport} {c} \
+                 sh -c 'sleep 0.3; test -t 0 && echo tty' 2>/dev/null",
+                crictl.display()
+            );
+            let out = Command::new("script")
+                .args(["-qec", &cmd, "/dev/null"])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "tty\r\n",
+                "crictl {transport}"
+            );
+        }
+    }
     env.remove_pod(&pod).await;
 }

@@ -216,7 +216,7 @@ fn exit_text(code: &Result<i32, super::BackendError>) -> Option<Vec<u8>> {
     }
 }
 
-fn opts_of(r: &Request) -> Opts {
+pub(super) fn opts_of(r: &Request) -> Opts {
     match r {
         Request::Exec { opts, .. } | Request::Attach { opts, .. } => *opts,
         Request::PortForward { .. } => Opts::default(),
@@ -287,6 +287,16 @@ impl Resizes {
         self.buf.drain(..used);
         sizes
     }
+}
+
+/// A terminal session's first stdin data, less the client terminal's end-of-file marker: a
+/// client that reads its own terminal in canonical mode, is sent ^D (an end of file: script
+/// under `</dev/null` sends one when its input ends) and then makes the terminal raw, reads the
+/// line discipline's EOF marker as one NUL byte and sends it (crictl and kubectl do, issue 24).
+/// The container's terminal would echo it as `^@`. Only a lone NUL as the very first data is
+/// taken for the marker; a Ctrl-@ typed as a session's first key is lost with it.
+pub(super) fn first_stdin(data: &[u8], tty: bool) -> &[u8] {
+    if tty && data == [0] { &[] } else { data }
 }
 
 /// Exec and attach: waits for the streams the options call for, starts the work, pumps.
@@ -370,6 +380,7 @@ async fn remote_command(
     }
     let (stdin_id, resize_id) = (ids.get("stdin").copied(), ids.get("resize").copied());
     let mut resizes = Resizes::default();
+    let mut stdin_begun = false;
     let mut pending = early.into_iter();
     let code = loop {
         let event = match pending.next() {
@@ -385,8 +396,14 @@ async fn remote_command(
             // The client went away: the work is left to end on its own (stdin closes).
             None => break None,
             Some(Event::Data { stream, data, fin }) if Some(stream) == stdin_id => {
+                let data = if stdin_begun {
+                    &data
+                } else {
+                    first_stdin(&data, opts.tty)
+                };
+                stdin_begun |= !data.is_empty();
                 if let Some(w) = stdin.as_mut() {
-                    if !data.is_empty() && w.write_all(&data).await.is_err() {
+                    if !data.is_empty() && w.write_all(data).await.is_err() {
                         stdin = None;
                     } else if let Some(w) = stdin.as_mut() {
                         let _ = w.flush().await;
@@ -558,5 +575,13 @@ mod tests {
         assert_eq!(r.feed(br#"th":100,"Height":50}"#), vec![(100, 50)]);
         assert_eq!(r.feed(b"not json at all"), vec![]);
         assert_eq!(r.feed(br#"{"Width":1,"Height":2}"#), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn a_terminals_first_lone_nul_is_the_clients_eof_marker() {
+        assert_eq!(first_stdin(&[0], true), b"");
+        assert_eq!(first_stdin(&[0], false), [0]);
+        assert_eq!(first_stdin(&[0, b'a'], true), [0, b'a']);
+        assert_eq!(first_stdin(b"ls\n", true), b"ls\n");
     }
 }
