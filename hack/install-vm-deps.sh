@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the VM test tier's parts on Debian 12: qemu and a 6.12 kernel from bookworm-backports
 # (6.12 has tmpfs noswap; the backports qemu also avoids a clash with backports qemu-utils),
+# Debian 12's own 6.1 kernel beside it (the layer suite boots it: no overlay `lowerdir+`),
 # busybox-static for the initramfs, the tools that unpack kernel modules, and apparmor_parser
 # (the VM kernel runs AppArmor, so the AppArmor tests run there), systemd with the D-Bus
 # system bus (a second VM boots them for the systemd cgroup driver test), and Debian's SELinux
@@ -22,6 +23,12 @@ if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends -t bookworm-backports "${need[@]}"
+fi
+if ! ls /boot/vmlinuz-6.1.* >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # bookworm's own candidate (6.1), not backports'.
+    apt-get install -y -qq --no-install-recommends linux-image-amd64
 fi
 # The container types the SELinux test labels with, once.
 if ! semodule -l 2>/dev/null | grep -qx crius_container; then

@@ -124,30 +124,31 @@ fn conformance() -> Result<()> {
 /// systemd driver with systemd as PID 1. The crash-anywhere test runs there too, where pods
 /// have cgroups and its cgroup fault points are in reach, and the writable-layer test whose
 /// project quotas need the VM kernel's CONFIG_QUOTA.
-const VM_SUITES: [(&str, &[&str], Option<&str>); 16] = [
-    ("cgroups", &["--skip", "systemd_driver"], None),
-    ("cgroups", &["systemd_driver"], Some("-S")),
-    ("pods", &[], None),
-    ("layer_usage", &[], None),
-    ("checkpoint", &["--skip", "systemd"], None),
-    ("checkpoint", &["systemd"], Some("-S")),
-    ("security", &["--skip", "selinux"], None),
-    ("security", &["selinux_labels"], Some("-Z")),
-    ("escapes", &[], None),
+const VM_SUITES: [(&str, &[&str], &[&str]); 17] = [
+    ("cgroups", &["--skip", "systemd_driver"], &[]),
+    ("cgroups", &["systemd_driver"], &["-S"]),
+    ("pods", &[], &[]),
+    ("layer_usage", &[], &[]),
+    ("layers", &["two_hundred_layers"], &["-k", "6.1."]),
+    ("checkpoint", &["--skip", "systemd"], &[]),
+    ("checkpoint", &["systemd"], &["-S"]),
+    ("security", &["--skip", "selinux"], &[]),
+    ("security", &["selinux_labels"], &["-Z"]),
+    ("escapes", &[], &[]),
     (
         "escapes",
         &["cve_2025_52881", "cve_2019_16884", "cve_2023_28642"],
-        Some("-Z"),
+        &["-Z"],
     ),
-    ("agent", &["cgroup_v2", "volumes_env"], None),
-    ("conformance", &["--nocapture", CONFORMANCE_TEST], None),
-    ("package", &["package_unit_keeps_pods"], Some("-S")),
-    ("kubelet", &["--nocapture"], None),
-    ("kubelet", &["--nocapture"], Some("-S")),
+    ("agent", &["cgroup_v2", "volumes_env"], &[]),
+    ("conformance", &["--nocapture", CONFORMANCE_TEST], &[]),
+    ("package", &["package_unit_keeps_pods"], &["-S"]),
+    ("kubelet", &["--nocapture"], &[]),
+    ("kubelet", &["--nocapture"], &["-S"]),
     (
         "chaos",
         &["--nocapture", "crash_anywhere_with_cgroups"],
-        None,
+        &[],
     ),
 ];
 
@@ -190,7 +191,7 @@ fn test_vm(only: &[&str]) -> Result<()> {
         eprintln!(
             "xtask: VM tier: {name} {} (boot: {})",
             filter.join(" "),
-            boot.unwrap_or("default")
+            boot_name(boot)
         );
         let mut cmd = vm_command(boot)?;
         if name == "conformance" && std::env::var_os("CRITEST_SUITES").is_none() {
@@ -206,7 +207,7 @@ fn test_vm(only: &[&str]) -> Result<()> {
         let result = run(&mut cmd);
         let took = started.elapsed().as_secs();
         eprintln!("xtask: VM tier: {name} {} took {took} s", filter.join(" "));
-        times.push(format!("{name} {} ({})", boot.unwrap_or("default"), took));
+        times.push(format!("{name} {} ({})", boot_name(boot), took));
         result?;
     }
     eprintln!("xtask: VM tier runs, in seconds: {}", times.join(", "));
@@ -216,8 +217,17 @@ fn test_vm(only: &[&str]) -> Result<()> {
 /// The critest suite the VM tier runs.
 const VM_CRITEST: &str = "main";
 
-/// `hack/vm-run` (with `boot`'s flag) sharing what host-built tests need, up to the `--`.
-fn vm_command(boot: Option<&str>) -> Result<Command> {
+/// How a VM run boots, for the log: its `hack/vm-run` flags.
+fn boot_name(boot: &[&str]) -> String {
+    if boot.is_empty() {
+        "default".into()
+    } else {
+        boot.join(" ")
+    }
+}
+
+/// `hack/vm-run` (with `boot`'s flags) sharing what host-built tests need, up to the `--`.
+fn vm_command(boot: &[&str]) -> Result<Command> {
     // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
     // read-only at its own path.
     let workspace = std::env::current_dir().context("current directory")?;
