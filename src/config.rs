@@ -19,8 +19,37 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: ParseError },
+}
+
+/// What is wrong with a config file's text.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not TOML, or not crius's keys and types; where, when the parser knows.
+    #[error("{}", toml_text(*.at, .source))]
+    Toml {
+        at: Option<(usize, usize)>,
+        source: Box<toml::de::Error>,
+    },
+    /// A setting's value is not one it may take.
+    #[error("{setting} {value:?} {must}")]
+    Setting {
+        setting: &'static str,
+        value: String,
+        must: &'static str,
+    },
+    /// Settings that do not fit together.
+    #[error("{0}")]
+    Rule(&'static str),
+}
+
+/// A TOML error: `line L, column C: what`, or only what.
+fn toml_text(at: Option<(usize, usize)>, e: &toml::de::Error) -> String {
+    match at {
+        Some((line, col)) => format!("line {line}, column {col}: {}", e.message()),
+        None => e.message().to_string(),
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -281,81 +310,93 @@ impl Config {
                 });
             }
         };
-        Config::parse(&text).map_err(|message| Error::Parse {
+        Config::parse(&text).map_err(|source| Error::Parse {
             path: path.to_path_buf(),
-            message,
+            source,
         })
     }
 
     /// Parses TOML text; the error says where (line and column) and what.
-    pub fn parse(text: &str) -> Result<Config, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
-            let at = e.span().map(|s| line_col(text, s.start));
-            match at {
-                Some((line, col)) => format!("line {line}, column {col}: {}", e.message()),
-                None => e.message().to_string(),
-            }
+    pub fn parse(text: &str) -> Result<Config, ParseError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ParseError::Toml {
+            at: source.span().map(|s| line_col(text, s.start)),
+            source: Box::new(source),
         })?;
+        let setting = |setting: &'static str, value: &str, must: &'static str| {
+            Err(ParseError::Setting {
+                setting,
+                value: value.to_string(),
+                must,
+            })
+        };
         if !matches!(cfg.cgroup.driver.as_str(), "cgroupfs" | "systemd") {
-            return Err(format!(
-                "cgroup.driver {:?} must be \"cgroupfs\" or \"systemd\"",
-                cfg.cgroup.driver
-            ));
+            return setting(
+                "cgroup.driver",
+                &cfg.cgroup.driver,
+                "must be \"cgroupfs\" or \"systemd\"",
+            );
         }
         if cfg.cgroup.parent.is_empty() || cfg.cgroup.parent.split('/').any(|c| c == "..") {
-            return Err(format!(
-                "cgroup.parent {:?} must be a relative path without \"..\"",
-                cfg.cgroup.parent
-            ));
+            return setting(
+                "cgroup.parent",
+                &cfg.cgroup.parent,
+                "must be a relative path without \"..\"",
+            );
         }
         if humantime::parse_duration(&cfg.stream.stream_idle_timeout).is_err() {
-            return Err(format!(
-                "stream.stream_idle_timeout {:?} is not a duration like \"4h\" or \"30m\"",
-                cfg.stream.stream_idle_timeout
-            ));
+            return setting(
+                "stream.stream_idle_timeout",
+                &cfg.stream.stream_idle_timeout,
+                "is not a duration like \"4h\" or \"30m\"",
+            );
         }
         if humantime::parse_duration(&cfg.stream.token_ttl).is_err() {
-            return Err(format!(
-                "stream.token_ttl {:?} is not a duration like \"1m\" or \"30s\"",
-                cfg.stream.token_ttl
-            ));
+            return setting(
+                "stream.token_ttl",
+                &cfg.stream.token_ttl,
+                "is not a duration like \"1m\" or \"30s\"",
+            );
         }
         match (&cfg.stream.tls_cert_file, &cfg.stream.tls_key_file) {
             (Some(_), None) | (None, Some(_)) => {
-                return Err(
-                    "stream.tls_cert_file and stream.tls_key_file go together: give both or neither"
-                        .to_string(),
-                );
+                return Err(ParseError::Rule(
+                    "stream.tls_cert_file and stream.tls_key_file go together: give both or neither",
+                ));
             }
             (Some(_), Some(_)) if !cfg.stream.tls => {
-                return Err(
-                    "stream.tls_cert_file and stream.tls_key_file are set but stream.tls is false"
-                        .to_string(),
-                );
+                return Err(ParseError::Rule(
+                    "stream.tls_cert_file and stream.tls_key_file are set but stream.tls is false",
+                ));
             }
             _ => {}
         }
         if cfg.stream.address.parse::<std::net::IpAddr>().is_err() {
-            return Err(format!(
-                "stream.address {:?} is not an IP address",
-                cfg.stream.address
-            ));
+            return setting(
+                "stream.address",
+                &cfg.stream.address,
+                "is not an IP address",
+            );
         }
         if !matches!(cfg.log_format.as_str(), "text" | "json") {
-            return Err(format!(
-                "log_format {:?} must be \"text\" or \"json\"",
-                cfg.log_format
-            ));
+            return setting(
+                "log_format",
+                &cfg.log_format,
+                "must be \"text\" or \"json\"",
+            );
         }
         if let Some(a) = &cfg.metrics.address
             && a.parse::<std::net::SocketAddr>().is_err()
         {
-            return Err(format!(
-                "metrics.address {a:?} must be an IP address and port, like \"127.0.0.1:9090\""
-            ));
+            return setting(
+                "metrics.address",
+                a,
+                "must be an IP address and port, like \"127.0.0.1:9090\"",
+            );
         }
         if cfg.registry.max_concurrent_downloads == 0 {
-            return Err("registry.max_concurrent_downloads must be at least 1".to_string());
+            return Err(ParseError::Rule(
+                "registry.max_concurrent_downloads must be at least 1",
+            ));
         }
         Ok(cfg)
     }
@@ -373,12 +414,12 @@ mod tests {
     #[test]
     fn stream_tls_files_go_together() {
         let e = Config::parse("[stream]\ntls = true\ntls_cert_file = \"/c\"\n").unwrap_err();
-        assert!(e.contains("tls_key_file"), "{e}");
+        assert!(e.to_string().contains("tls_key_file"), "{e}");
         let e =
             Config::parse("[stream]\ntls_cert_file = \"/c\"\ntls_key_file = \"/k\"\n").unwrap_err();
-        assert!(e.contains("stream.tls is false"), "{e}");
+        assert!(e.to_string().contains("stream.tls is false"), "{e}");
         let e = Config::parse("[stream]\ntoken_ttl = \"soon\"\n").unwrap_err();
-        assert!(e.contains("stream.token_ttl"), "{e}");
+        assert!(e.to_string().contains("stream.token_ttl"), "{e}");
         assert!(Config::parse("[stream]\ntls = true\n").is_ok());
     }
 
@@ -389,9 +430,9 @@ mod tests {
             "json"
         );
         let e = Config::parse("log_format = \"yaml\"\n").unwrap_err();
-        assert!(e.contains("log_format"), "{e}");
+        assert!(e.to_string().contains("log_format"), "{e}");
         let e = Config::parse("[metrics]\naddress = \"localhost\"\n").unwrap_err();
-        assert!(e.contains("metrics.address"), "{e}");
+        assert!(e.to_string().contains("metrics.address"), "{e}");
         assert!(Config::parse("[metrics]\naddress = \"[::1]:9090\"\n").is_ok());
     }
 
@@ -450,10 +491,10 @@ mod tests {
     #[test]
     fn unknown_keys_name_the_line() {
         let e = Config::parse("log_level = \"debug\"\n\nrooot = \"/x\"\n").unwrap_err();
-        assert!(e.contains("line 3"), "{e}");
-        assert!(e.contains("rooot"), "{e}");
+        assert!(e.to_string().contains("line 3"), "{e}");
+        assert!(e.to_string().contains("rooot"), "{e}");
         let e = Config::parse("[registry]\nmax_concurrent_downloads = \"three\"\n").unwrap_err();
-        assert!(e.contains("line 2"), "{e}");
+        assert!(e.to_string().contains("line 2"), "{e}");
     }
 
     #[test]

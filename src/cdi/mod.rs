@@ -27,7 +27,10 @@ pub fn default_dirs() -> Vec<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     #[error("CDI device {device:?}: {reason}")]
-    Name { device: String, reason: String },
+    Name {
+        device: String,
+        reason: spec::NameError,
+    },
     #[error("unknown CDI device {device}: no spec file in {dirs} defines it{unreadable}")]
     Unknown {
         device: String,

@@ -200,57 +200,94 @@ pub fn kind_parts(kind: &str) -> Option<(&str, &str)> {
     Some((vendor, class))
 }
 
+/// What is wrong with a CDI name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("empty")]
+    Empty,
+    #[error("{0:?} must start with a letter")]
+    Start(String),
+    #[error("{0:?} must end with a letter or digit")]
+    End(String),
+    #[error("{name:?} has {bad:?}")]
+    Character { name: String, bad: char },
+    #[error("empty device name")]
+    DeviceEmpty,
+    #[error("device name {0:?} must start and end with a letter or digit")]
+    DeviceEnds(String),
+    #[error("device name {name:?} has {bad:?}")]
+    DeviceCharacter { name: String, bad: char },
+    #[error("{0:?} is not a qualified CDI name (vendor.com/class=name)")]
+    NotQualified(String),
+    /// A part of a qualified name (`vendor `, `class ` or the device name) is wrong.
+    #[error("{device:?}: {part}{reason}")]
+    Part {
+        device: String,
+        part: &'static str,
+        reason: Box<NameError>,
+    },
+}
+
 /// Vendor and class: a letter first, a letter or digit last, `_ - .` between.
-pub fn check_qualifier(name: &str) -> Result<(), String> {
+pub fn check_qualifier(name: &str) -> Result<(), NameError> {
     let b = name.as_bytes();
     if b.is_empty() {
-        return Err("empty".into());
+        return Err(NameError::Empty);
     }
     if !b[0].is_ascii_alphabetic() {
-        return Err(format!("{name:?} must start with a letter"));
+        return Err(NameError::Start(name.into()));
     }
     if !b[b.len() - 1].is_ascii_alphanumeric() {
-        return Err(format!("{name:?} must end with a letter or digit"));
+        return Err(NameError::End(name.into()));
     }
     match b
         .iter()
         .find(|c| !(c.is_ascii_alphanumeric() || b"_-.".contains(c)))
     {
-        Some(c) => Err(format!("{name:?} has {:?}", *c as char)),
+        Some(c) => Err(NameError::Character {
+            name: name.into(),
+            bad: *c as char,
+        }),
         None => Ok(()),
     }
 }
 
 /// A device name: a letter or digit at both ends, `_ - . :` between.
-pub fn check_device_name(name: &str) -> Result<(), String> {
+pub fn check_device_name(name: &str) -> Result<(), NameError> {
     let b = name.as_bytes();
     if b.is_empty() {
-        return Err("empty device name".into());
+        return Err(NameError::DeviceEmpty);
     }
     if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
-        return Err(format!(
-            "device name {name:?} must start and end with a letter or digit"
-        ));
+        return Err(NameError::DeviceEnds(name.into()));
     }
     match b
         .iter()
         .find(|c| !(c.is_ascii_alphanumeric() || b"_-.:".contains(c)))
     {
-        Some(c) => Err(format!("device name {name:?} has {:?}", *c as char)),
+        Some(c) => Err(NameError::DeviceCharacter {
+            name: name.into(),
+            bad: *c as char,
+        }),
         None => Ok(()),
     }
 }
 
 /// A fully qualified device name, `vendor.com/class=name`, split into kind and name.
-pub fn parse_qualified(device: &str) -> Result<(&str, &str), String> {
-    let (kind, name) = device
-        .split_once('=')
-        .ok_or_else(|| format!("{device:?} is not a qualified CDI name (vendor.com/class=name)"))?;
-    let (vendor, class) = kind_parts(kind)
-        .ok_or_else(|| format!("{device:?} is not a qualified CDI name (vendor.com/class=name)"))?;
-    check_qualifier(vendor).map_err(|r| format!("{device:?}: vendor {r}"))?;
-    check_qualifier(class).map_err(|r| format!("{device:?}: class {r}"))?;
-    check_device_name(name).map_err(|r| format!("{device:?}: {r}"))?;
+pub fn parse_qualified(device: &str) -> Result<(&str, &str), NameError> {
+    let not_qualified = || NameError::NotQualified(device.into());
+    let (kind, name) = device.split_once('=').ok_or_else(not_qualified)?;
+    let (vendor, class) = kind_parts(kind).ok_or_else(not_qualified)?;
+    let part = |part: &'static str| {
+        move |reason| NameError::Part {
+            device: device.into(),
+            part,
+            reason: Box::new(reason),
+        }
+    };
+    check_qualifier(vendor).map_err(part("vendor "))?;
+    check_qualifier(class).map_err(part("class "))?;
+    check_device_name(name).map_err(part(""))?;
     Ok((kind, name))
 }
 
@@ -338,7 +375,7 @@ pub fn validate(spec: &Spec) -> Result<(), SpecError> {
     let mut seen = std::collections::HashSet::new();
     for (i, d) in spec.devices.iter().enumerate() {
         let at = format!("devices[{i}]");
-        check_device_name(&d.name).map_err(|r| field(format!("{at}.name"), r))?;
+        check_device_name(&d.name).map_err(|r| field(format!("{at}.name"), r.to_string()))?;
         if !seen.insert(d.name.as_str()) {
             return Err(field(
                 format!("{at}.name"),

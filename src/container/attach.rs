@@ -52,7 +52,7 @@ impl ContainerService {
             tokio::time::timeout(Duration::from_secs(10), next_frame(&mut rd, &mut inbuf))
                 .await
                 .map_err(|_| fail("the container's monitor did not answer in 10 s".into()))?
-                .map_err(fail)?
+                .map_err(|e| fail(e.to_string()))?
                 .ok_or_else(|| fail("the container's monitor closed the attachment".into()))?;
         let tty = match kind {
             attach::READY => payload.first() == Some(&1),
@@ -175,20 +175,29 @@ async fn forward_stdin(mut from: tokio::io::DuplexStream, frames: mpsc::Sender<V
     let _ = frames.send(f).await;
 }
 
+/// Why the monitor's frames could not be read.
+#[derive(Debug, thiserror::Error)]
+enum FrameError {
+    #[error("{0}")]
+    TooLong(#[from] attach::FrameTooLong),
+    #[error("reading from the monitor: {0}")]
+    Read(#[source] std::io::Error),
+}
+
 /// The next whole frame from the monitor; none at the end of the connection.
 async fn next_frame(
     rd: &mut tokio::net::unix::OwnedReadHalf,
     buf: &mut Vec<u8>,
-) -> Result<Option<(u8, Vec<u8>)>, String> {
+) -> Result<Option<(u8, Vec<u8>)>, FrameError> {
     let mut chunk = [0u8; 16 << 10];
     loop {
-        if let Some(f) = attach::decode(buf).map_err(|e| e.to_string())? {
+        if let Some(f) = attach::decode(buf)? {
             return Ok(Some(f));
         }
         match rd.read(&mut chunk).await {
             Ok(0) => return Ok(None),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(format!("reading from the monitor: {e}")),
+            Err(e) => return Err(FrameError::Read(e)),
         }
     }
 }

@@ -67,20 +67,25 @@ impl ContainerService {
         let keeper = crate::sandbox::Keeper(stdin);
         // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
         drop(child);
-        let report: Result<StartReport, String> = serde_json::from_str(line.trim()).map_err(|_| {
-            let log = std::fs::read_to_string(b.dir.join("monitor.log")).unwrap_or_default();
-            format!("the monitor gave no start report ({})", log.trim())
-        });
-        let report = match (report, placement_error) {
-            (Ok(StartReport::Failed { .. }) | Err(_), Some(e)) => Err(e),
-            (r, _) => r,
+        // A failed placement is the cause, whatever the monitor said after it.
+        let report = match (serde_json::from_str(line.trim()), placement_error) {
+            (Ok(StartReport::Failed { .. }) | Err(_), Some(message)) => {
+                StartReport::Failed { message }
+            }
+            (Ok(report), _) => report,
+            (Err(_), None) => {
+                let log = std::fs::read_to_string(b.dir.join("monitor.log")).unwrap_or_default();
+                StartReport::Failed {
+                    message: format!("the monitor gave no start report ({})", log.trim()),
+                }
+            }
         };
         match report {
-            Ok(StartReport::Started {
+            StartReport::Started {
                 pid,
                 start_time,
                 started_at,
-            }) => {
+            } => {
                 crate::fault::point("monitor.spawn.after");
                 let init = ProcessId { pid, start_time };
                 r.state = ContainerState::Running;
@@ -96,11 +101,11 @@ impl ContainerService {
                     .emit(notice(&r, events::EventKind::Started, started_at));
                 Ok(())
             }
-            Ok(StartReport::Forked { .. }) => Err(Error::Start {
+            StartReport::Forked { .. } => Err(Error::Start {
                 id: r.id.clone(),
                 message: "the monitor reported a forked init it was not asked to".into(),
             }),
-            Ok(StartReport::Failed { message }) | Err(message) => {
+            StartReport::Failed { message } => {
                 r.state = ContainerState::Exited;
                 r.exit_code = 128;
                 r.reason = "StartError".into();

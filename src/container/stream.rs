@@ -172,7 +172,9 @@ impl ContainerService {
         };
         if opts.tty {
             send(&[])?;
-            let master = receive_terminal(&conn).await.map_err(exec_err)?;
+            let master = receive_terminal(&conn)
+                .await
+                .map_err(|e| exec_err(e.to_string()))?;
             let fd = sys::async_fd(
                 master,
                 tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
@@ -234,13 +236,30 @@ impl ContainerService {
     }
 }
 
+/// Why an exec'd command's terminal did not come back.
+#[derive(Debug, thiserror::Error)]
+enum TerminalError {
+    #[error("{0}")]
+    Connection(#[from] std::io::Error),
+    #[error("waiting for the terminal: {0}")]
+    Wait(#[source] nix::Error),
+    #[error("{0}")]
+    Descriptor(#[source] nix::Error),
+    /// The monitor's report instead of a terminal: why it made none.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the command made no terminal")]
+    NoTerminal,
+    #[error("{0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
 /// The terminal master the exec'd command hands back (see `runtime::PTY_MESSAGE`), or the
 /// monitor's refusal.
-async fn receive_terminal(conn: &std::os::unix::net::UnixStream) -> Result<OwnedFd, String> {
-    let conn = conn.try_clone().map_err(|e| e.to_string())?;
+async fn receive_terminal(conn: &std::os::unix::net::UnixStream) -> Result<OwnedFd, TerminalError> {
+    let conn = conn.try_clone()?;
     tokio::task::spawn_blocking(move || {
-        conn.set_read_timeout(Some(Duration::from_secs(30)))
-            .map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut data = [0u8; 4];
         let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
         let mut iov = [std::io::IoSliceMut::new(&mut data)];
@@ -250,9 +269,9 @@ async fn receive_terminal(conn: &std::os::unix::net::UnixStream) -> Result<Owned
             Some(&mut cmsg),
             nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(|e| format!("waiting for the terminal: {e}"))?;
+        .map_err(TerminalError::Wait)?;
         let mut fd = None;
-        for c in msg.cmsgs().map_err(|e| e.to_string())? {
+        for c in msg.cmsgs().map_err(TerminalError::Descriptor)? {
             if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
                 for r in raw {
                     fd.get_or_insert(sys::own_received_fd(r));
@@ -266,7 +285,7 @@ async fn receive_terminal(conn: &std::os::unix::net::UnixStream) -> Result<Owned
                     &fd,
                     nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(TerminalError::Descriptor)?;
                 Ok(fd)
             }
             _ => {
@@ -279,10 +298,9 @@ async fn receive_terminal(conn: &std::os::unix::net::UnixStream) -> Result<Owned
                 let report: Option<ExecReport> = serde_json::from_slice(&rest).ok();
                 Err(report
                     .and_then(|r| r.error)
-                    .unwrap_or_else(|| "the command made no terminal".into()))
+                    .map_or(TerminalError::NoTerminal, TerminalError::Refused))
             }
         }
     })
-    .await
-    .map_err(|e| e.to_string())?
+    .await?
 }

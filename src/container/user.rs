@@ -80,12 +80,27 @@ fn groups(root: &Path) -> Vec<Group> {
         .collect()
 }
 
+/// Why a container's user cannot be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("run_as_group is set without run_as_user or run_as_username")]
+    GroupWithoutUser,
+    #[error("user {0:?} is not in the image's /etc/passwd")]
+    UnknownUser(String),
+    #[error("group {0:?} is not in the image's /etc/group")]
+    UnknownGroup(String),
+    #[error("run_as_group {0} is out of range")]
+    GroupRange(i64),
+    #[error("supplemental group {0} is out of range")]
+    SupplementalRange(i64),
+}
+
 /// Resolves the container's user. `image_user` is the image config's `User` (`user[:group]`).
 pub fn resolve(
     root: &Path,
     sc: Option<&config::ContainerSecurity>,
     image_user: &str,
-) -> Result<User, String> {
+) -> Result<User, UserError> {
     let users = passwd(root);
     let groups = groups(root);
     let run_as_user = sc.and_then(|s| s.run_as_user);
@@ -94,7 +109,7 @@ pub fn resolve(
         .filter(|s| !s.is_empty());
     let run_as_group = sc.and_then(|s| s.run_as_group);
     if run_as_group.is_some() && run_as_user.is_none() && run_as_name.is_none() {
-        return Err("run_as_group is set without run_as_user or run_as_username".into());
+        return Err(UserError::GroupWithoutUser);
     }
     let (user_part, group_part) = match (run_as_user, run_as_name) {
         (Some(uid), _) => (uid.to_string(), None),
@@ -104,7 +119,7 @@ pub fn resolve(
             None => (image_user.to_string(), None),
         },
     };
-    let entry_for = |u: &str| -> Result<Option<Passwd>, String> {
+    let entry_for = |u: &str| -> Result<Option<Passwd>, UserError> {
         if u.is_empty() {
             return Ok(users.iter().find(|p| p.uid == 0).cloned());
         }
@@ -115,7 +130,7 @@ pub fn resolve(
                 .find(|p| p.name == u)
                 .cloned()
                 .map(Some)
-                .ok_or_else(|| format!("user {u:?} is not in the image's /etc/passwd")),
+                .ok_or_else(|| UserError::UnknownUser(u.to_string())),
         }
     };
     let entry = entry_for(&user_part)?;
@@ -125,16 +140,14 @@ pub fn resolve(
         (None, _) => 0,
     };
     let gid = match (run_as_group, &group_part) {
-        (Some(g), _) => {
-            u32::try_from(g).map_err(|_| format!("run_as_group {g} is out of range"))?
-        }
+        (Some(g), _) => u32::try_from(g).map_err(|_| UserError::GroupRange(g))?,
         (None, Some(g)) => match g.parse::<u32>() {
             Ok(gid) => gid,
             Err(_) => groups
                 .iter()
                 .find(|x| &x.name == g)
                 .map(|x| x.gid)
-                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+                .ok_or_else(|| UserError::UnknownGroup(g.clone()))?,
         },
         (None, None) => entry.as_ref().map(|p| p.gid).unwrap_or(0),
     };
@@ -156,7 +169,7 @@ pub fn resolve(
         .map(|s| s.supplemental_groups.as_slice())
         .unwrap_or_default()
     {
-        let g = u32::try_from(*g).map_err(|_| format!("supplemental group {g} is out of range"))?;
+        let g = u32::try_from(*g).map_err(|_| UserError::SupplementalRange(*g))?;
         if !additional.contains(&g) {
             additional.push(g);
         }
@@ -256,16 +269,19 @@ mod tests {
         assert!(
             resolve(r.path(), Some(&sc(None, "", Some(5), &[], false)), "")
                 .unwrap_err()
+                .to_string()
                 .contains("without")
         );
         assert!(
             resolve(r.path(), None, "nobody")
                 .unwrap_err()
+                .to_string()
                 .contains("nobody")
         );
         assert!(
             resolve(r.path(), None, "app:nogroup")
                 .unwrap_err()
+                .to_string()
                 .contains("nogroup")
         );
     }

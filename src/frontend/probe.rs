@@ -304,6 +304,17 @@ pub async fn http(
     }
 }
 
+/// Why one HTTP GET of a probe got no answer.
+#[derive(Debug, thiserror::Error)]
+enum GetError {
+    #[error("{0}")]
+    Connect(#[from] std::io::Error),
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("{0}")]
+    Request(#[from] hyper::http::Error),
+}
+
 async fn get_once(
     target: &Target,
     host: &str,
@@ -312,18 +323,14 @@ async fn get_once(
     path: &str,
     https: bool,
     action: &HTTPGetAction,
-) -> Result<(u16, Option<String>, Vec<u8>), String> {
-    let stream = connect(target, host, port, Duration::from_secs(3600))
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(u16, Option<String>, Vec<u8>), GetError> {
+    let stream = connect(target, host, port, Duration::from_secs(3600)).await?;
     let io: Box<dyn Io> = if https {
-        tls(stream, shown_host).await.map_err(|e| e.to_string())?
+        tls(stream, shown_host).await?
     } else {
         Box::new(stream)
     };
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -341,8 +348,8 @@ async fn get_once(
         }
         req = req.header(name, h.value.as_str());
     }
-    let req = req.body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let req = req.body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
     let location = resp
         .headers()

@@ -50,7 +50,7 @@ impl Credentials {
         auth: &str,
         identity_token: &str,
         registry_token: &str,
-    ) -> Result<Credentials, String> {
+    ) -> Result<Credentials, AuthFieldError> {
         let mut c = Credentials {
             username: username.to_string(),
             password: password.to_string(),
@@ -66,14 +66,23 @@ impl Credentials {
     }
 }
 
-fn decode_auth(auth: &str) -> Result<(String, String), String> {
+/// What is wrong with an `auth` field (base64 of `user:password`).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFieldError {
+    #[error("auth is not valid base64")]
+    NotBase64(#[source] base64::DecodeError),
+    #[error("auth is not UTF-8")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+    #[error("auth must encode \"user:password\"")]
+    NoColon,
+}
+
+fn decode_auth(auth: &str) -> Result<(String, String), AuthFieldError> {
     let raw = STANDARD
         .decode(auth.trim())
-        .map_err(|_| "auth is not valid base64".to_string())?;
-    let s = String::from_utf8(raw).map_err(|_| "auth is not UTF-8".to_string())?;
-    let (u, p) = s
-        .split_once(':')
-        .ok_or("auth must encode \"user:password\"")?;
+        .map_err(AuthFieldError::NotBase64)?;
+    let s = String::from_utf8(raw).map_err(AuthFieldError::NotUtf8)?;
+    let (u, p) = s.split_once(':').ok_or(AuthFieldError::NoColon)?;
     Ok((u.to_string(), p.to_string()))
 }
 
@@ -99,7 +108,7 @@ pub async fn from_docker_config(
         path: file.to_path_buf(),
         reason,
     };
-    let cfg = DockerConfig::parse(&data).map_err(bad)?;
+    let cfg = DockerConfig::parse(&data).map_err(|e| bad(e.to_string()))?;
     if let Some(helper) = cfg.helper_for(domain) {
         let found = from_helper(
             helper,

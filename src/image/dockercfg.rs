@@ -121,10 +121,26 @@ fn host_matches(pattern: &str, host: &str) -> bool {
             .all(|(p, h)| glob(p.as_bytes(), h.as_bytes()))
 }
 
+/// What is wrong with a docker config file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("\"{0}\" is not an object")]
+    NotAnObject(&'static str),
+    #[error("auths[{key:?}]: {source}")]
+    Entry {
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("{field}: not a credential helper name")]
+    HelperName { field: String },
+}
+
 impl DockerConfig {
     /// `{"auths": {KEY: ENTRY}}`, or the legacy `{KEY: ENTRY}`.
-    pub fn parse(data: &[u8]) -> Result<DockerConfig, String> {
-        let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+    pub fn parse(data: &[u8]) -> Result<DockerConfig, ConfigError> {
+        let v: serde_json::Value = serde_json::from_slice(data)?;
         let auths = match v.get("auths") {
             Some(a) => a.clone(),
             None if v.get("credHelpers").is_some() || v.get("credsStore").is_some() => {
@@ -133,15 +149,17 @@ impl DockerConfig {
             None => v.clone(),
         };
         let serde_json::Value::Object(map) = auths else {
-            return Err("\"auths\" is not an object".into());
+            return Err(ConfigError::NotAnObject("auths"));
         };
         let mut entries = Vec::new();
         for (key, entry) in map {
-            let e: Entry =
-                serde_json::from_value(entry).map_err(|e| format!("auths[{key:?}]: {e}"))?;
+            let e: Entry = match serde_json::from_value(entry) {
+                Ok(e) => e,
+                Err(source) => return Err(ConfigError::Entry { key, source }),
+            };
             entries.push((key, e));
         }
-        let helper_name = |field: String, v: &serde_json::Value| -> Result<String, String> {
+        let helper_name = |field: String, v: &serde_json::Value| -> Result<String, ConfigError> {
             match v.as_str() {
                 // It becomes part of a program's name: nothing that could leave PATH.
                 Some(n)
@@ -151,13 +169,13 @@ impl DockerConfig {
                 {
                     Ok(n.to_string())
                 }
-                _ => Err(format!("{field}: not a credential helper name")),
+                _ => Err(ConfigError::HelperName { field }),
             }
         };
         let mut helpers = Vec::new();
         if let Some(h) = v.get("credHelpers") {
             let serde_json::Value::Object(h) = h else {
-                return Err("\"credHelpers\" is not an object".into());
+                return Err(ConfigError::NotAnObject("credHelpers"));
             };
             for (host, name) in h {
                 helpers.push((
@@ -284,7 +302,7 @@ mod tests {
         assert!(DockerConfig::parse(b"{").is_err());
         assert!(DockerConfig::parse(br#"{"auths": []}"#).is_err());
         let err = DockerConfig::parse(br#"{"auths": {"r": {"auth": 7}}}"#).unwrap_err();
-        assert!(err.contains("auths[\"r\"]"), "{err}");
+        assert!(err.to_string().contains("auths[\"r\"]"), "{err}");
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub enum Error {
     Policy {
         image: String,
         scope: String,
-        reason: String,
+        reason: signature::Refusal,
     },
     #[error("signature policy {path}: {source}")]
     PolicyFile {

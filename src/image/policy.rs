@@ -47,18 +47,31 @@ const ED25519_SPKI_PREFIX: &[u8] = &[
     0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
 ];
 
+/// What is wrong with a public key file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("not PEM: {0}")]
+    NotPem(#[source] pem::PemError),
+    #[error("no PEM block in it")]
+    NoBlock,
+    #[error("a {0:?} block, not a PUBLIC KEY")]
+    NotAPublicKey(String),
+    #[error("neither an ECDSA P-256 nor an Ed25519 public key")]
+    Kind,
+}
+
 impl PublicKey {
     /// The keys of a PEM text (`-----BEGIN PUBLIC KEY-----` blocks).
-    pub fn from_pem(text: &[u8]) -> Result<Vec<PublicKey>, String> {
-        let blocks = pem::parse_many(text).map_err(|e| format!("not PEM: {e}"))?;
+    pub fn from_pem(text: &[u8]) -> Result<Vec<PublicKey>, KeyError> {
+        let blocks = pem::parse_many(text).map_err(KeyError::NotPem)?;
         if blocks.is_empty() {
-            return Err("no PEM block in it".into());
+            return Err(KeyError::NoBlock);
         }
         blocks
             .iter()
             .map(|b| {
                 if b.tag() != "PUBLIC KEY" {
-                    return Err(format!("a {:?} block, not a PUBLIC KEY", b.tag()));
+                    return Err(KeyError::NotAPublicKey(b.tag().to_string()));
                 }
                 let der = b.contents();
                 if let Some(point) = der.strip_prefix(P256_SPKI_PREFIX)
@@ -71,7 +84,7 @@ impl PublicKey {
                 {
                     Ok(PublicKey::Ed25519(key.to_vec()))
                 } else {
-                    Err("neither an ECDSA P-256 nor an Ed25519 public key".into())
+                    Err(KeyError::Kind)
                 }
             })
             .collect()
@@ -338,7 +351,7 @@ fn keys(
             let pem = base64::engine::general_purpose::STANDARD
                 .decode(data.trim())
                 .map_err(|e| bad(&f, format!("not base64: {e}")))?;
-            PublicKey::from_pem(&pem).map_err(|e| bad(&f, e))
+            PublicKey::from_pem(&pem).map_err(|e| bad(&f, e.to_string()))
         }
     }
 }

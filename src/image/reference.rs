@@ -4,6 +4,7 @@
 //! reference with both tag and digest is pulled by its digest alone.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::content::Digest;
 
@@ -12,11 +13,50 @@ const LEGACY_DEFAULT_DOMAIN: &str = "index.docker.io";
 const OFFICIAL_PREFIX: &str = "library/";
 const MAX_NAME_LEN: usize = 255;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("invalid image reference {reference:?}: {reason}")]
 pub struct ParseError {
     pub reference: String,
-    pub reason: String,
+    pub reason: Invalid,
+}
+
+/// What is wrong with a reference.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Invalid {
+    #[error("empty reference")]
+    Empty,
+    #[error("a 64-character hex string is an image ID, not a repository name")]
+    ImageId,
+    #[error("{0}")]
+    Digest(Arc<crate::content::Error>),
+    #[error("tag is empty")]
+    TagEmpty,
+    #[error("tag {tag:?} must start with a letter, digit or '_'")]
+    TagStart { tag: String },
+    #[error("tag is {len} characters long; at most 128 are allowed")]
+    TagTooLong { len: usize },
+    #[error("tag {tag:?} contains {bad:?}")]
+    TagCharacter { tag: String, bad: char },
+    #[error("repository name is empty")]
+    NameEmpty,
+    #[error("registry host {domain:?} has an unclosed '['")]
+    HostUnclosed { domain: String },
+    #[error("registry host {domain:?} is not a valid IPv6 address")]
+    HostIpv6 { domain: String },
+    #[error("registry host {domain:?} has junk after ']'")]
+    HostJunk { domain: String },
+    #[error("registry host {domain:?} is not a valid host name")]
+    HostName { domain: String },
+    #[error("registry port {port:?} is not a number from 0 to 65535")]
+    Port { port: String },
+    #[error("repository name must be lowercase")]
+    Uppercase,
+    #[error(
+        "repository path component {component:?} must be lowercase letters and digits joined by '.', '_', '__' or '-'"
+    )]
+    PathComponent { component: String },
+    #[error("repository name is longer than 255 characters")]
+    TooLong,
 }
 
 /// A normalised image reference.
@@ -34,23 +74,19 @@ pub struct Reference {
 impl Reference {
     /// Parses and normalises `s`.
     pub fn parse(s: &str) -> Result<Reference, ParseError> {
-        let err = |reason: &str| ParseError {
+        let err = |reason: Invalid| ParseError {
             reference: s.to_string(),
-            reason: reason.to_string(),
+            reason,
         };
         if s.is_empty() {
-            return Err(err("empty reference"));
+            return Err(err(Invalid::Empty));
         }
         if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(err(
-                "a 64-character hex string is an image ID, not a repository name",
-            ));
+            return Err(err(Invalid::ImageId));
         }
         let (rest, digest) = match s.split_once('@') {
             Some((rest, d)) => {
-                let digest: Digest = d
-                    .parse()
-                    .map_err(|e: crate::content::Error| err(&e.to_string()))?;
+                let digest: Digest = d.parse().map_err(|e| err(Invalid::Digest(Arc::new(e))))?;
                 (rest, Some(digest))
             }
             None => (s, None),
@@ -65,19 +101,19 @@ impl Reference {
             None => (rest, None),
         };
         if let Some(tag) = tag {
-            validate_tag(tag).map_err(|r| err(&r))?;
+            validate_tag(tag).map_err(err)?;
         }
         if name.is_empty() {
-            return Err(err("repository name is empty"));
+            return Err(err(Invalid::NameEmpty));
         }
         let (domain, path) = split_domain(name);
-        validate_domain(&domain).map_err(|r| err(&r))?;
+        validate_domain(&domain).map_err(err)?;
         if path.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(err("repository name must be lowercase"));
+            return Err(err(Invalid::Uppercase));
         }
-        validate_path(&path).map_err(|r| err(&r))?;
+        validate_path(&path).map_err(err)?;
         if domain.len() + 1 + path.len() > MAX_NAME_LEN {
-            return Err(err("repository name is longer than 255 characters"));
+            return Err(err(Invalid::TooLong));
         }
         let tag = match (tag, &digest) {
             // With a digest the tag is only a label: the digest decides what is pulled.
@@ -156,49 +192,51 @@ fn split_domain(name: &str) -> (String, String) {
     (domain, path)
 }
 
-fn validate_tag(tag: &str) -> Result<(), String> {
+fn validate_tag(tag: &str) -> Result<(), Invalid> {
     let bytes = tag.as_bytes();
     let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     match bytes.first() {
-        None => return Err("tag is empty".into()),
+        None => return Err(Invalid::TagEmpty),
         Some(&b) if !word(b) => {
-            return Err(format!(
-                "tag {tag:?} must start with a letter, digit or '_'"
-            ));
+            return Err(Invalid::TagStart { tag: tag.into() });
         }
         _ => {}
     }
     if bytes.len() > 128 {
-        return Err(format!(
-            "tag is {} characters long; at most 128 are allowed",
-            bytes.len()
-        ));
+        return Err(Invalid::TagTooLong { len: bytes.len() });
     }
     if let Some(bad) = bytes
         .iter()
         .find(|&&b| !(word(b) || b == b'.' || b == b'-'))
     {
-        return Err(format!("tag {tag:?} contains {:?}", *bad as char));
+        return Err(Invalid::TagCharacter {
+            tag: tag.into(),
+            bad: *bad as char,
+        });
     }
     Ok(())
 }
 
-fn validate_domain(domain: &str) -> Result<(), String> {
+fn validate_domain(domain: &str) -> Result<(), Invalid> {
     let (host, port) = if let Some(rest) = domain.strip_prefix('[') {
         // [IPv6]:port
-        let (addr, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("registry host {domain:?} has an unclosed '['"))?;
+        let (addr, after) = rest.split_once(']').ok_or_else(|| Invalid::HostUnclosed {
+            domain: domain.into(),
+        })?;
         if addr.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!(
-                "registry host {domain:?} is not a valid IPv6 address"
-            ));
+            return Err(Invalid::HostIpv6 {
+                domain: domain.into(),
+            });
         }
         match after {
             "" => return Ok(()),
             p => match p.strip_prefix(':') {
                 Some(port) => (None, Some(port)),
-                None => return Err(format!("registry host {domain:?} has junk after ']'")),
+                None => {
+                    return Err(Invalid::HostJunk {
+                        domain: domain.into(),
+                    });
+                }
             },
         }
     } else {
@@ -215,22 +253,22 @@ fn validate_domain(domain: &str) -> Result<(), String> {
                 && b[0] != b'-'
                 && b[b.len() - 1] != b'-';
             if !ok {
-                return Err(format!("registry host {domain:?} is not a valid host name"));
+                return Err(Invalid::HostName {
+                    domain: domain.into(),
+                });
             }
         }
     }
     if let Some(port) = port
         && (port.is_empty() || port.parse::<u16>().is_err())
     {
-        return Err(format!(
-            "registry port {port:?} is not a number from 0 to 65535"
-        ));
+        return Err(Invalid::Port { port: port.into() });
     }
     Ok(())
 }
 
 /// Path components: `[a-z0-9]+` joined by `.`, `_`, `__` or any run of `-`.
-fn validate_path(path: &str) -> Result<(), String> {
+fn validate_path(path: &str) -> Result<(), Invalid> {
     for comp in path.split('/') {
         let b = comp.as_bytes();
         let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -256,9 +294,9 @@ fn validate_path(path: &str) -> Result<(), String> {
             good
         };
         if !ok {
-            return Err(format!(
-                "repository path component {comp:?} must be lowercase letters and digits joined by '.', '_', '__' or '-'"
-            ));
+            return Err(Invalid::PathComponent {
+                component: comp.into(),
+            });
         }
     }
     Ok(())
@@ -331,7 +369,7 @@ mod tests {
         let t129 = "a".repeat(129);
         assert!(Reference::parse(&format!("busybox:{t128}")).is_ok());
         let e = Reference::parse(&format!("busybox:{t129}")).unwrap_err();
-        assert!(e.reason.contains("128"), "{e}");
+        assert!(e.reason.to_string().contains("128"), "{e}");
         assert!(Reference::parse("busybox:.x").is_err());
         assert!(Reference::parse("busybox:-x").is_err());
         assert!(Reference::parse("busybox:_x").is_ok());
@@ -364,7 +402,13 @@ mod tests {
             assert!(e.is_err(), "{bad:?} should be rejected, got {e:?}");
         }
         let long = format!("x/{}", "a".repeat(260));
-        assert!(Reference::parse(&long).unwrap_err().reason.contains("255"));
+        assert!(
+            Reference::parse(&long)
+                .unwrap_err()
+                .reason
+                .to_string()
+                .contains("255")
+        );
     }
 
     #[test]

@@ -89,7 +89,7 @@ pub async fn check(
     top: &Digest,
 ) -> Result<(), Error> {
     let (scope, requirements) = policy.for_image(image);
-    let refuse = |reason: String| Error::Policy {
+    let refuse = |reason: Refusal| Error::Policy {
         image: image.to_string(),
         scope: scope.to_string(),
         reason,
@@ -98,14 +98,14 @@ pub async fn check(
     for req in requirements {
         match req {
             Requirement::InsecureAcceptAnything => {}
-            Requirement::Reject => return Err(refuse("rejected by the policy".into())),
+            Requirement::Reject => return Err(refuse(Refusal::Rejected)),
             Requirement::SigstoreSigned { keys, identity } => {
                 if payloads.is_none() {
                     payloads = Some(signatures(session, top).await?);
                 }
                 let found = payloads.as_deref().unwrap_or_default();
                 if found.is_empty() {
-                    return Err(refuse("no signature".into()));
+                    return Err(refuse(Refusal::NoSignature));
                 }
                 judge(found, keys, identity, image, top).map_err(refuse)?;
             }
@@ -114,16 +114,35 @@ pub async fn check(
     Ok(())
 }
 
+/// Why the signature policy refused an image.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("rejected by the policy")]
+    Rejected,
+    #[error("no signature")]
+    NoSignature,
+    #[error("signature by an unknown key")]
+    UnknownKey,
+    #[error("a signed payload that is not simple signing JSON ({0})")]
+    NotSimpleSigning(#[source] serde_json::Error),
+    #[error("a signed payload of type {0:?}")]
+    PayloadType(String),
+    #[error("a signature for another manifest ({0})")]
+    OtherManifest(String),
+    #[error("identity mismatch: signed for {0:?}")]
+    IdentityMismatch(String),
+}
+
 /// Whether one of `found` (payload, signature) is by one of `keys`, for `top`, and names an
-/// identity `rule` accepts; else why not.
+/// identity `rule` accepts; else why not (the last signature's reason).
 fn judge(
     found: &[(Vec<u8>, Vec<u8>)],
     keys: &[super::policy::PublicKey],
     rule: &SignedIdentity,
     image: &Reference,
     top: &Digest,
-) -> Result<(), String> {
-    let mut why = "signature by an unknown key".to_string();
+) -> Result<(), Refusal> {
+    let mut why = Refusal::UnknownKey;
     for (payload, signature) in found {
         if !keys.iter().any(|k| k.verifies(payload, signature)) {
             continue;
@@ -131,22 +150,16 @@ fn judge(
         let p: Payload = match serde_json::from_slice(payload) {
             Ok(p) => p,
             Err(e) => {
-                why = format!("a signed payload that is not simple signing JSON ({e})");
+                why = Refusal::NotSimpleSigning(e);
                 continue;
             }
         };
         if p.critical.kind != PAYLOAD_TYPE {
-            why = format!("a signed payload of type {:?}", p.critical.kind);
+            why = Refusal::PayloadType(p.critical.kind);
         } else if p.critical.image.docker_manifest_digest != top.to_string() {
-            why = format!(
-                "a signature for another manifest ({})",
-                p.critical.image.docker_manifest_digest
-            );
+            why = Refusal::OtherManifest(p.critical.image.docker_manifest_digest);
         } else if !rule.matches(image, &p.critical.identity.docker_reference) {
-            why = format!(
-                "identity mismatch: signed for {:?}",
-                p.critical.identity.docker_reference
-            );
+            why = Refusal::IdentityMismatch(p.critical.identity.docker_reference);
         } else {
             return Ok(());
         }
@@ -246,7 +259,7 @@ mod tests {
         // Another key, another manifest, another repository, a changed payload.
         let other = PublicKey::Ed25519(vec![7; 32]);
         let e = judge(std::slice::from_ref(&good), &[other], &rule, &image, &top).unwrap_err();
-        assert_eq!(e, "signature by an unknown key");
+        assert!(matches!(e, Refusal::UnknownKey), "{e}");
         let elsewhere = signed(payload("reg.test/app", &Digest::of(b"x").to_string()));
         let e = judge(
             &[elsewhere],
@@ -256,14 +269,14 @@ mod tests {
             &top,
         )
         .unwrap_err();
-        assert!(e.starts_with("a signature for another manifest"), "{e}");
+        assert!(matches!(e, Refusal::OtherManifest(_)), "{e}");
         let moved = signed(payload("reg.test/evil", &top.to_string()));
         let e = judge(&[moved], std::slice::from_ref(&key), &rule, &image, &top).unwrap_err();
-        assert!(e.starts_with("identity mismatch"), "{e}");
+        assert!(matches!(e, Refusal::IdentityMismatch(_)), "{e}");
         let mut tampered = good.clone();
         tampered.0 = payload("reg.test/app", &Digest::of(b"y").to_string());
         let e = judge(&[tampered], std::slice::from_ref(&key), &rule, &image, &top).unwrap_err();
-        assert_eq!(e, "signature by an unknown key");
+        assert!(matches!(e, Refusal::UnknownKey), "{e}");
         // One good signature among bad ones is enough.
         let junk = (b"junk".to_vec(), b"sig".to_vec());
         assert!(judge(&[junk, good], &[key], &rule, &image, &top).is_ok());

@@ -88,16 +88,47 @@ const STDERR_KEPT: usize = 2048;
 /// Runs the hooks of a kind in order; the first failure ends them.
 pub fn run(spec: &Spec, kind: Kind, state: &State) -> Result<(), StepError> {
     for (i, h) in of(spec, kind).iter().enumerate() {
-        run_one(h, state).map_err(|detail| StepError {
+        // The step's detail crosses from the init to the monitor as text.
+        run_one(h, state).map_err(|e| StepError {
             step: format!("{} hook {i} ({})", kind.name(), h.path().display()),
-            detail,
+            detail: e.to_string(),
         })?;
     }
     Ok(())
 }
 
-fn run_one(h: &Hook, state: &State) -> Result<(), String> {
-    let input = serde_json::to_vec(state).map_err(|e| e.to_string())?;
+/// Why one hook failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("{0}")]
+    State(#[from] serde_json::Error),
+    #[error("{0}")]
+    Stderr(std::io::Error),
+    #[error("cannot run it: {0}")]
+    Spawn(std::io::Error),
+    #[error("{0}")]
+    Wait(std::io::Error),
+    #[error("timed out after {secs} s")]
+    TimedOut { secs: i64 },
+    #[error("it failed ({status}){}", said_suffix(.said))]
+    Failed {
+        status: std::process::ExitStatus,
+        /// What it wrote to stderr (the first `STDERR_KEPT` bytes), trimmed.
+        said: String,
+    },
+}
+
+/// `: what it said`, or nothing when it said nothing.
+fn said_suffix(said: &str) -> String {
+    if said.is_empty() {
+        String::new()
+    } else {
+        format!(": {said}")
+    }
+}
+
+fn run_one(h: &Hook, state: &State) -> Result<(), HookError> {
+    let input = serde_json::to_vec(state)?;
     let args = h.args().as_deref().unwrap_or_default();
     let mut cmd = Command::new(h.path());
     if let Some((first, rest)) = args.split_first() {
@@ -109,11 +140,11 @@ fn run_one(h: &Hook, state: &State) -> Result<(), String> {
             cmd.env(k, v);
         }
     }
-    let (err_r, err_w) = std::io::pipe().map_err(|e| e.to_string())?;
+    let (err_r, err_w) = std::io::pipe().map_err(HookError::Stderr)?;
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::from(OwnedFd::from(err_w)));
-    let mut child = cmd.spawn().map_err(|e| format!("cannot run it: {e}"))?;
+    let mut child = cmd.spawn().map_err(HookError::Spawn)?;
     drop(cmd);
     if let Some(mut stdin) = child.stdin.take() {
         // A hook that does not read its state must not fail for it.
@@ -131,15 +162,14 @@ fn run_one(h: &Hook, state: &State) -> Result<(), String> {
         match child.try_wait() {
             Ok(Some(s)) => break s,
             Ok(None) => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(HookError::Wait(e)),
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!(
-                "timed out after {} s",
-                h.timeout().unwrap_or_default()
-            ));
+            return Err(HookError::TimedOut {
+                secs: h.timeout().unwrap_or_default(),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -147,12 +177,9 @@ fn run_one(h: &Hook, state: &State) -> Result<(), String> {
     if status.success() {
         return Ok(());
     }
-    let said = String::from_utf8_lossy(&stderr);
-    let said = said.trim();
-    Err(if said.is_empty() {
-        format!("it failed ({status})")
-    } else {
-        format!("it failed ({status}): {said}")
+    Err(HookError::Failed {
+        status,
+        said: String::from_utf8_lossy(&stderr).trim().to_string(),
     })
 }
 

@@ -250,10 +250,25 @@ profile {name} flags=(attach_disconnected,mediate_deleted) {{
     )
 }
 
+/// Why crius's default AppArmor profile could not be loaded (kept for the daemon's life, so
+/// the causes are shared).
+#[derive(Debug, Clone, thiserror::Error)]
+enum AppArmorLoadError {
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+    #[error("loading crius's default AppArmor profile needs apparmor_parser: {source}")]
+    NoParser { source: Arc<std::io::Error> },
+    #[error("apparmor_parser {path}: {stderr}")]
+    Refused { path: PathBuf, stderr: String },
+}
+
 /// Loads crius's default AppArmor profile unless the host already has it: written under the
 /// state directory and handed to `apparmor_parser`, once per daemon.
-fn load_default_apparmor(state: &Path) -> Result<(), String> {
-    static LOADED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+fn load_default_apparmor(state: &Path) -> Result<(), AppArmorLoadError> {
+    static LOADED: std::sync::OnceLock<Result<(), AppArmorLoadError>> = std::sync::OnceLock::new();
     LOADED
         .get_or_init(|| {
             let loaded = std::fs::read_to_string("/sys/kernel/security/apparmor/profiles")
@@ -270,20 +285,22 @@ fn load_default_apparmor(state: &Path) -> Result<(), String> {
                 .and_then(|_| {
                     crate::atomic::write(&file, apparmor_default_text().as_bytes(), 0o644)
                 })
-                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+                .map_err(|e| AppArmorLoadError::Write {
+                    path: file.clone(),
+                    source: Arc::new(e),
+                })?;
             let out = std::process::Command::new("apparmor_parser")
                 .arg("-Kr")
                 .arg(&file)
                 .output()
-                .map_err(|e| {
-                    format!("loading crius's default AppArmor profile needs apparmor_parser: {e}")
+                .map_err(|e| AppArmorLoadError::NoParser {
+                    source: Arc::new(e),
                 })?;
             if !out.status.success() {
-                return Err(format!(
-                    "apparmor_parser {}: {}",
-                    file.display(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                return Err(AppArmorLoadError::Refused {
+                    path: file,
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                });
             }
             Ok(())
         })
