@@ -228,34 +228,31 @@ impl Registry {
     }
 
     /// What the directories hold now: every usable device with its file (the winning one),
-    /// the devices two files of one directory define, and the files that cannot be used.
+    /// the devices two files of one priority define, and the files that cannot be used.
     pub fn survey(&self) -> Survey {
+        let files = self.scan();
         let mut out = Survey::default();
-        let mut winners: Vec<(String, PathBuf, usize)> = Vec::new();
-        for f in self.scan() {
-            let s = match &f.spec {
-                Ok(s) => s,
-                Err((_, e)) => {
-                    out.invalid.push((f.path.clone(), e.to_string()));
-                    continue;
-                }
-            };
-            for d in &s.devices {
-                let name = format!("{}={}", s.kind, d.name);
-                match winners.iter_mut().find(|(n, ..)| *n == name) {
-                    Some((_, file, prio)) if *prio == f.priority => {
-                        out.conflicts.push((name, file.clone(), f.path.clone()));
+        let mut names: Vec<(&str, &str)> = Vec::new();
+        for f in &files {
+            match &f.spec {
+                Ok(s) => {
+                    for d in &s.devices {
+                        if !names.contains(&(s.kind.as_str(), d.name.as_str())) {
+                            names.push((&s.kind, &d.name));
+                        }
                     }
-                    Some(w) => *w = (name, f.path.clone(), f.priority),
-                    None => winners.push((name, f.path.clone(), f.priority)),
                 }
+                Err((_, e)) => out.invalid.push((f.path.clone(), e.to_string())),
             }
         }
-        out.devices = winners
-            .into_iter()
-            .filter(|(n, ..)| !out.conflicts.iter().any(|(c, ..)| c == n))
-            .map(|(n, f, _)| (n, f))
-            .collect();
+        for (kind, name) in names {
+            let device = format!("{kind}={name}");
+            match defining(&files, kind, name) {
+                Ok(Some((f, _))) => out.devices.push((device, f.path.clone())),
+                Ok(None) => {}
+                Err((first, second)) => out.conflicts.push((device, first, second)),
+            }
+        }
         out
     }
 
@@ -274,24 +271,12 @@ impl Registry {
                 device: device.clone(),
                 reason,
             })?;
-            // The defining file of the highest priority; two of the same priority conflict.
-            let mut found: Option<(&SpecFile, &Arc<Spec>)> = None;
-            for f in &files {
-                let Ok(s) = &f.spec else { continue };
-                if s.kind != kind || !s.devices.iter().any(|d| d.name == name) {
-                    continue;
-                }
-                match found {
-                    Some((prev, _)) if prev.priority == f.priority => {
-                        return Err(Error::Conflict {
-                            device: device.clone(),
-                            first: prev.path.clone(),
-                            second: f.path.clone(),
-                        });
-                    }
-                    _ => found = Some((f, s)),
-                }
-            }
+            let found =
+                defining(&files, kind, name).map_err(|(first, second)| Error::Conflict {
+                    device: device.clone(),
+                    first,
+                    second,
+                })?;
             let Some((f, s)) = found else {
                 if let Some(bad) = files.iter().find_map(|f| match &f.spec {
                     Err((Some(k), e)) if k == kind => Some((f, e)),
@@ -356,6 +341,29 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// The file of the highest priority that defines `kind`'s device `name` (files come lowest
+/// priority first); two of one priority are a conflict, named by their paths.
+fn defining<'a>(
+    files: &'a [SpecFile],
+    kind: &str,
+    name: &str,
+) -> Result<Option<(&'a SpecFile, &'a Arc<Spec>)>, (PathBuf, PathBuf)> {
+    let mut found: Option<(&SpecFile, &Arc<Spec>)> = None;
+    for f in files {
+        let Ok(s) = &f.spec else { continue };
+        if s.kind != kind || !s.devices.iter().any(|d| d.name == name) {
+            continue;
+        }
+        match found {
+            Some((prev, _)) if prev.priority == f.priority => {
+                return Err((prev.path.clone(), f.path.clone()));
+            }
+            _ => found = Some((f, s)),
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]
