@@ -343,14 +343,17 @@ impl Registry {
     }
 }
 
+/// A file that defines a device, with its spec.
+type Definer<'a> = (&'a SpecFile, &'a Arc<Spec>);
+
 /// The file of the highest priority that defines `kind`'s device `name` (files come lowest
 /// priority first); two of one priority are a conflict, named by their paths.
 fn defining<'a>(
     files: &'a [SpecFile],
     kind: &str,
     name: &str,
-) -> Result<Option<(&'a SpecFile, &'a Arc<Spec>)>, (PathBuf, PathBuf)> {
-    let mut found: Option<(&SpecFile, &Arc<Spec>)> = None;
+) -> Result<Option<Definer<'a>>, (PathBuf, PathBuf)> {
+    let mut found: Option<Definer<'a>> = None;
     for f in files {
         let Ok(s) = &f.spec else { continue };
         if s.kind != kind || !s.devices.iter().any(|d| d.name == name) {

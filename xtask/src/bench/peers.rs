@@ -155,16 +155,7 @@ pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> 
     std::fs::write(
         &cfg,
         format!(
-            r#"version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{socket}"
-[ttrpc]
-  address = "{socket}.ttrpc"
-[debug]
-  level = "warn"
-[plugins."io.containerd.grpc.v1.cri"]
+            r#"{header}[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -178,9 +169,7 @@ state = "{state}"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{certs}"
 "#,
-            root = dir.join("root").display(),
-            state = run.join("containerd").display(),
-            socket = socket.display(),
+            header = containerd_header(2, dir, &run.join("containerd"), &socket),
             pause = pause,
             cni_bin = cni_bin.display(),
             cni_conf = cni_conf.display(),
@@ -196,6 +185,25 @@ state = "{state}"
         cni_conf,
     )
     .context("starting containerd (run hack/install-bench-deps.sh)")
+}
+
+/// The start of a containerd config of `version`: its directories, sockets and log level.
+fn containerd_header(version: u32, dir: &Path, state: &Path, socket: &Path) -> String {
+    format!(
+        r#"version = {version}
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[debug]
+  level = "warn"
+"#,
+        root = dir.join("root").display(),
+        state = state.display(),
+        socket = socket.display(),
+    )
 }
 
 fn spawn_containerd(
@@ -262,16 +270,7 @@ pub fn start_containerd2(
     std::fs::write(
         &cfg,
         format!(
-            r#"version = 3
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{socket}"
-[ttrpc]
-  address = "{socket}.ttrpc"
-[debug]
-  level = "warn"
-[plugins.'io.containerd.nri.v1.nri']
+            r#"{header}[plugins.'io.containerd.nri.v1.nri']
   disable = true
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
@@ -291,9 +290,7 @@ state = "{state}"
     bin_dirs = ["{cni_bin}"]
     conf_dir = "{cni_conf}"
 "#,
-            root = dir.join("root").display(),
-            state = run.join("containerd2").display(),
-            socket = socket.display(),
+            header = containerd_header(3, dir, &run.join("containerd2"), &socket),
             certs = dir.join("certs.d").display(),
             cni_bin = cni_bin.display(),
             cni_conf = cni_conf.display(),
