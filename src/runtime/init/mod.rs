@@ -19,7 +19,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
-use oci_spec::runtime::Spec;
+use oci_spec::runtime::{Mount, Spec};
 
 mod dev;
 mod paths;
@@ -211,7 +211,9 @@ fn enter_userns(
     }
 }
 
+/// The init's steps in order, from the fork to the exec (see the module's comment).
 fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitError> {
+    release_monitor(&plan, &stdio, errors)?;
     let Plan {
         spec,
         join,
@@ -226,33 +228,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         bundle,
         hook_pause,
     } = plan;
-    // Nothing of the monitor's may reach the container (CVE-2024-21626, CVE-2016-9962): only
-    // what the init was given stays open, and all of it is gone or close-on-exec by the exec.
-    let mut keep = stdio.raw_fds();
-    keep.extend([errors, monitor.as_raw_fd(), proc.raw()]);
-    keep.extend(
-        pid_report
-            .iter()
-            .chain(placement.iter())
-            .chain(hook_pause.iter().flat_map(|(a, b)| [a, b]))
-            .map(AsRawFd::as_raw_fd),
-    );
-    sys::close_all_except(&keep).map_err(fail("closing the monitor's descriptors"))?;
-    crate::runtime::process::die_with_monitor(monitor).map_err(fail("dying with the monitor"))?;
-    // The monitor blocked signals for its own loop and Rust ignores SIGPIPE: the container
-    // starts with no signal blocked or ignored.
-    sys::reset_signals().map_err(fail("reset signals"))?;
-    if let Some(p) = placement {
-        let mut b = [0u8; 1];
-        std::fs::File::from(p).read_exact(&mut b).map_err(fail(
-            "waiting to be placed in the container's systemd scope",
-        ))?;
-    }
-    // Into the container's cgroup before anything else, so every later step is accounted.
-    if let Some(cg) = cgroup {
-        std::fs::write(cg.join("cgroup.procs"), "0")
-            .map_err(fail(format!("joining cgroup {}", cg.display())))?;
-    }
+    enter_cgroup(placement, cgroup)?;
     let process = spec.process().as_ref().ok_or_else(|| InitError {
         step: "process".into(),
         detail: "the spec has no process".into(),
@@ -268,17 +244,112 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
     if let Some(ns) = userns {
         enter_userns(ns, pid_report, monitor)?;
     }
+    enter_namespaces(join, cgroup.is_some())?;
+
+    let linux = spec.linux().as_ref();
+    let (rootfd, real_root) = open_rootfs(spec, proc)?;
+    let has_dev = mount_spec(
+        spec,
+        &mut idmapped,
+        &MountRoot {
+            fd: &rootfd,
+            real: &real_root,
+            proc,
+        },
+    )?;
+    drop(idmapped);
+    if has_dev {
+        dev::populate_dev(spec, &rootfd, userns.is_some())?;
+    }
+    let cwd = process.cwd().display().to_string();
+    mounts::target(&rootfd, &cwd, true).map_err(fail(format!("working directory {cwd}")))?;
+    // The host's /dev/null, checked, one detached copy per path to mask: taken while the host's
+    // tree is still ours to take it from, never from the container's /dev (CVE-2025-31133).
+    let masked = linux
+        .and_then(|l| l.masked_paths().clone())
+        .unwrap_or_default();
+    let nulls = paths::null_mounts(masked.len())?;
+
+    let subject = HookSubject { spec, id, bundle };
+    await_monitor_hooks(hook_pause)?;
+    run_create_container_hooks(&subject)?;
+
+    pivot(&rootfd)?;
+    drop(rootfd);
+
+    paths::mask(&masked, nulls)?;
+    guard_tree(spec, proc)?;
+
+    take_stdio(stdio)?;
+    label_exec(proc, process)?;
+    // From here the init holds stdio and the error pipe, nothing else.
+    sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
+    enter_working_dir(Path::new(&cwd))?;
+    apply_process(process, seccomp)?;
+    // The path is the container's to resolve, so the hook runs with the container process's
+    // own user, capabilities, seccomp filter and LSM label, as runc runs it: an image cannot
+    // put a program there that runs with more.
+    hooks::run(
+        spec,
+        hooks::Kind::StartContainer,
+        &subject.state("created", std::process::id() as i32),
+    )?;
+    exec(process)
+}
+
+/// Nothing of the monitor's may reach the container (CVE-2024-21626, CVE-2016-9962): closes
+/// every descriptor but what the init was given (all of it gone or close-on-exec by the exec),
+/// dies with the monitor from here on, and resets the signals: the monitor blocked some for its
+/// own loop and Rust ignores SIGPIPE, while the container starts with none blocked or ignored.
+fn release_monitor(plan: &Plan, stdio: &Stdio, errors: RawFd) -> Result<(), InitError> {
+    let mut keep = stdio.raw_fds();
+    keep.extend([errors, plan.monitor.as_raw_fd(), plan.proc.raw()]);
+    keep.extend(
+        plan.pid_report
+            .iter()
+            .chain(plan.placement.iter())
+            .chain(plan.hook_pause.iter().flat_map(|(a, b)| [a, b]))
+            .map(AsRawFd::as_raw_fd),
+    );
+    sys::close_all_except(&keep).map_err(fail("closing the monitor's descriptors"))?;
+    crate::runtime::process::die_with_monitor(plan.monitor)
+        .map_err(fail("dying with the monitor"))?;
+    sys::reset_signals().map_err(fail("reset signals"))
+}
+
+/// Waits, with a systemd scope, until the monitor has seen the init placed in it; then joins
+/// the container's cgroup, before anything else, so every later step is accounted.
+fn enter_cgroup(placement: Option<OwnedFd>, cgroup: Option<&Path>) -> Result<(), InitError> {
+    if let Some(p) = placement {
+        let mut b = [0u8; 1];
+        std::fs::File::from(p).read_exact(&mut b).map_err(fail(
+            "waiting to be placed in the container's systemd scope",
+        ))?;
+    }
+    if let Some(cg) = cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(fail(format!("joining cgroup {}", cg.display())))?;
+    }
+    Ok(())
+}
+
+/// Joins the pod's namespaces (but its PID namespace, which the monitor joined, and its user
+/// namespace, joined before) and takes a new mount namespace, with a cgroup namespace rooted at
+/// the container's cgroup (`own_cgroup`) so its /sys/fs/cgroup shows only itself.
+fn enter_namespaces(join: &[super::JoinNamespace], own_cgroup: bool) -> Result<(), InitError> {
     for ns in join.iter().filter(|n| n.kind != "pid" && n.kind != "user") {
         join_namespace(&ns.kind, &ns.path)?;
     }
-    // A cgroup namespace rooted at the container's cgroup, so its /sys/fs/cgroup shows only itself.
     let mut flags = CloneFlags::CLONE_NEWNS;
-    if cgroup.is_some() {
+    if own_cgroup {
         flags |= CloneFlags::CLONE_NEWCGROUP;
     }
-    unshare(flags).map_err(fail("new mount and cgroup namespaces"))?;
+    unshare(flags).map_err(fail("new mount and cgroup namespaces"))
+}
 
-    let linux = spec.linux().as_ref();
+/// Readies the spec's rootfs for its mounts and pivot_root, and opens it. Returns it with its
+/// path as the kernel names it, to tell where a mount really lands.
+fn open_rootfs(spec: &Spec, proc: ProcRef<'_>) -> Result<(OwnedFd, PathBuf), InitError> {
     let root = spec
         .root()
         .as_ref()
@@ -329,11 +400,27 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         Mode::empty(),
     )
     .map_err(fail(format!("open rootfs {}", root.display())))?;
-    // The rootfs as the kernel names it, to tell where a mount really lands.
     let real_root = proc
         .fd_target(rootfd.as_raw_fd())
         .map_err(fail(format!("open rootfs {}", root.display())))?;
+    Ok((rootfd, real_root))
+}
 
+/// Where the spec's mounts go: the open rootfs, and its path as the kernel names it.
+struct MountRoot<'a> {
+    fd: &'a OwnedFd,
+    real: &'a Path,
+    proc: ProcRef<'a>,
+}
+
+/// Makes the spec's mounts inside the rootfs, in order; `idmapped` holds, per mount, the
+/// idmapped tree made for it on the host's side, taken as it is attached. Returns whether a
+/// filesystem was mounted on /dev.
+fn mount_spec(
+    spec: &Spec,
+    idmapped: &mut [Option<OwnedFd>],
+    root: &MountRoot,
+) -> Result<bool, InitError> {
     let mut has_dev = false;
     for (i, m) in spec
         .mounts()
@@ -342,61 +429,84 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         .iter()
         .enumerate()
     {
-        let dest = m.destination().display().to_string();
-        let opts = Options::parse(m.options().as_deref().unwrap_or_default());
-        let kind = m.typ().as_deref().unwrap_or("bind");
-        let step = format!("mount {kind} on {dest}");
-        if let Some(tree) = idmapped.get_mut(i).and_then(Option::take) {
-            let source = m.source().clone().unwrap_or_default();
-            let meta = std::fs::metadata(&source)
-                .map_err(fail(format!("{step}: source {}", source.display())))?;
-            let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
-            paths::refuse_into_proc(proc, &real_root, &target, &step)?;
-            mounts::attach_at(&tree, &target, opts.propagation).map_err(fail(&step))?;
-        } else if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
-            let source = m.source().clone().unwrap_or_default();
-            let meta = std::fs::metadata(&source)
-                .map_err(fail(format!("{step}: source {}", source.display())))?;
-            let target = mounts::target(&rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
-            paths::refuse_into_proc(proc, &real_root, &target, &step)?;
-            mounts::bind(&source, &target, &opts).map_err(fail(&step))?;
-        } else {
-            let target = mounts::target(&rootfd, &dest, true).map_err(fail(&step))?;
-            if !(kind == "proc" && dest == "/proc") {
-                paths::refuse_into_proc(proc, &real_root, &target, &step)?;
-            }
-            let source = m
-                .source()
-                .as_ref()
-                .map(|s| s.display().to_string())
-                .unwrap_or_else(|| kind.to_string());
-            mounts::mount_fs(kind, &source, &target, &opts).map_err(fail(&step))?;
-            if dest == "/dev" {
-                has_dev = true;
-            }
+        if mount_one(m, idmapped.get_mut(i), root)? {
+            has_dev = true;
         }
     }
-    drop(idmapped);
-    if has_dev {
-        dev::populate_dev(spec, &rootfd, userns.is_some())?;
-    }
-    let cwd = process.cwd().display().to_string();
-    mounts::target(&rootfd, &cwd, true).map_err(fail(format!("working directory {cwd}")))?;
-    // The host's /dev/null, checked, one detached copy per path to mask: taken while the host's
-    // tree is still ours to take it from, never from the container's /dev (CVE-2025-31133).
-    let masked = linux
-        .and_then(|l| l.masked_paths().clone())
-        .unwrap_or_default();
-    let nulls = paths::null_mounts(masked.len())?;
+    Ok(has_dev)
+}
 
-    let hook_state = |status, pid| hooks::State {
-        oci_version: hooks::OCI_VERSION,
-        id,
-        status,
-        pid,
-        bundle,
-        annotations: spec.annotations().as_ref(),
-    };
+/// Makes one spec mount, its target resolved inside the rootfs and refused in /proc (but
+/// procfs on /proc itself): an idmapped tree attached, a bind, or a filesystem. Returns
+/// whether it was a filesystem on /dev.
+fn mount_one(
+    m: &Mount,
+    idmapped: Option<&mut Option<OwnedFd>>,
+    root: &MountRoot,
+) -> Result<bool, InitError> {
+    let MountRoot {
+        fd: rootfd,
+        real: real_root,
+        proc,
+    } = *root;
+    let dest = m.destination().display().to_string();
+    let opts = Options::parse(m.options().as_deref().unwrap_or_default());
+    let kind = m.typ().as_deref().unwrap_or("bind");
+    let step = format!("mount {kind} on {dest}");
+    if let Some(tree) = idmapped.and_then(Option::take) {
+        let source = m.source().clone().unwrap_or_default();
+        let meta = std::fs::metadata(&source)
+            .map_err(fail(format!("{step}: source {}", source.display())))?;
+        let target = mounts::target(rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+        paths::refuse_into_proc(proc, real_root, &target, &step)?;
+        mounts::attach_at(&tree, &target, opts.propagation).map_err(fail(&step))?;
+    } else if opts.flags.contains(MsFlags::MS_BIND) || kind == "bind" {
+        let source = m.source().clone().unwrap_or_default();
+        let meta = std::fs::metadata(&source)
+            .map_err(fail(format!("{step}: source {}", source.display())))?;
+        let target = mounts::target(rootfd, &dest, meta.is_dir()).map_err(fail(&step))?;
+        paths::refuse_into_proc(proc, real_root, &target, &step)?;
+        mounts::bind(&source, &target, &opts).map_err(fail(&step))?;
+    } else {
+        let target = mounts::target(rootfd, &dest, true).map_err(fail(&step))?;
+        if !(kind == "proc" && dest == "/proc") {
+            paths::refuse_into_proc(proc, real_root, &target, &step)?;
+        }
+        let source = m
+            .source()
+            .as_ref()
+            .map(|s| s.display().to_string())
+            .unwrap_or_else(|| kind.to_string());
+        mounts::mount_fs(kind, &source, &target, &opts).map_err(fail(&step))?;
+        return Ok(dest == "/dev");
+    }
+    Ok(false)
+}
+
+/// The container as its hooks are told about it.
+struct HookSubject<'a> {
+    spec: &'a Spec,
+    id: &'a str,
+    bundle: &'a Path,
+}
+
+impl<'a> HookSubject<'a> {
+    /// The state a hook reads on its stdin.
+    fn state(&self, status: &'a str, pid: i32) -> hooks::State<'a> {
+        hooks::State {
+            oci_version: hooks::OCI_VERSION,
+            id: self.id,
+            status,
+            pid,
+            bundle: self.bundle,
+            annotations: self.spec.annotations().as_ref(),
+        }
+    }
+}
+
+/// With hooks the monitor runs before pivot_root (`Plan::hook_pause`): tells it the mounts are
+/// made and waits until it has run them.
+fn await_monitor_hooks(hook_pause: Option<(OwnedFd, OwnedFd)>) -> Result<(), InitError> {
     if let Some((tell, go)) = hook_pause {
         std::fs::File::from(tell)
             .write_all(&[1])
@@ -406,24 +516,30 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
             .read_exact(&mut b)
             .map_err(fail("waiting for the monitor's hooks"))?;
     }
-    if !hooks::of(spec, hooks::Kind::CreateContainer).is_empty() {
+    Ok(())
+}
+
+/// Runs the spec's createContainer hooks, before pivot_root.
+fn run_create_container_hooks(subject: &HookSubject) -> Result<(), InitError> {
+    if !hooks::of(subject.spec, hooks::Kind::CreateContainer).is_empty() {
         // The hook sees the host's /proc, so the pid it is told is the host's.
         let pid = std::fs::read_link("/proc/self")
             .ok()
             .and_then(|p| p.to_str()?.parse().ok())
             .unwrap_or(0);
         hooks::run(
-            spec,
+            subject.spec,
             hooks::Kind::CreateContainer,
-            &hook_state("creating", pid),
+            &subject.state("creating", pid),
         )?;
     }
+    Ok(())
+}
 
-    pivot(&rootfd)?;
-    drop(rootfd);
-
-    paths::mask(&masked, nulls)?;
-    if let Some(l) = linux {
+/// After pivot_root and masking: makes the spec's read-only paths read-only, writes its sysctls
+/// and makes the root read-only if the spec asks.
+fn guard_tree(spec: &Spec, proc: ProcRef<'_>) -> Result<(), InitError> {
+    if let Some(l) = spec.linux().as_ref() {
         for p in l.readonly_paths().as_deref().unwrap_or_default() {
             paths::read_only(p)?;
         }
@@ -448,7 +564,12 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         )
         .map_err(fail("read-only rootfs"))?;
     }
+    Ok(())
+}
 
+/// Starts a new session and gives the container its stdio: the monitor's pipes, or a terminal
+/// made in the container's devpts, its controlling terminal (the master goes to the monitor).
+fn take_stdio(stdio: Stdio) -> Result<(), InitError> {
     nix::unistd::setsid().map_err(fail("setsid"))?;
     match stdio {
         Stdio::Pipes {
@@ -469,20 +590,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
             }
         }
     }
-    label_exec(proc, process)?;
-    // From here the init holds stdio and the error pipe, nothing else.
-    sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
-    enter_working_dir(Path::new(&cwd))?;
-    apply_process(process, seccomp)?;
-    // The path is the container's to resolve, so the hook runs with the container process's
-    // own user, capabilities, seccomp filter and LSM label, as runc runs it: an image cannot
-    // put a program there that runs with more.
-    hooks::run(
-        spec,
-        hooks::Kind::StartContainer,
-        &hook_state("created", std::process::id() as i32),
-    )?;
-    exec(process)
+    Ok(())
 }
 
 fn pivot(rootfd: &OwnedFd) -> Result<(), InitError> {
