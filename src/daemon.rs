@@ -123,15 +123,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
     if let Some(reference) = &cfg.runtime.sandbox_image {
         image::reference::Reference::parse(reference)?;
     }
-    make_dir(&cfg.root, 0o711)?;
-    make_dir(&cfg.state, 0o711)?;
-    let lock_path = cfg.root.join("crius.lock");
-    let lock_file = File::create(&lock_path).map_err(io_err(&lock_path))?;
-    let _lock =
-        Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| Error::Locked {
-            root: cfg.root.clone(),
-            lock: lock_path.clone(),
-        })?;
+    let _lock = lock_root(&cfg)?;
     // Helpers run from a copy of this binary that no container can write (CVE-2019-5736).
     let sealing = crate::runtime::exe::seal(&cfg.state).map_err(|e| Error::Io {
         path: std::path::PathBuf::from(crate::runtime::SELF_EXE),
@@ -147,24 +139,74 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             parent: cfg.cgroup.parent.clone(),
         });
     }
-    let images = {
-        let opts = image::Options {
-            root: cfg.root.clone(),
-            config_path: cfg.registry.config_path.clone(),
-            auth_file: cfg.registry.auth_file.clone(),
-            allow_device_nodes: cfg.image.allow_device_nodes,
-            signature_policy: cfg.image.signature_policy.clone(),
-            max_concurrent_downloads: cfg.registry.max_concurrent_downloads,
-        };
+    let images = open_images(&cfg).await?;
+    let (sandboxes, containers) = open_runtime(&cfg, &images).await?;
+    if let Some(addr) = &cfg.metrics.address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(io_err(Path::new(addr)))?;
+        tracing::info!(address = addr, "serving metrics on /metrics");
+        tokio::spawn(serve_metrics(
+            listener,
+            sandboxes.clone(),
+            containers.clone(),
+        ));
+    }
+    let pods = open_pods(&cfg, &images, &sandboxes, &containers).await;
+    let streams = start_streams(&cfg.stream, &sandboxes, &containers).await?;
+    let listener = bind(&cfg.socket).await?;
+    tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
+
+    let services = cri::Services {
+        images,
+        sandboxes,
+        containers,
+        pods,
+        streams,
+        pause_image: cfg.runtime.sandbox_image.clone(),
+        config: serde_json::to_value(&cfg).unwrap_or_default(),
+    };
+    let served = serve_until_terminated(listener, services).await;
+    let _ = fs::remove_file(&cfg.socket);
+    served?;
+    Ok(())
+}
+
+/// Makes the root and state directories and takes the root's lock, held while it lives.
+fn lock_root(cfg: &Config) -> Result<Flock<File>, Error> {
+    make_dir(&cfg.root, 0o711)?;
+    make_dir(&cfg.state, 0o711)?;
+    let lock_path = cfg.root.join("crius.lock");
+    let lock_file = File::create(&lock_path).map_err(io_err(&lock_path))?;
+    Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| Error::Locked {
+        root: cfg.root.clone(),
+        lock: lock_path.clone(),
+    })
+}
+
+/// Opens the image store (its startup checks run on a blocking thread).
+async fn open_images(cfg: &Config) -> Result<ImageService, Error> {
+    let opts = image::Options {
+        root: cfg.root.clone(),
+        config_path: cfg.registry.config_path.clone(),
+        auth_file: cfg.registry.auth_file.clone(),
+        allow_device_nodes: cfg.image.allow_device_nodes,
+        signature_policy: cfg.image.signature_policy.clone(),
+        max_concurrent_downloads: cfg.registry.max_concurrent_downloads,
+    };
+    Ok(
         tokio::task::spawn_blocking(move || ImageService::open(&opts))
             .await
             .map_err(|e| Error::Io {
                 path: cfg.root.clone(),
                 source: io::Error::other(e),
-            })??
-    };
+            })??,
+    )
+}
 
-    let handlers: Vec<String> = cfg.runtime.handlers.keys().cloned().collect();
+/// The cgroup policy: the v2 hierarchy if mounted (said in the log either way), the driver,
+/// the parent; the systemd driver only where systemd runs.
+fn cgroup_policy(cfg: &Config) -> Result<crate::runtime::cgroup::Policy, Error> {
     let hierarchy = crate::runtime::cgroup::Hierarchy::detect();
     match &hierarchy {
         Some(h) => tracing::info!(controllers = h.controllers.join(" "), "cgroup v2 found"),
@@ -180,12 +222,22 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             marker: crate::systemd::BOOTED_MARKER,
         });
     }
-    let policy = crate::runtime::cgroup::Policy {
+    Ok(crate::runtime::cgroup::Policy {
         hierarchy,
         systemd: cfg.cgroup.driver == "systemd",
         parent: cfg.cgroup.parent.clone(),
         allow_unenforced: cfg.cgroup.allow_unenforced,
-    };
+    })
+}
+
+/// Opens the sandbox and container services (connecting to systemd for its driver) and
+/// removes the cgroups no container owns.
+async fn open_runtime(
+    cfg: &Config,
+    images: &ImageService,
+) -> Result<(SandboxService, ContainerService), Error> {
+    let handlers: Vec<String> = cfg.runtime.handlers.keys().cloned().collect();
+    let policy = cgroup_policy(cfg)?;
     let sandboxes = SandboxService::open(&cfg.state, handlers, policy, cfg.runtime.selinux)?;
     if let Some(sd) = sandboxes.systemd() {
         sd.connect().await?;
@@ -200,18 +252,16 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             .then(|| crate::cdi::Registry::new(cfg.cdi.spec_dirs.clone())),
     )?;
     containers.remove_orphan_cgroups().await;
+    Ok((sandboxes, containers))
+}
 
-    if let Some(addr) = &cfg.metrics.address {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(io_err(Path::new(addr)))?;
-        tracing::info!(address = addr, "serving metrics on /metrics");
-        tokio::spawn(serve_metrics(
-            listener,
-            sandboxes.clone(),
-            containers.clone(),
-        ));
-    }
+/// The pod service over CNI (whose readiness is logged), its pods' networks recovered.
+async fn open_pods(
+    cfg: &Config,
+    images: &ImageService,
+    sandboxes: &SandboxService,
+    containers: &ContainerService,
+) -> crate::pod::PodService {
     let network = std::sync::Arc::new(crate::network::NetworkService::new(
         cfg.network.conf_dir.clone(),
         cfg.network.bin_dirs.clone(),
@@ -235,44 +285,46 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         network,
     );
     pods.recover().await;
-    let streams = crate::stream::StreamServer::start(
+    pods
+}
+
+/// Starts the streaming server (exec, attach, port-forward) per the configuration.
+async fn start_streams(
+    cfg: &crate::config::Stream,
+    sandboxes: &SandboxService,
+    containers: &ContainerService,
+) -> Result<crate::stream::StreamServer, Error> {
+    Ok(crate::stream::StreamServer::start(
         &crate::stream::Settings {
-            address: cfg.stream.address.clone(),
-            port: cfg.stream.port,
-            idle_timeout: humantime::parse_duration(&cfg.stream.stream_idle_timeout)
+            address: cfg.address.clone(),
+            port: cfg.port,
+            idle_timeout: humantime::parse_duration(&cfg.stream_idle_timeout)
                 .unwrap_or(std::time::Duration::from_secs(4 * 3600)),
-            max_streams: cfg.stream.max_streams,
-            token_ttl: humantime::parse_duration(&cfg.stream.token_ttl)
+            max_streams: cfg.max_streams,
+            token_ttl: humantime::parse_duration(&cfg.token_ttl)
                 .unwrap_or(crate::stream::TOKEN_TTL),
-            tls: stream_tls(&cfg.stream)?,
+            tls: stream_tls(cfg)?,
         },
         std::sync::Arc::new(cri::streaming::StreamBackend {
             containers: containers.clone(),
             sandboxes: sandboxes.clone(),
         }),
     )
-    .await?;
-    let listener = bind(&cfg.socket).await?;
-    tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
+    .await?)
+}
 
+/// Serves CRI on `listener` until it fails or a termination signal, after which in-flight
+/// RPCs get a grace period.
+async fn serve_until_terminated(
+    listener: UnixListener,
+    services: cri::Services,
+) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let serve = cri::serve(
-        listener,
-        cri::Services {
-            images,
-            sandboxes,
-            containers,
-            pods,
-            streams,
-            pause_image: cfg.runtime.sandbox_image.clone(),
-            config: serde_json::to_value(&cfg).unwrap_or_default(),
-        },
-        async {
-            let _ = stop_rx.await;
-        },
-    );
+    let serve = cri::serve(listener, services, async {
+        let _ = stop_rx.await;
+    });
     tokio::pin!(serve);
-    let served = tokio::select! {
+    tokio::select! {
         r = &mut serve => r,
         () = termination() => {
             let _ = stop_tx.send(());
@@ -285,10 +337,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
                 }
             }
         }
-    };
-    let _ = fs::remove_file(&cfg.socket);
-    served?;
-    Ok(())
+    }
 }
 
 /// Serves `GET /metrics` (the Prometheus text format), with the gauges measured per scrape.

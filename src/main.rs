@@ -34,20 +34,55 @@ enum ConfigAction {
 #[derive(Subcommand)]
 enum Command {
     /// Run the CRI daemon.
-    Daemon {
-        /// Configuration file (TOML; every key optional).
+    Daemon(DaemonFlags),
+    #[command(flatten)]
+    Cri(CriCommand),
+    /// Check this node for what crius needs (ok/warn/fail per item; exit code by the worst).
+    Check {
         #[arg(long, default_value = config::DEFAULT_CONFIG)]
         config: PathBuf,
-        /// Persistent data directory (images, records).
-        #[arg(long)]
-        root: Option<PathBuf>,
-        /// Runtime state directory (namespace handles, mounts).
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// error, warn, info, debug, trace, or a tracing filter.
-        #[arg(long)]
-        log_level: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: cli::Output,
     },
+    /// The running runtime's conditions, features, versions and configuration.
+    Info,
+    /// Print shell completions (bash, zsh, fish, ...) for the package.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Write man pages (crius.1 and one per command) into a directory, for the package.
+    #[command(hide = true)]
+    Man { dir: PathBuf },
+    /// The daemon's configuration.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+    /// Run the pod agent: the pods of a manifest directory, kept running through CRI.
+    Agent(AgentFlags),
+    #[command(flatten)]
+    Pods(PodCommand),
+}
+
+// The flags of `crius daemon` (no doc comment: the command's help is its variant's).
+#[derive(clap::Args)]
+struct DaemonFlags {
+    /// Configuration file (TOML; every key optional).
+    #[arg(long, default_value = config::DEFAULT_CONFIG)]
+    config: PathBuf,
+    /// Persistent data directory (images, records).
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Runtime state directory (namespace handles, mounts).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// error, warn, info, debug, trace, or a tracing filter.
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+/// The client commands that talk CRI to the runtime (images, pods, containers, stats).
+#[derive(Subcommand)]
+enum CriCommand {
     /// Pull an image.
     Pull {
         image: String,
@@ -215,42 +250,30 @@ enum Command {
     },
     /// Show the runtime's name and versions.
     Version,
-    /// Check this node for what crius needs (ok/warn/fail per item; exit code by the worst).
-    Check {
-        #[arg(long, default_value = config::DEFAULT_CONFIG)]
-        config: PathBuf,
-        #[arg(short, long, value_enum, default_value = "table")]
-        output: cli::Output,
-    },
-    /// The running runtime's conditions, features, versions and configuration.
-    Info,
-    /// Print shell completions (bash, zsh, fish, ...) for the package.
-    #[command(hide = true)]
-    Completions { shell: clap_complete::Shell },
-    /// Write man pages (crius.1 and one per command) into a directory, for the package.
-    #[command(hide = true)]
-    Man { dir: PathBuf },
-    /// The daemon's configuration.
-    Config {
-        #[command(subcommand)]
-        action: ConfigAction,
-    },
-    /// Run the pod agent: the pods of a manifest directory, kept running through CRI.
-    Agent {
-        #[arg(long, default_value = config::DEFAULT_CONFIG)]
-        config: PathBuf,
-        /// The manifest directory to watch.
-        #[arg(long)]
-        manifests: Option<PathBuf>,
-        /// The agent's state directory (records, volumes).
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Where container logs go.
-        #[arg(long)]
-        log_dir: Option<PathBuf>,
-        #[arg(long)]
-        log_level: Option<String>,
-    },
+}
+
+// The flags of `crius agent` (no doc comment: the command's help is its variant's).
+#[derive(clap::Args)]
+struct AgentFlags {
+    #[arg(long, default_value = config::DEFAULT_CONFIG)]
+    config: PathBuf,
+    /// The manifest directory to watch.
+    #[arg(long)]
+    manifests: Option<PathBuf>,
+    /// The agent's state directory (records, volumes).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Where container logs go.
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+/// The commands on the agent's pods: their manifests (`run`, `delete`) and records (`get`,
+/// `describe`).
+#[derive(Subcommand)]
+enum PodCommand {
     /// Check Pod, Secret and ConfigMap manifests and hand them to the agent.
     Run {
         #[arg(long, default_value = config::DEFAULT_CONFIG)]
@@ -377,116 +400,8 @@ fn run(args: Args) -> Result<()> {
         .context("starting the async runtime")?;
     let socket = socket_of(&args.socket);
     match args.command {
-        Command::Daemon {
-            config: path,
-            root,
-            state,
-            log_level,
-        } => {
-            let explicit = path.as_path() != std::path::Path::new(config::DEFAULT_CONFIG);
-            let mut cfg = Config::load(&path, explicit)?;
-            if let Some(s) = &args.socket {
-                cfg.socket = crius::cri::client::socket_path(s);
-            }
-            if let Some(r) = root {
-                cfg.root = r;
-            }
-            if let Some(s) = state {
-                cfg.state = s;
-            }
-            if let Some(l) = log_level {
-                cfg.log_level = l;
-            }
-            init_logging(&cfg.log_level, &cfg.log_format)?;
-            rt.block_on(crius::daemon::run(cfg))?;
-            Ok(())
-        }
-        Command::Pull {
-            image,
-            creds,
-            quiet,
-        } => Ok(rt.block_on(cli::pull(&socket, &image, creds.as_deref(), quiet))?),
-        Command::Images {
-            image,
-            quiet,
-            output,
-        } => Ok(rt.block_on(cli::images(&socket, image.as_deref(), quiet, output))?),
-        Command::Rmi { images } => Ok(rt.block_on(cli::remove_images(&socket, &images))?),
-        Command::Inspecti { image } => Ok(rt.block_on(cli::inspect_image(&socket, &image))?),
-        Command::Pods {
-            name,
-            quiet,
-            output,
-        } => Ok(rt.block_on(cli::pods(&socket, name.as_deref(), quiet, output))?),
-        Command::Ps {
-            all,
-            pod,
-            quiet,
-            output,
-        } => Ok(rt.block_on(cli::ps(&socket, all, pod.as_deref(), quiet, output))?),
-        Command::Exec {
-            timeout,
-            stdin,
-            tty,
-            container,
-            command,
-        } => {
-            let code = if stdin || tty {
-                rt.block_on(cli::exec_stream(&socket, &container, &command, stdin, tty))
-            } else {
-                rt.block_on(cli::exec(&socket, &container, &command, timeout))
-            };
-            exit_with(code)
-        }
-        Command::Attach {
-            stdin,
-            tty,
-            container,
-        } => exit_with(rt.block_on(cli::attach(&socket, &container, stdin, tty))),
-        Command::PortForward { pod, ports } => {
-            Ok(rt.block_on(cli::forward(&socket, &pod, &ports))?)
-        }
-        Command::Logs {
-            follow,
-            tail,
-            timestamps,
-            container,
-        } => Ok(rt.block_on(cli::logs(&socket, &container, follow, tail, timestamps))?),
-        Command::Stop {
-            timeout,
-            containers,
-        } => Ok(rt.block_on(cli::stop(&socket, &containers, timeout))?),
-        Command::Rm { force, containers } => {
-            Ok(rt.block_on(cli::rm(&socket, &containers, force))?)
-        }
-        Command::Stopp { pods } => Ok(rt.block_on(cli::stop_pods(&socket, &pods))?),
-        Command::Rmp { pods } => Ok(rt.block_on(cli::rm_pods(&socket, &pods))?),
-        Command::Inspect { container } => Ok(rt.block_on(cli::inspect(&socket, &container))?),
-        Command::Inspectp { pod } => Ok(rt.block_on(cli::inspect_pod(&socket, &pod))?),
-        Command::Runp { runtime, config } => {
-            Ok(rt.block_on(cli::runp(&socket, &config, &runtime))?)
-        }
-        Command::Create {
-            no_pull,
-            pod,
-            container_config,
-            pod_config,
-        } => Ok(rt.block_on(cli::create(
-            &socket,
-            &pod,
-            &container_config,
-            &pod_config,
-            no_pull,
-        ))?),
-        Command::Start { containers } => Ok(rt.block_on(cli::start(&socket, &containers))?),
-        Command::Stats {
-            pod,
-            output,
-            containers,
-        } => Ok(rt.block_on(cli::stats(&socket, &containers, pod.as_deref(), output))?),
-        Command::Statsp { output, pods } => Ok(rt.block_on(cli::statsp(&socket, &pods, output))?),
-        Command::Imagefsinfo { output } => Ok(rt.block_on(cli::imagefsinfo(&socket, output))?),
-        Command::Version => rt.block_on(version(&socket)),
+        Command::Daemon(flags) => daemon(&rt, args.socket.as_deref(), flags),
+        Command::Cri(command) => cri_command(&rt, &socket, command),
         Command::Check {
             config: path,
             output,
@@ -507,46 +422,181 @@ fn run(args: Args) -> Result<()> {
             print!("{}", config::DEFAULT_TEXT);
             Ok(())
         }
-        Command::Agent {
-            config: path,
-            manifests,
-            state,
-            log_dir,
-            log_level,
+        Command::Agent(flags) => agent(&rt, args.socket.as_deref(), flags),
+        Command::Pods(command) => pod_command(command),
+    }
+}
+
+/// `crius daemon`: the configuration file with the flags over it, logging, then the daemon.
+fn daemon(rt: &tokio::runtime::Runtime, socket: Option<&str>, flags: DaemonFlags) -> Result<()> {
+    let DaemonFlags {
+        config: path,
+        root,
+        state,
+        log_level,
+    } = flags;
+    let explicit = path.as_path() != std::path::Path::new(config::DEFAULT_CONFIG);
+    let mut cfg = Config::load(&path, explicit)?;
+    if let Some(s) = socket {
+        cfg.socket = crius::cri::client::socket_path(s);
+    }
+    if let Some(r) = root {
+        cfg.root = r;
+    }
+    if let Some(s) = state {
+        cfg.state = s;
+    }
+    if let Some(l) = log_level {
+        cfg.log_level = l;
+    }
+    init_logging(&cfg.log_level, &cfg.log_format)?;
+    rt.block_on(crius::daemon::run(cfg))?;
+    Ok(())
+}
+
+/// A client command talking CRI to the runtime at `socket`.
+fn cri_command(
+    rt: &tokio::runtime::Runtime,
+    socket: &std::path::Path,
+    command: CriCommand,
+) -> Result<()> {
+    match command {
+        CriCommand::Pull {
+            image,
+            creds,
+            quiet,
+        } => Ok(rt.block_on(cli::pull(socket, &image, creds.as_deref(), quiet))?),
+        CriCommand::Images {
+            image,
+            quiet,
+            output,
+        } => Ok(rt.block_on(cli::images(socket, image.as_deref(), quiet, output))?),
+        CriCommand::Rmi { images } => Ok(rt.block_on(cli::remove_images(socket, &images))?),
+        CriCommand::Inspecti { image } => Ok(rt.block_on(cli::inspect_image(socket, &image))?),
+        CriCommand::Pods {
+            name,
+            quiet,
+            output,
+        } => Ok(rt.block_on(cli::pods(socket, name.as_deref(), quiet, output))?),
+        CriCommand::Ps {
+            all,
+            pod,
+            quiet,
+            output,
+        } => Ok(rt.block_on(cli::ps(socket, all, pod.as_deref(), quiet, output))?),
+        CriCommand::Exec {
+            timeout,
+            stdin,
+            tty,
+            container,
+            command,
         } => {
-            let cfg = client_config(&path)?;
-            let a = cfg.agent.clone();
-            init_logging(
-                log_level.as_deref().unwrap_or(&cfg.log_level),
-                &cfg.log_format,
-            )?;
-            let swap_behavior = match a.swap_behavior.as_str() {
-                "NoSwap" | "" => crius::frontend::convert::SwapBehavior::NoSwap,
-                "LimitedSwap" => crius::frontend::convert::SwapBehavior::LimitedSwap,
-                other => anyhow::bail!(
-                    "{}: agent.swap_behavior {other:?}: NoSwap or LimitedSwap",
-                    path.display()
-                ),
+            let code = if stdin || tty {
+                rt.block_on(cli::exec_stream(socket, &container, &command, stdin, tty))
+            } else {
+                rt.block_on(cli::exec(socket, &container, &command, timeout))
             };
-            let socket = match &args.socket {
-                Some(s) => crius::cri::client::socket_path(s),
-                None => cfg.socket.clone(),
-            };
-            // Paths go to the runtime (log directories, volumes), which needs them absolute.
-            let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
-            rt.block_on(crius::frontend::agent::run(
-                crius::frontend::agent::AgentConfig {
-                    socket,
-                    manifests: absolute(manifests.unwrap_or(a.manifests)),
-                    state: absolute(state.unwrap_or(a.state)),
-                    log_root: absolute(log_dir.unwrap_or(a.log_dir)),
-                    swap_behavior,
-                    seccomp_root: a.seccomp_root,
-                },
-            ))?;
-            Ok(())
+            exit_with(code)
         }
-        Command::Run {
+        CriCommand::Attach {
+            stdin,
+            tty,
+            container,
+        } => exit_with(rt.block_on(cli::attach(socket, &container, stdin, tty))),
+        CriCommand::PortForward { pod, ports } => {
+            Ok(rt.block_on(cli::forward(socket, &pod, &ports))?)
+        }
+        CriCommand::Logs {
+            follow,
+            tail,
+            timestamps,
+            container,
+        } => Ok(rt.block_on(cli::logs(socket, &container, follow, tail, timestamps))?),
+        CriCommand::Stop {
+            timeout,
+            containers,
+        } => Ok(rt.block_on(cli::stop(socket, &containers, timeout))?),
+        CriCommand::Rm { force, containers } => {
+            Ok(rt.block_on(cli::rm(socket, &containers, force))?)
+        }
+        CriCommand::Stopp { pods } => Ok(rt.block_on(cli::stop_pods(socket, &pods))?),
+        CriCommand::Rmp { pods } => Ok(rt.block_on(cli::rm_pods(socket, &pods))?),
+        CriCommand::Inspect { container } => Ok(rt.block_on(cli::inspect(socket, &container))?),
+        CriCommand::Inspectp { pod } => Ok(rt.block_on(cli::inspect_pod(socket, &pod))?),
+        CriCommand::Runp { runtime, config } => {
+            Ok(rt.block_on(cli::runp(socket, &config, &runtime))?)
+        }
+        CriCommand::Create {
+            no_pull,
+            pod,
+            container_config,
+            pod_config,
+        } => Ok(rt.block_on(cli::create(
+            socket,
+            &pod,
+            &container_config,
+            &pod_config,
+            no_pull,
+        ))?),
+        CriCommand::Start { containers } => Ok(rt.block_on(cli::start(socket, &containers))?),
+        CriCommand::Stats {
+            pod,
+            output,
+            containers,
+        } => Ok(rt.block_on(cli::stats(socket, &containers, pod.as_deref(), output))?),
+        CriCommand::Statsp { output, pods } => Ok(rt.block_on(cli::statsp(socket, &pods, output))?),
+        CriCommand::Imagefsinfo { output } => Ok(rt.block_on(cli::imagefsinfo(socket, output))?),
+        CriCommand::Version => rt.block_on(version(socket)),
+    }
+}
+
+/// `crius agent`: its settings from the configuration file and the flags, logging, then the
+/// agent.
+fn agent(rt: &tokio::runtime::Runtime, socket: Option<&str>, flags: AgentFlags) -> Result<()> {
+    let AgentFlags {
+        config: path,
+        manifests,
+        state,
+        log_dir,
+        log_level,
+    } = flags;
+    let cfg = client_config(&path)?;
+    let a = cfg.agent.clone();
+    init_logging(
+        log_level.as_deref().unwrap_or(&cfg.log_level),
+        &cfg.log_format,
+    )?;
+    let swap_behavior = match a.swap_behavior.as_str() {
+        "NoSwap" | "" => crius::frontend::convert::SwapBehavior::NoSwap,
+        "LimitedSwap" => crius::frontend::convert::SwapBehavior::LimitedSwap,
+        other => anyhow::bail!(
+            "{}: agent.swap_behavior {other:?}: NoSwap or LimitedSwap",
+            path.display()
+        ),
+    };
+    let socket = match socket {
+        Some(s) => crius::cri::client::socket_path(s),
+        None => cfg.socket.clone(),
+    };
+    // Paths go to the runtime (log directories, volumes), which needs them absolute.
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+    rt.block_on(crius::frontend::agent::run(
+        crius::frontend::agent::AgentConfig {
+            socket,
+            manifests: absolute(manifests.unwrap_or(a.manifests)),
+            state: absolute(state.unwrap_or(a.state)),
+            log_root: absolute(log_dir.unwrap_or(a.log_dir)),
+            swap_behavior,
+            seccomp_root: a.seccomp_root,
+        },
+    ))?;
+    Ok(())
+}
+
+/// A command on the agent's manifests (`run`, `delete`) or records (`get`, `describe`).
+fn pod_command(command: PodCommand) -> Result<()> {
+    match command {
+        PodCommand::Run {
             config: path,
             manifests,
             files,
@@ -557,7 +607,7 @@ fn run(args: Args) -> Result<()> {
                 &files,
             )?)
         }
-        Command::Get {
+        PodCommand::Get {
             kind: _,
             namespace,
             all_namespaces,
@@ -577,7 +627,7 @@ fn run(args: Args) -> Result<()> {
                 output,
             )?)
         }
-        Command::Describe {
+        PodCommand::Describe {
             kind: _,
             name,
             namespace,
@@ -591,7 +641,7 @@ fn run(args: Args) -> Result<()> {
                 &name,
             )?)
         }
-        Command::Delete {
+        PodCommand::Delete {
             files,
             what,
             namespace,

@@ -167,14 +167,27 @@ async fn follow_events(sh: Shared, evented: Arc<std::sync::atomic::AtomicBool>) 
     }
 }
 
-/// Runs the agent until the process is stopped.
-pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+/// The senders of what the workers watch (relists, Secrets and ConfigMaps), and the agent's
+/// end of their requests for a relist.
+struct Feeds {
+    relist: watch::Sender<Arc<Snapshot>>,
+    store: watch::Sender<Arc<Store>>,
+    pokes: mpsc::UnboundedReceiver<()>,
+}
+
+/// Makes the manifest, state and log directories.
+fn make_dirs(cfg: &AgentConfig) -> Result<(), AgentError> {
     for d in [&cfg.manifests, &cfg.state, &cfg.log_root] {
         std::fs::create_dir_all(d).map_err(|source| AgentError::Io {
             path: d.clone(),
             source,
         })?;
     }
+    Ok(())
+}
+
+/// The runtime's clients and the node, as the workers share them, with the feeds to them.
+fn connect(cfg: &AgentConfig) -> Result<(Shared, Feeds), AgentError> {
     let channel = crate::cri::client::channel(&cfg.socket).map_err(|e| AgentError::Runtime {
         socket: cfg.socket.clone(),
         message: e.to_string(),
@@ -183,7 +196,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
     let img = crate::cri::client::images(channel);
     let (relist_tx, relist_rx) = watch::channel(Arc::new(Snapshot::default()));
     let (store_tx, store_rx) = watch::channel(Arc::new(Store::default()));
-    let (poke_tx, mut poke_rx) = mpsc::unbounded_channel();
+    let (poke_tx, poke_rx) = mpsc::unbounded_channel();
     let sh = Shared {
         rt,
         img,
@@ -194,99 +207,107 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
         relist: relist_rx,
         poke: poke_tx,
     };
-    // The first relist before anything runs: workers adopt what is there.
-    let first = loop {
-        match relist(&sh).await {
-            Some(s) => break s,
+    let feeds = Feeds {
+        relist: relist_tx,
+        store: store_tx,
+        pokes: poke_rx,
+    };
+    Ok((sh, feeds))
+}
+
+/// The first relist, waited for until the runtime answers.
+async fn first_relist(sh: &Shared, socket: &Path) -> Snapshot {
+    loop {
+        match relist(sh).await {
+            Some(s) => return s,
             None => {
-                tracing::warn!(socket = %cfg.socket.display(), "the runtime does not answer yet");
+                tracing::warn!(socket = %socket.display(), "the runtime does not answer yet");
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
-    };
-    relist_tx.send_replace(Arc::new(first));
-    let evented = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    tokio::spawn(follow_events(sh.clone(), evented.clone()));
-    {
-        let sh = sh.clone();
-        tokio::spawn(async move {
-            loop {
-                let period = if evented.load(std::sync::atomic::Ordering::Relaxed) {
-                    RELIST_EVENTED
-                } else {
-                    RELIST
-                };
-                tokio::select! {
-                    _ = tokio::time::sleep(period) => {}
-                    Some(()) = poke_rx.recv() => {
-                        // Coalesce bursts of pokes.
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        while poke_rx.try_recv().is_ok() {}
-                    }
-                }
-                // Workers hear of a relist only when something changed (kubelet's PLEG events).
-                if let Some(s) = relist(&sh).await {
-                    relist_tx.send_if_modified(|cur| {
-                        let changed = **cur != s;
-                        if changed {
-                            *cur = Arc::new(s);
-                        }
-                        changed
-                    });
-                }
-            }
-        });
     }
+}
 
-    let mut records: HashMap<String, status::PodRecord> = status::load_all(&cfg.state)
-        .into_iter()
-        .map(|r| (r.key(), r))
-        .collect();
-    let mut manifests = Manifests {
-        dir: cfg.manifests.clone(),
-        files: HashMap::new(),
-        reported: HashMap::new(),
-    };
-    let mut pods: HashMap<String, Running> = HashMap::new();
-    let mut first_pass = true;
-    tracing::info!(manifests = %cfg.manifests.display(), state = %cfg.state.display(), "agent running");
+/// Relists the runtime for good: on each poke (bursts coalesced), else every period, short
+/// without the event stream. Workers hear of a relist only when something changed (kubelet's
+/// PLEG events).
+async fn relist_loop(
+    sh: Shared,
+    evented: Arc<std::sync::atomic::AtomicBool>,
+    mut poke_rx: mpsc::UnboundedReceiver<()>,
+    relist_tx: watch::Sender<Arc<Snapshot>>,
+) {
     loop {
-        let objects = manifests.scan();
-        let mut store = Store::default();
-        let mut wanted: HashMap<String, Loaded> = HashMap::new();
-        for l in objects {
-            let key = l.object.key();
-            match &l.object {
-                Object::Secret(s) => {
-                    store.secrets.insert(key, (**s).clone());
-                }
-                Object::ConfigMap(c) => {
-                    store.config_maps.insert(key, (**c).clone());
-                }
-                Object::Pod(_) => {
-                    if let Some(first) = wanted.get(&key) {
-                        tracing::error!(
-                            pod = %key,
-                            first = %first.file.display(),
-                            second = %l.file.display(),
-                            "the pod is defined twice; the first file wins"
-                        );
-                        continue;
-                    }
-                    wanted.insert(key, l);
-                }
+        let period = if evented.load(std::sync::atomic::Ordering::Relaxed) {
+            RELIST_EVENTED
+        } else {
+            RELIST
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            Some(()) = poke_rx.recv() => {
+                // Coalesce bursts of pokes.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                while poke_rx.try_recv().is_ok() {}
             }
         }
-        store_tx.send_if_modified(|cur| {
-            let same = cur.secrets == store.secrets && cur.config_maps == store.config_maps;
-            if !same {
-                *cur = Arc::new(store);
+        if let Some(s) = relist(&sh).await {
+            relist_tx.send_if_modified(|cur| {
+                let changed = **cur != s;
+                if changed {
+                    *cur = Arc::new(s);
+                }
+                changed
+            });
+        }
+    }
+}
+
+/// The manifests' objects sorted: Secrets and ConfigMaps into a store, Pods by key (the first
+/// file wins when two define one).
+fn desired(objects: Vec<Loaded>) -> (Store, HashMap<String, Loaded>) {
+    let mut store = Store::default();
+    let mut wanted: HashMap<String, Loaded> = HashMap::new();
+    for l in objects {
+        let key = l.object.key();
+        match &l.object {
+            Object::Secret(s) => {
+                store.secrets.insert(key, (**s).clone());
             }
-            !same
-        });
-        // New and changed pods.
-        for (key, l) in &wanted {
-            match pods.get_mut(key) {
+            Object::ConfigMap(c) => {
+                store.config_maps.insert(key, (**c).clone());
+            }
+            Object::Pod(_) => {
+                if let Some(first) = wanted.get(&key) {
+                    tracing::error!(
+                        pod = %key,
+                        first = %first.file.display(),
+                        second = %l.file.display(),
+                        "the pod is defined twice; the first file wins"
+                    );
+                    continue;
+                }
+                wanted.insert(key, l);
+            }
+        }
+    }
+    (store, wanted)
+}
+
+/// The agent's pods: a worker each by `namespace/name`, and the records read back at start
+/// that no worker has adopted yet.
+struct Pods {
+    sh: Shared,
+    running: HashMap<String, Running>,
+    records: HashMap<String, status::PodRecord>,
+}
+
+impl Pods {
+    /// Starts a worker for each new pod (adopting its record) and hands changed manifests to
+    /// theirs.
+    async fn start_or_update(&mut self, wanted: &HashMap<String, Loaded>) {
+        for (key, l) in wanted {
+            match self.running.get_mut(key) {
                 Some(r) if r.hash == l.hash || r.deleting => {}
                 Some(r) => {
                     r.hash = l.hash.clone();
@@ -294,9 +315,9 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 }
                 None => {
                     let (tx, rx) = mpsc::channel(8);
-                    let adopted = records.remove(key);
-                    let w = Worker::new(sh.clone(), l.clone(), adopted, rx);
-                    pods.insert(
+                    let adopted = self.records.remove(key);
+                    let w = Worker::new(self.sh.clone(), l.clone(), adopted, rx);
+                    self.running.insert(
                         key.clone(),
                         Running {
                             tx,
@@ -308,34 +329,83 @@ pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
                 }
             }
         }
-        // Pods whose manifest is gone.
-        for (key, r) in pods.iter_mut() {
+    }
+
+    /// Pods whose manifest is gone: their workers are told to delete them.
+    async fn delete_gone(&mut self, wanted: &HashMap<String, Loaded>) {
+        for (key, r) in self.running.iter_mut() {
             if !wanted.contains_key(key) && !r.deleting {
                 r.deleting = true;
                 let _ = r.tx.send(Command::Delete).await;
             }
         }
-        pods.retain(|_, r| !r.task.is_finished());
+    }
+
+    /// Records of pods no longer in any manifest: stopped and forgotten; then the sandboxes
+    /// no record knows.
+    async fn stop_orphans(&mut self) {
+        for (key, rec) in self.records.drain() {
+            tracing::info!(pod = %key, "stopping a pod whose manifest is gone");
+            let (tx, rx) = mpsc::channel(8);
+            let l = orphan_loaded(&rec);
+            let w = Worker::new(self.sh.clone(), l, Some(rec), rx);
+            let _ = tx.send(Command::Delete).await;
+            self.running.insert(
+                key,
+                Running {
+                    tx,
+                    hash: String::new(),
+                    task: tokio::spawn(w.run()),
+                    deleting: true,
+                },
+            );
+        }
+        remove_strays(&self.sh, &self.running).await;
+    }
+}
+
+/// Runs the agent until the process is stopped.
+pub async fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    make_dirs(&cfg)?;
+    let (sh, feeds) = connect(&cfg)?;
+    // The first relist before anything runs: workers adopt what is there.
+    let first = first_relist(&sh, &cfg.socket).await;
+    feeds.relist.send_replace(Arc::new(first));
+    let evented = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(follow_events(sh.clone(), evented.clone()));
+    tokio::spawn(relist_loop(sh.clone(), evented, feeds.pokes, feeds.relist));
+
+    let records = status::load_all(&cfg.state)
+        .into_iter()
+        .map(|r| (r.key(), r))
+        .collect();
+    let mut manifests = Manifests {
+        dir: cfg.manifests.clone(),
+        files: HashMap::new(),
+        reported: HashMap::new(),
+    };
+    let mut pods = Pods {
+        sh,
+        running: HashMap::new(),
+        records,
+    };
+    let mut first_pass = true;
+    tracing::info!(manifests = %cfg.manifests.display(), state = %cfg.state.display(), "agent running");
+    loop {
+        let (store, wanted) = desired(manifests.scan());
+        feeds.store.send_if_modified(|cur| {
+            let same = cur.secrets == store.secrets && cur.config_maps == store.config_maps;
+            if !same {
+                *cur = Arc::new(store);
+            }
+            !same
+        });
+        pods.start_or_update(&wanted).await;
+        pods.delete_gone(&wanted).await;
+        pods.running.retain(|_, r| !r.task.is_finished());
         if first_pass {
             first_pass = false;
-            // Records of pods no longer in any manifest: stop and forget them.
-            for (key, rec) in records.drain() {
-                tracing::info!(pod = %key, "stopping a pod whose manifest is gone");
-                let (tx, rx) = mpsc::channel(8);
-                let l = orphan_loaded(&rec);
-                let w = Worker::new(sh.clone(), l, Some(rec), rx);
-                let _ = tx.send(Command::Delete).await;
-                pods.insert(
-                    key,
-                    Running {
-                        tx,
-                        hash: String::new(),
-                        task: tokio::spawn(w.run()),
-                        deleting: true,
-                    },
-                );
-            }
-            remove_strays(&sh, &pods).await;
+            pods.stop_orphans().await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -24,9 +24,18 @@ impl Quantity {
     }
 }
 
+/// A quantity that does not parse, as written.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{text:?} is not a valid quantity (like 100m, 1.5, 64Mi or 2G)")]
+pub struct QuantityError {
+    pub text: String,
+}
+
 /// Parses a quantity; negative and malformed ones are errors.
-pub fn parse(s: &str) -> Result<Quantity, String> {
-    let bad = || format!("{s:?} is not a valid quantity (like 100m, 1.5, 64Mi or 2G)");
+pub fn parse(s: &str) -> Result<Quantity, QuantityError> {
+    let bad = || QuantityError {
+        text: s.to_string(),
+    };
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))

@@ -112,157 +112,221 @@ fn plain_scalar(s: &str) -> Value {
     Value::String(s.to_string())
 }
 
+/// Where an event starts: its 1-based line and column.
+#[derive(Clone, Copy)]
+struct Mark {
+    line: usize,
+    column: usize,
+}
+
+impl Mark {
+    /// An error at this place.
+    fn error(self, message: impl Into<String>) -> YamlError {
+        YamlError {
+            line: self.line,
+            column: self.column,
+            message: message.into(),
+        }
+    }
+}
+
+/// The documents built from the event stream so far, and the one being built: its open
+/// mappings and sequences, its anchors and the lines of its fields.
+struct Builder {
+    docs: Vec<Doc>,
+    stack: Vec<Frame>,
+    anchors: HashMap<usize, Value>,
+    lines: HashMap<String, usize>,
+    doc_line: usize,
+    root: Option<Value>,
+}
+
+impl Builder {
+    /// Nothing read yet: the first document starts on line 1.
+    fn new() -> Builder {
+        Builder {
+            docs: Vec::new(),
+            stack: Vec::new(),
+            anchors: HashMap::new(),
+            lines: HashMap::new(),
+            doc_line: 1,
+            root: None,
+        }
+    }
+
+    /// The path of the node the next event starts (none for a mapping's key not yet read).
+    fn child_path(&self) -> Option<String> {
+        match self.stack.last() {
+            None => Some(String::new()),
+            Some(Frame::Map { key, path, .. }) => key.as_ref().map(|k| key_path(path, k)),
+            Some(Frame::Seq { items, path, .. }) => Some(format!("{path}[{}]", items.len())),
+        }
+    }
+
+    /// One event: the value it completes, if any, with its anchor (0 for none).
+    fn event(&mut self, event: Event<'_>, at: Mark) -> Result<Option<(Value, usize)>, YamlError> {
+        let line = at.line;
+        Ok(match event {
+            Event::DocumentStart(..) => {
+                self.doc_line = line;
+                self.lines.clear();
+                self.anchors.clear();
+                self.root = None;
+                None
+            }
+            Event::DocumentEnd => {
+                if let Some(v) = self.root.take() {
+                    self.docs.push(Doc {
+                        value: v,
+                        lines: std::mem::take(&mut self.lines),
+                        line: self.doc_line,
+                    });
+                }
+                None
+            }
+            Event::MappingStart(_, anchor, _) => {
+                let path = self.open(line);
+                self.stack.push(Frame::Map {
+                    map: Map::new(),
+                    key: None,
+                    path,
+                    anchor,
+                });
+                None
+            }
+            Event::SequenceStart(_, anchor, _) => {
+                let path = self.open(line);
+                self.stack.push(Frame::Seq {
+                    items: Vec::new(),
+                    path,
+                    anchor,
+                });
+                None
+            }
+            Event::MappingEnd => match self.stack.pop() {
+                Some(Frame::Map { map, anchor, .. }) => Some((Value::Object(map), anchor)),
+                _ => None,
+            },
+            Event::SequenceEnd => match self.stack.pop() {
+                Some(Frame::Seq { items, anchor, .. }) => Some((Value::Array(items), anchor)),
+                _ => None,
+            },
+            Event::Scalar(s, style, anchor, tag) => {
+                let as_string = tag.as_ref().is_some_and(|t| t.suffix() == "str");
+                self.scalar(&s, style == ScalarStyle::Plain && !as_string, anchor, line)
+            }
+            Event::Alias(id) => {
+                let v = self
+                    .anchors
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| at.error("alias to an unknown anchor"))?;
+                self.alias(v, line)
+            }
+            _ => None,
+        })
+    }
+
+    /// A mapping or sequence starts: its path, its line recorded.
+    fn open(&mut self, line: usize) -> String {
+        let path = self.child_path().unwrap_or_default();
+        if !path.is_empty() {
+            self.lines.entry(path.clone()).or_insert(line);
+        }
+        path
+    }
+
+    /// Takes `k` as the key of the innermost mapping if it awaits one, recording its line.
+    fn take_key(&mut self, k: impl FnOnce() -> String, line: usize) -> bool {
+        if let Some(Frame::Map { key, path, .. }) = self.stack.last_mut()
+            && key.is_none()
+        {
+            let k = k();
+            self.lines.insert(key_path(path, &k), line);
+            *key = Some(k);
+            return true;
+        }
+        false
+    }
+
+    /// A scalar: a mapping's key, or a value (typed by the core schema if `plain`).
+    fn scalar(
+        &mut self,
+        s: &str,
+        plain: bool,
+        anchor: usize,
+        line: usize,
+    ) -> Option<(Value, usize)> {
+        if self.take_key(|| s.to_string(), line) {
+            return None;
+        }
+        if let Some(p) = self.child_path()
+            && !p.is_empty()
+        {
+            self.lines.entry(p).or_insert(line);
+        }
+        let v = if plain {
+            plain_scalar(s)
+        } else {
+            Value::String(s.to_string())
+        };
+        Some((v, anchor))
+    }
+
+    /// An alias to `v`: a mapping's key (its text), or the value again.
+    fn alias(&mut self, v: Value, line: usize) -> Option<(Value, usize)> {
+        let as_key = || match &v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if self.take_key(as_key, line) {
+            return None;
+        }
+        Some((v, 0))
+    }
+
+    /// A completed value goes into its mapping or sequence, or becomes the document's root.
+    fn place(&mut self, v: Value, anchor: usize, at: Mark) -> Result<(), YamlError> {
+        if anchor != 0 {
+            self.anchors.insert(anchor, v.clone());
+        }
+        match self.stack.last_mut() {
+            None => self.root = Some(v),
+            Some(Frame::Map { map, key, .. }) => {
+                let Some(k) = key.take() else {
+                    // A complex key (a mapping or sequence used as a key).
+                    return Err(at.error("mapping keys must be plain values"));
+                };
+                if map.contains_key(&k) {
+                    return Err(at.error(format!("duplicate key {k:?}")));
+                }
+                map.insert(k, v);
+            }
+            Some(Frame::Seq { items, .. }) => items.push(v),
+        }
+        Ok(())
+    }
+}
+
 /// Parses every document of a YAML stream.
 pub fn parse(text: &str) -> Result<Vec<Doc>, YamlError> {
     let mut parser = Parser::new_from_str(text);
-    let mut docs = Vec::new();
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut anchors: HashMap<usize, Value> = HashMap::new();
-    let mut lines: HashMap<String, usize> = HashMap::new();
-    let mut doc_line = 1;
-    let mut root: Option<Value> = None;
-
+    let mut builder = Builder::new();
     while let Some(next) = parser.next_event() {
         let (event, span) = next.map_err(|e| YamlError {
             line: e.marker().line(),
             column: e.marker().col() + 1,
             message: e.info().to_string(),
         })?;
-        let line = span.start.line();
-        // The path of the node this event starts, and record its line.
-        let child_path = |stack: &mut Vec<Frame>| -> Option<String> {
-            match stack.last_mut() {
-                None => Some(String::new()),
-                Some(Frame::Map { key, path, .. }) => key.as_ref().map(|k| key_path(path, k)),
-                Some(Frame::Seq { items, path, .. }) => Some(format!("{path}[{}]", items.len())),
-            }
+        let at = Mark {
+            line: span.start.line(),
+            column: span.start.col() + 1,
         };
-        let mut value: Option<(Value, usize)> = None;
-        match event {
-            Event::StreamStart | Event::StreamEnd => {}
-            Event::DocumentStart(..) => {
-                doc_line = line;
-                lines.clear();
-                anchors.clear();
-                root = None;
-            }
-            Event::DocumentEnd => {
-                if let Some(v) = root.take() {
-                    docs.push(Doc {
-                        value: v,
-                        lines: std::mem::take(&mut lines),
-                        line: doc_line,
-                    });
-                }
-            }
-            Event::MappingStart(_, anchor, _) => {
-                let path = child_path(&mut stack).unwrap_or_default();
-                if !path.is_empty() {
-                    lines.entry(path.clone()).or_insert(line);
-                }
-                stack.push(Frame::Map {
-                    map: Map::new(),
-                    key: None,
-                    path,
-                    anchor,
-                });
-            }
-            Event::SequenceStart(_, anchor, _) => {
-                let path = child_path(&mut stack).unwrap_or_default();
-                if !path.is_empty() {
-                    lines.entry(path.clone()).or_insert(line);
-                }
-                stack.push(Frame::Seq {
-                    items: Vec::new(),
-                    path,
-                    anchor,
-                });
-            }
-            Event::MappingEnd => {
-                if let Some(Frame::Map { map, anchor, .. }) = stack.pop() {
-                    value = Some((Value::Object(map), anchor));
-                }
-            }
-            Event::SequenceEnd => {
-                if let Some(Frame::Seq { items, anchor, .. }) = stack.pop() {
-                    value = Some((Value::Array(items), anchor));
-                }
-            }
-            Event::Scalar(s, style, anchor, tag) => {
-                // A mapping key: remember it and where it is.
-                if let Some(Frame::Map { key, path, .. }) = stack.last_mut()
-                    && key.is_none()
-                {
-                    let k = s.to_string();
-                    lines.insert(key_path(path, &k), line);
-                    *key = Some(k);
-                    continue;
-                }
-                if let Some(p) = child_path(&mut stack)
-                    && !p.is_empty()
-                {
-                    lines.entry(p).or_insert(line);
-                }
-                let as_string = tag.as_ref().is_some_and(|t| t.suffix() == "str");
-                let v = if style == ScalarStyle::Plain && !as_string {
-                    plain_scalar(&s)
-                } else {
-                    Value::String(s.to_string())
-                };
-                value = Some((v, anchor));
-            }
-            Event::Alias(id) => {
-                let v = anchors.get(&id).cloned().ok_or_else(|| YamlError {
-                    line,
-                    column: span.start.col() + 1,
-                    message: "alias to an unknown anchor".into(),
-                })?;
-                if let Some(Frame::Map { key, path, .. }) = stack.last_mut()
-                    && key.is_none()
-                {
-                    let k = match &v {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    lines.insert(key_path(path, &k), line);
-                    *key = Some(k);
-                    continue;
-                }
-                value = Some((v, 0));
-            }
-            _ => {}
-        }
-        let Some((v, anchor)) = value else {
-            continue;
-        };
-        if anchor != 0 {
-            anchors.insert(anchor, v.clone());
-        }
-        match stack.last_mut() {
-            None => root = Some(v),
-            Some(Frame::Map { map, key, .. }) => {
-                if let Some(k) = key.take() {
-                    if map.contains_key(&k) {
-                        return Err(YamlError {
-                            line,
-                            column: span.start.col() + 1,
-                            message: format!("duplicate key {k:?}"),
-                        });
-                    }
-                    map.insert(k, v);
-                } else {
-                    // A complex key (a mapping or sequence used as a key).
-                    return Err(YamlError {
-                        line,
-                        column: span.start.col() + 1,
-                        message: "mapping keys must be plain values".into(),
-                    });
-                }
-            }
-            Some(Frame::Seq { items, .. }) => items.push(v),
+        if let Some((v, anchor)) = builder.event(event, at)? {
+            builder.place(v, anchor, at)?;
         }
     }
-    Ok(docs)
+    Ok(builder.docs)
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use k8s_openapi::api::core::v1::{
+    Container, Lifecycle, Pod, PodSpec, Probe, ResourceRequirements, SecurityContext, Volume,
+};
 
 use super::Check;
 use crate::frontend::quantity;
@@ -53,6 +55,15 @@ pub(super) fn validate_pod(c: &mut Check, pod: &Pod) {
         c.err("spec", "is required");
         return;
     };
+    validate_pod_policies(c, spec);
+    validate_host_namespaces(c, spec);
+    let volumes = validate_volumes(c, spec);
+    validate_containers(c, spec, &volumes);
+}
+
+/// The pod-wide settings: at least one container, restart and DNS policies, grace period,
+/// active deadline.
+fn validate_pod_policies(c: &mut Check, spec: &PodSpec) {
     if spec.containers.is_empty() {
         c.err("spec.containers", "at least one container is required");
     }
@@ -81,6 +92,10 @@ pub(super) fn validate_pod(c: &mut Check, pod: &Pod) {
             format!("{p:?}: must be ClusterFirst, ClusterFirstWithHostNet, Default or None"),
         ),
     }
+}
+
+/// The host's namespaces (none with a user namespace of the pod's own) and the OS.
+fn validate_host_namespaces(c: &mut Check, spec: &PodSpec) {
     if spec.host_users == Some(false) {
         for (on, f) in [
             (spec.host_network, "spec.hostNetwork"),
@@ -100,7 +115,10 @@ pub(super) fn validate_pod(c: &mut Check, pod: &Pod) {
             format!("{:?}: this node runs linux", os.name),
         );
     }
-    // Volumes.
+}
+
+/// `spec.volumes`: unique DNS-label names, each with its source checked; returns the names.
+fn validate_volumes(c: &mut Check, spec: &PodSpec) -> HashSet<String> {
     let mut volumes = HashSet::new();
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         let f = format!("spec.volumes[{i}]");
@@ -116,72 +134,81 @@ pub(super) fn validate_pod(c: &mut Check, pod: &Pod) {
                 format!("{:?}: duplicate volume name", v.name),
             );
         }
-        let sources = [
-            v.empty_dir.is_some(),
-            v.host_path.is_some(),
-            v.secret.is_some(),
-            v.config_map.is_some(),
-            v.downward_api.is_some(),
-            v.projected.is_some(),
-        ]
-        .iter()
-        .filter(|x| **x)
-        .count();
-        if sources != 1 {
-            c.err(&f, "exactly one volume source must be given");
+        validate_volume_source(c, &f, v);
+    }
+    volumes
+}
+
+/// One volume's source: exactly one, a valid hostPath or emptyDir, file modes in range.
+fn validate_volume_source(c: &mut Check, f: &str, v: &Volume) {
+    let sources = [
+        v.empty_dir.is_some(),
+        v.host_path.is_some(),
+        v.secret.is_some(),
+        v.config_map.is_some(),
+        v.downward_api.is_some(),
+        v.projected.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if sources != 1 {
+        c.err(f, "exactly one volume source must be given");
+    }
+    if let Some(h) = &v.host_path {
+        if !h.path.starts_with('/') {
+            c.err(&format!("{f}.hostPath.path"), "must be an absolute path");
         }
-        if let Some(h) = &v.host_path {
-            if !h.path.starts_with('/') {
-                c.err(&format!("{f}.hostPath.path"), "must be an absolute path");
-            }
-            if let Some(t) = h.type_.as_deref()
-                && !matches!(
-                    t,
-                    "" | "DirectoryOrCreate"
-                        | "Directory"
-                        | "FileOrCreate"
-                        | "File"
-                        | "Socket"
-                        | "CharDevice"
-                        | "BlockDevice"
-                )
-            {
-                c.err(
-                    &format!("{f}.hostPath.type"),
-                    format!("{t:?}: unknown type"),
-                );
-            }
-        }
-        if let Some(e) = &v.empty_dir {
-            match e.medium.as_deref() {
-                None | Some("" | "Memory") => {}
-                Some(m) => c.err(
-                    &format!("{f}.emptyDir.medium"),
-                    format!("{m:?}: only \"\" (disk) and Memory are supported"),
-                ),
-            }
-            if let Some(q) = &e.size_limit
-                && let Err(r) = quantity::parse(&q.0)
-            {
-                c.err(&format!("{f}.emptyDir.sizeLimit"), r);
-            }
-        }
-        let modes = [
-            v.secret.as_ref().and_then(|s| s.default_mode),
-            v.config_map.as_ref().and_then(|s| s.default_mode),
-            v.downward_api.as_ref().and_then(|s| s.default_mode),
-            v.projected.as_ref().and_then(|s| s.default_mode),
-        ];
-        for m in modes.into_iter().flatten() {
-            if !(0..=0o777).contains(&m) {
-                c.err(
-                    &format!("{f}.defaultMode"),
-                    format!("{m}: must be 0 to 0777"),
-                );
-            }
+        if let Some(t) = h.type_.as_deref()
+            && !matches!(
+                t,
+                "" | "DirectoryOrCreate"
+                    | "Directory"
+                    | "FileOrCreate"
+                    | "File"
+                    | "Socket"
+                    | "CharDevice"
+                    | "BlockDevice"
+            )
+        {
+            c.err(
+                &format!("{f}.hostPath.type"),
+                format!("{t:?}: unknown type"),
+            );
         }
     }
-    // Containers.
+    if let Some(e) = &v.empty_dir {
+        match e.medium.as_deref() {
+            None | Some("" | "Memory") => {}
+            Some(m) => c.err(
+                &format!("{f}.emptyDir.medium"),
+                format!("{m:?}: only \"\" (disk) and Memory are supported"),
+            ),
+        }
+        if let Some(q) = &e.size_limit
+            && let Err(r) = quantity::parse(&q.0)
+        {
+            c.err(&format!("{f}.emptyDir.sizeLimit"), r.to_string());
+        }
+    }
+    let modes = [
+        v.secret.as_ref().and_then(|s| s.default_mode),
+        v.config_map.as_ref().and_then(|s| s.default_mode),
+        v.downward_api.as_ref().and_then(|s| s.default_mode),
+        v.projected.as_ref().and_then(|s| s.default_mode),
+    ];
+    for m in modes.into_iter().flatten() {
+        if !(0..=0o777).contains(&m) {
+            c.err(
+                &format!("{f}.defaultMode"),
+                format!("{m}: must be 0 to 0777"),
+            );
+        }
+    }
+}
+
+/// Init containers then app containers: unique DNS-label names, each container checked.
+fn validate_containers(c: &mut Check, spec: &PodSpec, volumes: &HashSet<String>) {
     let mut names = HashSet::new();
     let all: Vec<(String, &Container, bool)> = spec
         .init_containers
@@ -211,10 +238,11 @@ pub(super) fn validate_pod(c: &mut Check, pod: &Pod) {
                 format!("{:?}: duplicate container name", ctr.name),
             );
         }
-        validate_container(c, f, ctr, *init, &volumes, spec.host_network == Some(true));
+        validate_container(c, f, ctr, *init, volumes, spec.host_network == Some(true));
     }
 }
 
+/// One container at field path `f`, part by part.
 fn validate_container(
     c: &mut Check,
     f: &str,
@@ -223,6 +251,33 @@ fn validate_container(
     volumes: &HashSet<String>,
     host_network: bool,
 ) {
+    validate_image(c, f, ctr);
+    validate_restart_policy(c, f, ctr, init);
+    validate_ports(c, f, ctr, host_network);
+    validate_env(c, f, ctr);
+    if let Some(r) = &ctr.resources {
+        validate_resources(c, f, r);
+    }
+    validate_volume_mounts(c, f, ctr, volumes);
+    for (p, name, liveness_like) in [
+        (&ctr.liveness_probe, "livenessProbe", true),
+        (&ctr.readiness_probe, "readinessProbe", false),
+        (&ctr.startup_probe, "startupProbe", true),
+    ] {
+        if let Some(p) = p {
+            validate_probe(c, &format!("{f}.{name}"), p, liveness_like, ctr);
+        }
+    }
+    if let Some(l) = &ctr.lifecycle {
+        validate_lifecycle(c, f, l);
+    }
+    if let Some(sc) = &ctr.security_context {
+        validate_security_context(c, f, sc);
+    }
+}
+
+/// The image (required) and its pull policy.
+fn validate_image(c: &mut Check, f: &str, ctr: &Container) {
     if ctr.image.as_deref().unwrap_or("").is_empty() {
         c.err(&format!("{f}.image"), "is required");
     }
@@ -233,6 +288,11 @@ fn validate_container(
             format!("{p:?}: must be Always, IfNotPresent or Never"),
         ),
     }
+}
+
+/// A container's restart policy (only sidecars, init containers with Always, have one), and
+/// what init containers that are not sidecars may not have: hooks and probes.
+fn validate_restart_policy(c: &mut Check, f: &str, ctr: &Container, init: bool) {
     let sidecar = match ctr.restart_policy.as_deref() {
         None => false,
         Some("Always") if init => true,
@@ -266,6 +326,10 @@ fn validate_container(
             }
         }
     }
+}
+
+/// `ports`: numbers and protocol in range, unique valid names, host ports with hostNetwork.
+fn validate_ports(c: &mut Check, f: &str, ctr: &Container, host_network: bool) {
     let mut port_names = HashSet::new();
     for (i, p) in ctr.ports.iter().flatten().enumerate() {
         let pf = format!("{f}.ports[{i}]");
@@ -310,6 +374,10 @@ fn validate_container(
             );
         }
     }
+}
+
+/// `env`: names without '=', and one source for each `valueFrom`.
+fn validate_env(c: &mut Check, f: &str, ctr: &Container) {
     for (i, e) in ctr.env.iter().flatten().enumerate() {
         let ef = format!("{f}.env[{i}]");
         if e.name.is_empty() || e.name.contains('=') {
@@ -344,46 +412,57 @@ fn validate_container(
             }
         }
     }
-    if let Some(r) = &ctr.resources {
-        let mut cpu_mem: HashMap<(&str, &str), u64> = HashMap::new();
-        for (which, list) in [("limits", &r.limits), ("requests", &r.requests)] {
-            for (name, q) in list.iter().flatten() {
-                let rf = format!("{f}.resources.{which}.{name}");
-                match quantity::parse(&q.0) {
-                    Err(e) => c.err(&rf, e),
-                    Ok(v) => {
-                        let known = matches!(name.as_str(), "cpu" | "memory" | "ephemeral-storage")
-                            || name.starts_with("hugepages-");
-                        if !known {
-                            c.err(&rf, "unknown resource (cpu, memory, ephemeral-storage, hugepages-<size>)");
-                        }
-                        if name == "ephemeral-storage" {
-                            c.warnings.push(format!(
-                                "{rf}: ignored: container storage is not limited (emptyDir sizeLimit is)"
-                            ));
-                        }
-                        if name == "cpu" {
-                            cpu_mem.insert((which, "cpu"), v.milli());
-                        } else if name == "memory" {
-                            cpu_mem.insert((which, "memory"), v.value());
-                        }
+}
+
+/// `resources`: known resources with valid quantities, requests of CPU and memory no more
+/// than their limits.
+fn validate_resources(c: &mut Check, f: &str, r: &ResourceRequirements) {
+    let mut cpu_mem: HashMap<(&str, &str), u64> = HashMap::new();
+    for (which, list) in [("limits", &r.limits), ("requests", &r.requests)] {
+        for (name, q) in list.iter().flatten() {
+            let rf = format!("{f}.resources.{which}.{name}");
+            match quantity::parse(&q.0) {
+                Err(e) => c.err(&rf, e.to_string()),
+                Ok(v) => {
+                    let known = matches!(name.as_str(), "cpu" | "memory" | "ephemeral-storage")
+                        || name.starts_with("hugepages-");
+                    if !known {
+                        c.err(
+                            &rf,
+                            "unknown resource (cpu, memory, ephemeral-storage, hugepages-<size>)",
+                        );
+                    }
+                    if name == "ephemeral-storage" {
+                        c.warnings.push(format!(
+                            "{rf}: ignored: container storage is not limited (emptyDir sizeLimit is)"
+                        ));
+                    }
+                    if name == "cpu" {
+                        cpu_mem.insert((which, "cpu"), v.milli());
+                    } else if name == "memory" {
+                        cpu_mem.insert((which, "memory"), v.value());
                     }
                 }
             }
         }
-        for res in ["cpu", "memory"] {
-            if let (Some(req), Some(lim)) = (
-                cpu_mem.get(&("requests", res)),
-                cpu_mem.get(&("limits", res)),
-            ) && req > lim
-            {
-                c.err(
-                    &format!("{f}.resources.requests.{res}"),
-                    "must be less than or equal to the limit",
-                );
-            }
+    }
+    for res in ["cpu", "memory"] {
+        if let (Some(req), Some(lim)) = (
+            cpu_mem.get(&("requests", res)),
+            cpu_mem.get(&("limits", res)),
+        ) && req > lim
+        {
+            c.err(
+                &format!("{f}.resources.requests.{res}"),
+                "must be less than or equal to the limit",
+            );
         }
     }
+}
+
+/// `volumeMounts`: of declared volumes, at unique absolute paths, relative sub-paths, and
+/// Bidirectional propagation only for privileged containers.
+fn validate_volume_mounts(c: &mut Check, f: &str, ctr: &Container, volumes: &HashSet<String>) {
     let mut paths = HashSet::new();
     for (i, m) in ctr.volume_mounts.iter().flatten().enumerate() {
         let mf = format!("{f}.volumeMounts[{i}]");
@@ -435,70 +514,65 @@ fn validate_container(
             ),
         }
     }
-    for (p, name, liveness_like) in [
-        (&ctr.liveness_probe, "livenessProbe", true),
-        (&ctr.readiness_probe, "readinessProbe", false),
-        (&ctr.startup_probe, "startupProbe", true),
-    ] {
-        if let Some(p) = p {
-            validate_probe(c, &format!("{f}.{name}"), p, liveness_like, ctr);
-        }
-    }
-    if let Some(l) = &ctr.lifecycle {
-        for (h, name) in [(&l.post_start, "postStart"), (&l.pre_stop, "preStop")] {
-            if let Some(h) = h {
-                let n = [h.exec.is_some(), h.http_get.is_some(), h.sleep.is_some()]
-                    .iter()
-                    .filter(|x| **x)
-                    .count();
-                if n != 1 || h.tcp_socket.is_some() {
-                    c.err(
-                        &format!("{f}.lifecycle.{name}"),
-                        "exactly one handler (exec, httpGet or sleep) is needed",
-                    );
-                }
-                if let Some(s) = &h.sleep
-                    && s.seconds < 0
-                {
-                    c.err(
-                        &format!("{f}.lifecycle.{name}.sleep.seconds"),
-                        "must not be negative",
-                    );
-                }
+}
+
+/// `lifecycle`: postStart and preStop with one handler each, sleeps not negative.
+fn validate_lifecycle(c: &mut Check, f: &str, l: &Lifecycle) {
+    for (h, name) in [(&l.post_start, "postStart"), (&l.pre_stop, "preStop")] {
+        if let Some(h) = h {
+            let n = [h.exec.is_some(), h.http_get.is_some(), h.sleep.is_some()]
+                .iter()
+                .filter(|x| **x)
+                .count();
+            if n != 1 || h.tcp_socket.is_some() {
+                c.err(
+                    &format!("{f}.lifecycle.{name}"),
+                    "exactly one handler (exec, httpGet or sleep) is needed",
+                );
+            }
+            if let Some(s) = &h.sleep
+                && s.seconds < 0
+            {
+                c.err(
+                    &format!("{f}.lifecycle.{name}.sleep.seconds"),
+                    "must not be negative",
+                );
             }
         }
     }
-    if let Some(sc) = &ctr.security_context {
-        if let Some(pm) = sc.proc_mount.as_deref()
-            && !matches!(pm, "Default" | "Unmasked")
-        {
-            c.err(
-                &format!("{f}.securityContext.procMount"),
-                format!("{pm:?}: must be Default or Unmasked"),
-            );
-        }
-        if sc.allow_privilege_escalation == Some(false) && sc.privileged == Some(true) {
-            c.err(
-                &format!("{f}.securityContext.allowPrivilegeEscalation"),
-                "cannot be false for a privileged container",
-            );
-        }
-        if let Some(s) = &sc.seccomp_profile {
-            profile_type(
-                c,
-                &format!("{f}.securityContext.seccompProfile"),
-                &s.type_,
-                &s.localhost_profile,
-            );
-        }
-        if let Some(s) = &sc.app_armor_profile {
-            profile_type(
-                c,
-                &format!("{f}.securityContext.appArmorProfile"),
-                &s.type_,
-                &s.localhost_profile,
-            );
-        }
+}
+
+/// `securityContext`: procMount, privilege escalation, seccomp and AppArmor profiles.
+fn validate_security_context(c: &mut Check, f: &str, sc: &SecurityContext) {
+    if let Some(pm) = sc.proc_mount.as_deref()
+        && !matches!(pm, "Default" | "Unmasked")
+    {
+        c.err(
+            &format!("{f}.securityContext.procMount"),
+            format!("{pm:?}: must be Default or Unmasked"),
+        );
+    }
+    if sc.allow_privilege_escalation == Some(false) && sc.privileged == Some(true) {
+        c.err(
+            &format!("{f}.securityContext.allowPrivilegeEscalation"),
+            "cannot be false for a privileged container",
+        );
+    }
+    if let Some(s) = &sc.seccomp_profile {
+        profile_type(
+            c,
+            &format!("{f}.securityContext.seccompProfile"),
+            &s.type_,
+            &s.localhost_profile,
+        );
+    }
+    if let Some(s) = &sc.app_armor_profile {
+        profile_type(
+            c,
+            &format!("{f}.securityContext.appArmorProfile"),
+            &s.type_,
+            &s.localhost_profile,
+        );
     }
 }
 

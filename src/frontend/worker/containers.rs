@@ -9,9 +9,27 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
 
 use super::probes::{ProbeKind, port_number};
 use super::{Worker, pod_context};
-use crate::frontend::convert::{self, PodContext};
+use crate::frontend::convert::{self, ConfigError, PodContext};
 use crate::frontend::probe::{self, Outcome};
 use crate::frontend::status::{Phase, State, now};
+
+/// Why a lifecycle hook failed.
+#[derive(Debug, thiserror::Error)]
+enum HookError {
+    /// The action ran and failed: what its outcome said.
+    #[error("{0}")]
+    Failed(String),
+    /// An httpGet hook names a port the container does not have.
+    #[error("unknown port")]
+    UnknownPort,
+}
+
+/// One run of a container about to be made: its number (the restart count) and the ID of the
+/// run before, if any.
+struct Attempt {
+    number: u32,
+    previous: Option<String>,
+}
 
 impl Worker {
     /// Init containers in order; true once every one has completed (sidecars: started).
@@ -192,23 +210,56 @@ impl Worker {
         let Some(sandbox) = self.rec.sandbox.clone() else {
             return;
         };
-        // A container that ran before counts a restart; its last run is its last state.
-        let (attempt, previous) = {
-            let Some(rec) = self.rec.container(&c.name) else {
-                return;
-            };
-            let ran = rec.id.is_some()
-                || rec.last_state.is_some()
-                || matches!(&rec.state, State::Terminated { .. });
-            if let State::Terminated { .. } = &rec.state {
-                rec.last_state = Some(rec.state.clone());
-            }
-            if ran {
-                rec.restart_count += 1;
-                rec.backoff.step(now());
-            }
-            (rec.restart_count, rec.id.take())
+        let Some(Attempt { number, previous }) = self.begin_attempt(&c.name) else {
+            return;
         };
+        let request = match self.create_request(c, number, &image, sandbox) {
+            Ok(r) => r,
+            Err(e) => {
+                return self.create_failed(&c.name, "CreateContainerConfigError", e.0, previous);
+            }
+        };
+        if let Err(e) = self.check_non_root(c, &image).await {
+            let message = e.to_string();
+            return self.create_failed(&c.name, "CreateContainerConfigError", message, previous);
+        }
+        let Some(id) = self.create(&c.name, request, previous).await else {
+            return;
+        };
+        if self.start_created(&c.name, &id).await {
+            self.post_start(c, &id).await;
+        }
+    }
+
+    /// A new run of a container: one that ran before counts a restart (with back-off), its last
+    /// run becoming its last state. None if the pod has no such container.
+    fn begin_attempt(&mut self, name: &str) -> Option<Attempt> {
+        let rec = self.rec.container(name)?;
+        let ran = rec.id.is_some()
+            || rec.last_state.is_some()
+            || matches!(&rec.state, State::Terminated { .. });
+        if let State::Terminated { .. } = &rec.state {
+            rec.last_state = Some(rec.state.clone());
+        }
+        if ran {
+            rec.restart_count += 1;
+            rec.backoff.step(now());
+        }
+        Some(Attempt {
+            number: rec.restart_count,
+            previous: rec.id.take(),
+        })
+    }
+
+    /// The CRI request creating run `attempt` of a container in `sandbox`, after making its log
+    /// directory and an empty termination message file.
+    fn create_request(
+        &self,
+        c: &Container,
+        attempt: u32,
+        image: &str,
+        sandbox: String,
+    ) -> Result<cri::CreateContainerRequest, ConfigError> {
         let spec = self.spec();
         let log_dir = self.log_dir();
         let _ = std::fs::create_dir_all(log_dir.join(&c.name));
@@ -225,31 +276,28 @@ impl Worker {
             hosts_file: hosts.as_deref(),
             ..pod_context(&self.pod, &spec, &self.rec, &store, &self.sh.node, &ip)
         };
-        let cfg = match convert::container_config(&ctx, c, attempt, &image, Some(&term_file)) {
-            Ok(cfg) => cfg,
-            Err(e) => {
-                return self.create_failed(&c.name, "CreateContainerConfigError", e.0, previous);
-            }
-        };
-        // The run before last goes; the last one stays for its logs.
-        let sandbox_config = self.sandbox_config_for(&ctx);
-        if let Err(msg) = self.check_non_root(c, &image).await {
-            return self.create_failed(&c.name, "CreateContainerConfigError", msg, previous);
-        }
-        let created = self
-            .sh
-            .rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: sandbox.clone(),
-                config: Some(cfg),
-                sandbox_config: Some(sandbox_config),
-            })
-            .await;
-        let id = match created {
+        let cfg = convert::container_config(&ctx, c, attempt, image, Some(&term_file))?;
+        Ok(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox,
+            config: Some(cfg),
+            sandbox_config: Some(self.sandbox_config_for(&ctx)),
+        })
+    }
+
+    /// Creates the container through CRI: its ID, or None once the failure is recorded. The
+    /// run before last goes; the last one stays for its logs.
+    async fn create(
+        &mut self,
+        name: &str,
+        request: cri::CreateContainerRequest,
+        previous: Option<String>,
+    ) -> Option<String> {
+        let id = match self.sh.rt.create_container(request).await {
             Ok(r) => r.into_inner().container_id,
             Err(s) => {
                 let message = s.message().to_string();
-                return self.create_failed(&c.name, "CreateContainerError", message, previous);
+                self.create_failed(name, "CreateContainerError", message, previous);
+                return None;
             }
         };
         if let Some(old) = previous {
@@ -258,25 +306,27 @@ impl Worker {
         self.rec.event(
             "Normal",
             "Created",
-            &c.name,
-            format!("Created container {}", c.name),
+            name,
+            format!("Created container {name}"),
         );
+        Some(id)
+    }
+
+    /// Starts a created container through CRI and records it running (not yet started or
+    /// ready, no probe results); false, with a StartError recorded, if it did not start.
+    async fn start_created(&mut self, name: &str, id: &str) -> bool {
         if let Err(s) = self
             .sh
             .rt
             .start_container(cri::StartContainerRequest {
-                container_id: id.clone(),
+                container_id: id.to_string(),
             })
             .await
         {
-            self.rec.event(
-                "Warning",
-                "Failed",
-                &c.name,
-                format!("Error: {}", s.message()),
-            );
-            if let Some(rec) = self.rec.container(&c.name) {
-                rec.id = Some(id);
+            self.rec
+                .event("Warning", "Failed", name, format!("Error: {}", s.message()));
+            if let Some(rec) = self.rec.container(name) {
+                rec.id = Some(id.to_string());
                 rec.state = State::Terminated {
                     exit_code: 128,
                     reason: "StartError".into(),
@@ -285,18 +335,16 @@ impl Worker {
                     finished_at: now(),
                 };
             }
-            return;
+            return false;
         }
         self.rec.event(
             "Normal",
             "Started",
-            &c.name,
-            format!("Started container {}", c.name),
+            name,
+            format!("Started container {name}"),
         );
-        let has_startup = c.startup_probe.is_some();
-        let has_readiness = c.readiness_probe.is_some();
-        if let Some(rec) = self.rec.container(&c.name) {
-            rec.id = Some(id.clone());
+        if let Some(rec) = self.rec.container(name) {
+            rec.id = Some(id.to_string());
             rec.state = State::Running { started_at: now() };
             rec.started = false;
             rec.ready = false;
@@ -304,17 +352,24 @@ impl Worker {
         }
         self.save();
         let _ = self.sh.poke.send(());
-        // postStart runs before the container counts as started; a failure kills it.
+        true
+    }
+
+    /// postStart, which runs before the container counts as started (a failure kills it),
+    /// then the probes: startup first if there is one.
+    async fn post_start(&mut self, c: &Container, id: &str) {
+        let has_startup = c.startup_probe.is_some();
+        let has_readiness = c.readiness_probe.is_some();
         if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref())
-            && let Err(msg) = self.run_hook(c, &id, h, Duration::from_secs(120)).await
+            && let Err(e) = self.run_hook(c, id, h, Duration::from_secs(120)).await
         {
             self.rec.event(
                 "Warning",
                 "FailedPostStartHook",
                 &c.name,
-                format!("PostStartHook failed: {msg}"),
+                format!("PostStartHook failed: {e}"),
             );
-            self.stop_container(&c.name, &id, self.grace()).await;
+            self.stop_container(&c.name, id, self.grace()).await;
             return;
         }
         if let Some(rec) = self.rec.container(&c.name) {
@@ -322,10 +377,10 @@ impl Worker {
             rec.ready = !has_startup && !has_readiness;
         }
         if has_startup {
-            self.spawn_probe(c, &id, ProbeKind::Startup);
+            self.spawn_probe(c, id, ProbeKind::Startup);
         } else {
-            self.spawn_probe(c, &id, ProbeKind::Liveness);
-            self.spawn_probe(c, &id, ProbeKind::Readiness);
+            self.spawn_probe(c, id, ProbeKind::Liveness);
+            self.spawn_probe(c, id, ProbeKind::Readiness);
         }
     }
 
@@ -364,19 +419,19 @@ impl Worker {
         id: &str,
         h: &LifecycleHandler,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), HookError> {
         if let Some(e) = &h.exec {
             let cmd = e.command.clone().unwrap_or_default();
             return match probe::exec(&mut self.sh.rt.clone(), id, &cmd, timeout).await {
                 Outcome::Success(_) => Ok(()),
-                o => Err(o.message().to_string()),
+                o => Err(HookError::Failed(o.message().to_string())),
             };
         }
         if let Some(g) = &h.http_get {
-            let port = port_number(&g.port, c).ok_or("unknown port")?;
+            let port = port_number(&g.port, c).ok_or(HookError::UnknownPort)?;
             return match probe::http(&self.target, g, port, timeout).await {
                 Outcome::Success(_) => Ok(()),
-                o => Err(o.message().to_string()),
+                o => Err(HookError::Failed(o.message().to_string())),
             };
         }
         if let Some(s) = &h.sleep {

@@ -10,6 +10,19 @@ use crate::frontend::status::now;
 use crate::image::dockercfg::DockerConfig;
 use crate::image::reference::Reference;
 
+/// Why a container with runAsNonRoot may not run (kubelet's wording).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NonRootError {
+    /// The user is root, or the image names none.
+    #[error("container has runAsNonRoot and image will run as root")]
+    Root,
+    /// The image's user is a name, which cannot be checked.
+    #[error(
+        "container has runAsNonRoot and image has non-numeric user, cannot verify user is non-root"
+    )]
+    NonNumericUser,
+}
+
 /// The image pull policy, defaulted as the API server does: Always for `:latest` or no tag.
 fn pull_policy(c: &Container) -> String {
     if let Some(p) = &c.image_pull_policy {
@@ -148,7 +161,7 @@ impl Worker {
         &mut self,
         c: &Container,
         image: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), NonRootError> {
         let pod_sc = self
             .pod
             .spec
@@ -175,11 +188,8 @@ impl Worker {
             }),
         };
         match uid {
-            Some(0) | None => Err("container has runAsNonRoot and image will run as root".into()),
-            Some(-1) => Err(
-                "container has runAsNonRoot and image has non-numeric user, cannot verify user is non-root"
-                    .into(),
-            ),
+            Some(0) | None => Err(NonRootError::Root),
+            Some(-1) => Err(NonRootError::NonNumericUser),
             Some(_) => Ok(()),
         }
     }
