@@ -86,11 +86,13 @@ impl<R> Registry<R> {
         self.read().values().cloned().collect()
     }
 
-    /// Reserves `name` for `id`; the ID already holding it is the error.
-    pub fn reserve(&self, name: &str, id: &str) -> Result<(), String> {
+    /// Reserves `name` for `id`; the record already holding it is the error.
+    pub fn reserve(&self, name: &str, id: &str) -> Result<(), NameTaken> {
         let mut names = self.names();
         if let Some(holder) = names.get(name) {
-            return Err(holder.clone());
+            return Err(NameTaken {
+                holder: holder.clone(),
+            });
         }
         names.insert(name.to_string(), id.to_string());
         Ok(())
@@ -99,6 +101,14 @@ impl<R> Registry<R> {
     pub fn release(&self, name: &str) {
         self.names().remove(name);
     }
+}
+
+/// A name another record holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the name is held by {holder}")]
+pub struct NameTaken {
+    /// The ID of the record holding it.
+    pub holder: String,
 }
 
 /// A new record ID: 32 random bytes in hex.
@@ -136,7 +146,12 @@ mod tests {
         assert_eq!(r.resolve("d"), Err(Lookup::NotFound));
         assert_eq!(r.all().len(), 2);
         r.reserve("pod/a", "abc1").unwrap();
-        assert_eq!(r.reserve("pod/a", "abc2"), Err("abc1".to_string()));
+        assert_eq!(
+            r.reserve("pod/a", "abc2"),
+            Err(NameTaken {
+                holder: "abc1".to_string()
+            })
+        );
         r.release("pod/a");
         r.reserve("pod/a", "abc2").unwrap();
         let id = random_id().unwrap();

@@ -1,13 +1,34 @@
-//! CreateContainer: the container's image, user and confinement (seccomp, AppArmor, SELinux)
-//! resolved, its rootfs mounted (the image's snapshots under a fresh writable layer) and its
-//! bundle written (`config.json`, `monitor.json`, the record).
+//! CreateContainer: the container's image, user and confinement (seccomp, AppArmor, SELinux,
+//! resolved and applied by `confinement`) resolved, its rootfs mounted (the image's snapshots
+//! under a fresh writable layer) and its bundle written (`config.json`, `monitor.json`, the
+//! record); what a failed creation made is undone.
 
+use super::confinement::apply_confinement;
 use super::{
-    Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Error,
+    Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
     atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
-    logs, notice, now_nanos, random_id, runtime, sandbox, spec, user,
+    logs, mounts, notice, now_nanos, random_id, runtime, sandbox, spec, user,
 };
+
+/// A container being created, as `create` checked and reserved it: what `prepare` makes its
+/// writable layer, rootfs, spec and bundle from.
+struct NewContainer<'a> {
+    id: &'a str,
+    bundle: &'a Bundle,
+    config: &'a ContainerConfig,
+    sandbox: &'a sandbox::Record,
+    image: &'a image::Image,
+    /// Where its log goes on the node (the pod's log directory joined with its own path).
+    log_path: Option<&'a Path>,
+    confinement: &'a Confinement,
+    /// Another container's PID namespace, joined in TARGET mode.
+    target_pid: Option<&'a Path>,
+    /// The checkpoint archive it is restored from.
+    archive: Option<&'a Path>,
+    /// Its image volumes, mounted.
+    volumes: &'a [ImageVolume],
+}
 
 impl ContainerService {
     pub async fn create(
@@ -30,65 +51,9 @@ impl ContainerService {
             }
             .into());
         }
-        let image_name = config
-            .image
-            .as_ref()
-            .map(|i| i.image.clone())
-            .unwrap_or_default();
-        if image_name.is_empty() {
-            return Err(invalid("config.image.image", "is required"));
-        }
-        // A checkpoint archive: the container is made of the image it was made of.
-        let archive = checkpoint::is_archive(&image_name).then(|| PathBuf::from(&image_name));
-        let image = match &archive {
-            None => self.inner.images.lookup(&image_name)?,
-            Some(a) => {
-                if config.tty {
-                    return Err(invalid(
-                        "config.tty",
-                        "a container with a terminal cannot be restored",
-                    ));
-                }
-                let dump = self.archive_config(a)?;
-                let mut found = None;
-                for name in [
-                    &dump.rootfs_image_ref,
-                    &dump.rootfs_image_name,
-                    &dump.rootfs_image,
-                ] {
-                    if !name.is_empty()
-                        && let Some(i) = self.inner.images.lookup(name)?
-                    {
-                        found = Some(i);
-                        break;
-                    }
-                }
-                if found.is_none() {
-                    return Err(Error::ImageNotFound {
-                        image: format!("{} (of checkpoint {})", dump.rootfs_image, a.display()),
-                    });
-                }
-                found
-            }
-        }
-        .ok_or_else(|| Error::ImageNotFound {
-            image: image_name.clone(),
-        })?;
-        let log_path = if config.log_path.is_empty() || sandbox.config.log_directory.is_empty() {
-            None
-        } else {
-            let dir = Path::new(&sandbox.config.log_directory);
-            if !dir.is_absolute() {
-                return Err(invalid(
-                    "sandbox_config.log_directory",
-                    format!("{:?} must be absolute", sandbox.config.log_directory),
-                ));
-            }
-            logs::check_relative(Path::new(&config.log_path))
-                .map_err(|e| invalid("config.log_path", format!("{:?} {e}", config.log_path)))?;
-            Some(dir.join(&config.log_path))
-        };
-        spec::cri_mounts(&config, &[])?;
+        let (image, archive) = self.container_image(&config)?;
+        let log_path = log_path(&config, &sandbox)?;
+        mounts::cri_mounts(&config, &[])?;
         let sc = config
             .linux
             .as_ref()
@@ -106,13 +71,13 @@ impl ContainerService {
 
         let id = random_id().map_err(io_err(Path::new("getrandom")))?;
         let key = format!("{}/{}/{}", sandbox.id, meta.name, meta.attempt);
-        if let Err(existing) = self.inner.records.reserve(&key, &id) {
+        if let Err(taken) = self.inner.records.reserve(&key, &id) {
             return Err(Error::NameReserved {
                 name: format!(
                     "{} (attempt {}) in pod {}",
                     meta.name, meta.attempt, sandbox.id
                 ),
-                id: existing,
+                id: taken.holder,
             });
         }
         let b = self.bundle(&id);
@@ -125,18 +90,18 @@ impl ContainerService {
             Err(e) => Err(e),
             Ok(v) => {
                 volumes = v;
-                self.prepare(
-                    &id,
-                    &b,
-                    &config,
-                    &sandbox,
-                    &image,
-                    log_path,
-                    &confinement,
-                    target_pid,
-                    archive.as_deref(),
-                    &volumes,
-                )
+                self.prepare(NewContainer {
+                    id: &id,
+                    bundle: &b,
+                    config: &config,
+                    sandbox: &sandbox,
+                    image: &image,
+                    log_path: log_path.as_deref(),
+                    confinement: &confinement,
+                    target_pid: target_pid.as_deref(),
+                    archive: archive.as_deref(),
+                    volumes: &volumes,
+                })
                 .await
             }
         };
@@ -148,26 +113,106 @@ impl ContainerService {
                 Ok(id)
             }
             Err(e) => {
-                discard_files(b).await;
-                if let Some(pod) = &sandbox.cgroup {
-                    let cg = Cgroup {
-                        root: pod.root.clone(),
-                        path: pod.path.join(self.inner.sandboxes.cgroups().leaf(&id)),
-                    };
-                    if cg.path.exists()
-                        && let Err(e) = sandbox::remove_cgroup(&cg).await
-                    {
-                        tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing cgroup");
-                    }
-                }
-                if let Some(c) = &hold {
-                    self.inner.images.release(c);
-                }
-                self.release_image_volumes(&id, &volumes);
-                self.inner.records.release(&key);
+                self.undo_create(&id, &key, b, &sandbox, hold.as_ref(), &volumes)
+                    .await;
                 Err(e)
             }
         }
+    }
+
+    /// The image a new container is made of, and the checkpoint archive it is restored from
+    /// when its config names one (the container is then made of the image it was made of).
+    fn container_image(
+        &self,
+        config: &ContainerConfig,
+    ) -> Result<(std::sync::Arc<image::Image>, Option<PathBuf>), Error> {
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if image_name.is_empty() {
+            return Err(invalid("config.image.image", "is required"));
+        }
+        // A checkpoint archive: the container is made of the image it was made of.
+        let archive = checkpoint::is_archive(&image_name).then(|| PathBuf::from(&image_name));
+        let image = match &archive {
+            None => self.inner.images.lookup(&image_name)?,
+            Some(a) => self.checkpoint_image(a, config.tty)?,
+        }
+        .ok_or_else(|| Error::ImageNotFound {
+            image: image_name.clone(),
+        })?;
+        Ok((image, archive))
+    }
+
+    /// The image the container checkpointed in `archive` was made of, by the first of its names
+    /// present here; a container with a terminal cannot be restored.
+    fn checkpoint_image(
+        &self,
+        archive: &Path,
+        tty: bool,
+    ) -> Result<Option<std::sync::Arc<image::Image>>, Error> {
+        if tty {
+            return Err(invalid(
+                "config.tty",
+                "a container with a terminal cannot be restored",
+            ));
+        }
+        let dump = self.archive_config(archive)?;
+        let mut found = None;
+        for name in [
+            &dump.rootfs_image_ref,
+            &dump.rootfs_image_name,
+            &dump.rootfs_image,
+        ] {
+            if !name.is_empty()
+                && let Some(i) = self.inner.images.lookup(name)?
+            {
+                found = Some(i);
+                break;
+            }
+        }
+        if found.is_none() {
+            return Err(Error::ImageNotFound {
+                image: format!(
+                    "{} (of checkpoint {})",
+                    dump.rootfs_image,
+                    archive.display()
+                ),
+            });
+        }
+        Ok(found)
+    }
+
+    /// Undoes a container `prepare` (or the mounting of its image volumes) failed to make: its
+    /// bundle and layer, its cgroup, its image's hold, its image volumes, and last its name.
+    async fn undo_create(
+        &self,
+        id: &str,
+        key: &str,
+        b: Bundle,
+        sandbox: &sandbox::Record,
+        hold: Option<&Digest>,
+        volumes: &[ImageVolume],
+    ) {
+        discard_files(b).await;
+        if let Some(pod) = &sandbox.cgroup {
+            let cg = Cgroup {
+                root: pod.root.clone(),
+                path: pod.path.join(self.inner.sandboxes.cgroups().leaf(id)),
+            };
+            if cg.path.exists()
+                && let Err(e) = sandbox::remove_cgroup(&cg).await
+            {
+                tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing cgroup");
+            }
+        }
+        if let Some(c) = hold {
+            self.inner.images.release(c);
+        }
+        self.release_image_volumes(id, volumes);
+        self.inner.records.release(key);
     }
 
     /// The PID namespace of a running container of the same pod, for TARGET mode.
@@ -197,90 +242,85 @@ impl ContainerService {
         }
     }
 
-    /// The seccomp filter and AppArmor profile of a container, checked before anything is made.
-    // The deprecated profile fields are still what older kubelets send.
-    #[allow(deprecated)]
-    pub(super) fn confinement(
-        &self,
-        sc: Option<&config::ContainerSecurity>,
-        pod_selinux: Option<&sandbox::security::SelinuxLabels>,
-    ) -> Result<Confinement, Error> {
-        const FIELD: &str = "config.linux.security_context";
-        let privileged = sc.is_some_and(|s| s.privileged);
-        let (caps, _) = spec::capabilities(sc)?;
-        let mut bounding: Vec<String> = caps.iter().map(|c| c.to_string()).collect();
-        bounding.sort();
-        let choice = sandbox::security::seccomp_choice(
-            sc.and_then(|s| s.seccomp.as_ref()),
-            sc.map(|s| s.seccomp_profile_path.as_str()).unwrap_or(""),
-            FIELD,
-        )?;
-        // A privileged container runs without a filter, whatever it asked for (as containerd).
-        let seccomp = if privileged {
-            None
-        } else {
-            let field = match &choice {
-                sandbox::security::SeccompChoice::Localhost(_)
-                    if sc.is_some_and(|s| s.seccomp.is_some()) =>
-                {
-                    format!("{FIELD}.seccomp.localhost_ref")
-                }
-                _ => format!("{FIELD}.seccomp"),
-            };
-            self.inner.filters.resolve(&choice, &bounding, &field)?
-        };
-        let apparmor = sandbox::security::apparmor_profile(
-            sc.and_then(|s| s.apparmor.as_ref()),
-            sc.map(|s| s.apparmor_profile.as_str()).unwrap_or(""),
-            privileged,
-            &self.inner.root,
-            FIELD,
-        )?;
-        // A privileged container runs with the runtime's own label, as with containerd.
-        let selinux = if privileged {
-            None
-        } else {
-            sandbox::security::selinux_labels(
-                sc.and_then(|s| s.selinux_options.as_ref()),
-                pod_selinux,
-                false,
-                &|_| false,
-                FIELD,
-            )?
-        };
-        Ok(Confinement {
-            seccomp,
-            apparmor,
-            selinux,
-        })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn prepare(
-        &self,
-        id: &str,
-        b: &Bundle,
-        config: &ContainerConfig,
-        sandbox: &sandbox::Record,
-        image: &image::Image,
-        log_path: Option<PathBuf>,
-        confinement: &Confinement,
-        target_pid: Option<PathBuf>,
-        archive: Option<&Path>,
-        volumes: &[ImageVolume],
-    ) -> Result<Record, Error> {
-        if archive.is_some() && sandbox.userns.is_some() {
+    /// Makes the container `new` describes: its writable layer and rootfs, its spec and monitor
+    /// configuration, and its record, all written to its bundle. What it leaves on failure is
+    /// `undo_create`'s to remove.
+    async fn prepare(&self, new: NewContainer<'_>) -> Result<Record, Error> {
+        let b = new.bundle;
+        if new.archive.is_some() && new.sandbox.userns.is_some() {
             return Err(invalid(
                 "config.image.image",
                 "a checkpoint cannot be restored in a pod with a user namespace",
             ));
         }
+        let project = self.layer_dirs(&new)?;
+        let mut lowers = self.lower_dirs(&new)?;
+        if let Some(u) = &new.sandbox.userns {
+            lowers = self.userns_layers(&new, u, &lowers)?;
+        }
+        if let Some(a) = new.archive {
+            self.unpack_archive(a, b)?;
+        }
+        let rootfs = b.rootfs();
+        mount_rootfs(&new, &rootfs, &lowers)?;
+        crate::fault::point("rootfs.mount.after");
+
+        let mut user = resolve_user(&new, &rootfs)?;
+        let cgroup = self.container_cgroup(new.id, new.sandbox, new.config)?;
+        let sandbox_paths = self.inner.sandboxes.paths(&new.sandbox.id);
+        let mut oci =
+            self.container_spec(&new, &rootfs, &sandbox_paths, &mut user, cgroup.is_some())?;
+        check_working_dir(&rootfs, &oci)?;
+        let scoped = self.scoped(cgroup.as_ref());
+        if let Some(cg) = &cgroup
+            && !scoped
+        {
+            attach_devices(cg, &oci)?;
+        }
+        let (join, pid_mode) = namespaces(&new, &sandbox_paths)?;
+        let mut monitor = monitor_config(
+            &new,
+            &sandbox_paths,
+            join,
+            pid_mode,
+            cgroup.as_ref(),
+            scoped,
+        );
+        if let Some(a) = new.archive {
+            if !monitor.new_pid_ns {
+                return Err(invalid(
+                    "config.linux.security_context.namespace_options.pid",
+                    "a restored container needs its own PID namespace",
+                ));
+            }
+            monitor.restore = Some(self.restore_config(a, b, &oci, &monitor)?);
+        }
+        apply_confinement(new.confinement, b, new.config, &mut oci, &mut monitor)?;
+        let cfg_path = b.dir.join("config.json");
+        atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
+        let mon_path = b.dir.join("monitor.json");
+        atomic::write_json(&mon_path, &monitor).map_err(io_err(&mon_path))?;
+        let record = new_record(
+            &new,
+            &user,
+            cgroup,
+            project,
+            pid_mode == NamespaceMode::Container,
+        );
+        atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
+        Ok(record)
+    }
+
+    /// Makes the container's writable layer, charged to a project of its own from the start,
+    /// and its bundle's directories; returns the layer's project ID.
+    fn layer_dirs(&self, new: &NewContainer<'_>) -> Result<Option<u32>, Error> {
+        let b = new.bundle;
         std::fs::create_dir_all(&b.layer).map_err(io_err(&b.layer))?;
         // Before anything is written in it: all below is charged to its project.
         let project = self
             .inner
             .layer_usage
-            .assign(&b.layer, id)
+            .assign(&b.layer, new.id)
             .map_err(io_err(&b.layer))?;
         for d in [
             b.dir.clone(),
@@ -290,101 +330,73 @@ impl ContainerService {
         ] {
             std::fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
-        let mut lowers = match image.top_chain() {
+        Ok(project)
+    }
+
+    /// The image's snapshots the rootfs stacks, top first; an empty directory of the layer's
+    /// for an image without layers.
+    fn lower_dirs(&self, new: &NewContainer<'_>) -> Result<Vec<PathBuf>, Error> {
+        let mut lowers = match new.image.top_chain() {
             Some(c) => self.inner.images.lowerdirs(c)?,
             None => Vec::new(),
         };
         if lowers.is_empty() {
-            let empty = b.layer.join("empty");
+            let empty = new.bundle.layer.join("empty");
             std::fs::create_dir_all(&empty).map_err(io_err(&empty))?;
             lowers.push(empty);
         }
-        if let Some(u) = &sandbox.userns {
-            // The layers seen through the pod's user namespace: files of host root are the
-            // container's root's. The writable layer is the container root's own.
-            let ns = self.inner.sandboxes.paths(&sandbox.id).ns("user");
-            let mut mapped = Vec::new();
-            for (i, l) in lowers.iter().enumerate() {
-                let dir = b.layer.join("idmap").join(i.to_string());
-                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-                let tree =
-                    runtime::mounts::idmapped(l, &ns, false, runtime::mounts::ATTR_RDONLY, false)
-                        .map_err(io_err(l))?;
-                runtime::mounts::attach(&tree, &dir).map_err(io_err(&dir))?;
-                mapped.push(dir);
-            }
-            lowers = mapped;
-            let upper = b.layer.join("upper");
-            std::os::unix::fs::chown(&upper, Some(u.uids.host_id), Some(u.gids.host_id))
-                .map_err(io_err(&upper))?;
-        }
-        if let Some(a) = archive {
-            self.unpack_archive(a, b)?;
-        }
-        let rootfs = b.rootfs();
-        let privileged = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .is_some_and(|s| s.privileged);
-        // A device node in an image layer must not open a host device: the container's devices
-        // live on its own /dev.
-        let flags = if privileged {
-            MsFlags::empty()
-        } else {
-            MsFlags::MS_NODEV
-        };
-        let mount_label = confinement.selinux.as_ref().map(|l| l.mount.as_str());
-        runtime::mounts::overlay(&rootfs, &lowers, &b.layer, flags, mount_label).map_err(|e| {
-            // Too many layers for this kernel: the image's fault, said with the limit.
-            if e.kind() == io::ErrorKind::InvalidInput {
-                invalid("image", e.to_string())
-            } else {
-                io_err(&rootfs)(e)
-            }
-        })?;
-        crate::fault::point("rootfs.mount.after");
+        Ok(lowers)
+    }
 
-        let sc = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref());
-        let user = user::resolve(&rootfs, sc, &image.config.config.user)
-            .map_err(|r| invalid("config.linux.security_context", r))?;
-        if let Some(u) = &sandbox.userns {
-            let gids = std::iter::once(&user.gid).chain(&user.additional_gids);
-            let unmapped = (u.uids.host(user.uid).is_none())
-                .then(|| format!("user ID {}", user.uid))
-                .or_else(|| {
-                    gids.into_iter()
-                        .find(|g| u.gids.host(**g).is_none())
-                        .map(|g| format!("group ID {g}"))
-                });
-            if let Some(what) = unmapped {
-                return Err(invalid(
-                    "config.linux.security_context",
-                    format!(
-                        "{what} is not mapped in the pod's user namespace (IDs 0 to {})",
-                        u.uids.size.min(u.gids.size) - 1
-                    ),
-                ));
-            }
+    /// The layers seen through the pod's user namespace `u` (idmapped mounts in the layer's
+    /// `idmap` directory): files of host root are the container's root's. The writable layer
+    /// is given to the container's root.
+    fn userns_layers(
+        &self,
+        new: &NewContainer<'_>,
+        u: &sandbox::UserNs,
+        lowers: &[PathBuf],
+    ) -> Result<Vec<PathBuf>, Error> {
+        let b = new.bundle;
+        let ns = self.inner.sandboxes.paths(&new.sandbox.id).ns("user");
+        let mut mapped = Vec::new();
+        for (i, l) in lowers.iter().enumerate() {
+            let dir = b.layer.join("idmap").join(i.to_string());
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            let tree =
+                runtime::mounts::idmapped(l, &ns, false, runtime::mounts::ATTR_RDONLY, false)
+                    .map_err(io_err(l))?;
+            runtime::mounts::attach(&tree, &dir).map_err(io_err(&dir))?;
+            mapped.push(dir);
         }
-        let cgroup = self.container_cgroup(id, sandbox, config)?;
-        let sandbox_paths = self.inner.sandboxes.paths(&sandbox.id);
+        let upper = b.layer.join("upper");
+        std::os::unix::fs::chown(&upper, Some(u.uids.host_id), Some(u.gids.host_id))
+            .map_err(io_err(&upper))?;
+        Ok(mapped)
+    }
+
+    /// The container's OCI spec with its CDI devices injected; the groups CDI adds go to
+    /// `user` too, for the processes exec'd in it.
+    fn container_spec(
+        &self,
+        new: &NewContainer<'_>,
+        rootfs: &Path,
+        sandbox_paths: &sandbox::Paths,
+        user: &mut user::User,
+        cgroup: bool,
+    ) -> Result<oci_spec::runtime::Spec, Error> {
         let mut oci = spec::build(&spec::Context {
-            config,
-            sandbox,
-            sandbox_paths: &sandbox_paths,
-            image,
-            rootfs: &rootfs,
-            user: &user,
-            cgroup: cgroup.is_some(),
-            image_volumes: volumes,
+            config: new.config,
+            sandbox: new.sandbox,
+            sandbox_paths,
+            image: new.image,
+            rootfs,
+            user,
+            cgroup,
+            image_volumes: new.volumes,
         })?;
-        super::cdi::inject(self.inner.cdi.as_ref(), config, &mut oci)?;
+        super::cdi::inject(self.inner.cdi.as_ref(), new.config, &mut oci)?;
         // CDI may add groups: exec'd processes get them too.
-        let mut user = user;
         if let Some(g) = oci
             .process()
             .as_ref()
@@ -392,154 +404,216 @@ impl ContainerService {
         {
             user.additional_gids.clone_from(g);
         }
-        check_working_dir(&rootfs, &oci)?;
-        let scoped = self.scoped(cgroup.as_ref());
-        if let Some(cg) = &cgroup
-            && !scoped
-        {
-            attach_devices(cg, &oci)?;
-        }
-        let ns = sc
-            .and_then(|s| s.namespace_options.clone())
-            .unwrap_or_default();
-        let mut join = Vec::new();
-        for (kind, mode_known) in [
-            ("net", sandbox.network),
-            ("ipc", sandbox.ipc),
-            ("uts", sandbox.network),
-        ] {
-            if mode_known != NamespaceMode::Node && sandbox.namespaces.iter().any(|n| n == kind) {
-                join.push(JoinNamespace {
-                    kind: kind.into(),
-                    path: sandbox_paths.ns(kind),
-                });
-            }
-        }
-        let pid_mode = if let Some(path) = target_pid {
-            // Another container's PID namespace (an ephemeral container's target).
-            join.push(JoinNamespace {
-                kind: "pid".into(),
-                path,
-            });
-            NamespaceMode::Target
-        } else if ns.pid == NamespaceMode::Node || sandbox.pid == NamespaceMode::Node {
-            NamespaceMode::Node
-        } else if ns.pid == NamespaceMode::Pod || sandbox.pid == NamespaceMode::Pod {
-            NamespaceMode::Pod
+        Ok(oci)
+    }
+}
+
+/// The container's log file on the node: its relative `log_path` below the pod's absolute log
+/// directory; none when either is unset.
+fn log_path(config: &ContainerConfig, sandbox: &sandbox::Record) -> Result<Option<PathBuf>, Error> {
+    if config.log_path.is_empty() || sandbox.config.log_directory.is_empty() {
+        return Ok(None);
+    }
+    let dir = Path::new(&sandbox.config.log_directory);
+    if !dir.is_absolute() {
+        return Err(invalid(
+            "sandbox_config.log_directory",
+            format!("{:?} must be absolute", sandbox.config.log_directory),
+        ));
+    }
+    logs::check_relative(Path::new(&config.log_path))
+        .map_err(|e| invalid("config.log_path", format!("{:?} {e}", config.log_path)))?;
+    Ok(Some(dir.join(&config.log_path)))
+}
+
+/// Mounts the container's rootfs: the overlay of `lowers` under its writable layer, `nodev`
+/// unless the container is privileged.
+fn mount_rootfs(new: &NewContainer<'_>, rootfs: &Path, lowers: &[PathBuf]) -> Result<(), Error> {
+    let privileged = new
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged);
+    // A device node in an image layer must not open a host device: the container's devices
+    // live on its own /dev.
+    let flags = if privileged {
+        MsFlags::empty()
+    } else {
+        MsFlags::MS_NODEV
+    };
+    let mount_label = new.confinement.selinux.as_ref().map(|l| l.mount.as_str());
+    runtime::mounts::overlay(rootfs, lowers, &new.bundle.layer, flags, mount_label).map_err(|e| {
+        // Too many layers for this kernel: the image's fault, said with the limit.
+        if e.kind() == io::ErrorKind::InvalidInput {
+            invalid("image", e.to_string())
         } else {
-            NamespaceMode::Container
-        };
-        if pid_mode == NamespaceMode::Pod {
-            if !sandbox.namespaces.iter().any(|n| n == "pid") {
-                return Err(invalid(
-                    "config.linux.security_context.namespace_options.pid",
-                    "POD mode needs a pod sandbox that shares its PID namespace",
-                ));
-            }
+            io_err(rootfs)(e)
+        }
+    })
+}
+
+/// The container's user, from its security context or its image (read in the mounted
+/// `rootfs`); in a pod with its own user namespace, every one of its IDs must be mapped there.
+fn resolve_user(new: &NewContainer<'_>, rootfs: &Path) -> Result<user::User, Error> {
+    let sc = new
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref());
+    let user = user::resolve(rootfs, sc, &new.image.config.config.user)
+        .map_err(|r| invalid("config.linux.security_context", r))?;
+    if let Some(u) = &new.sandbox.userns {
+        let gids = std::iter::once(&user.gid).chain(&user.additional_gids);
+        let unmapped = (u.uids.host(user.uid).is_none())
+            .then(|| format!("user ID {}", user.uid))
+            .or_else(|| {
+                gids.into_iter()
+                    .find(|g| u.gids.host(**g).is_none())
+                    .map(|g| format!("group ID {g}"))
+            });
+        if let Some(what) = unmapped {
+            return Err(invalid(
+                "config.linux.security_context",
+                format!(
+                    "{what} is not mapped in the pod's user namespace (IDs 0 to {})",
+                    u.uids.size.min(u.gids.size) - 1
+                ),
+            ));
+        }
+    }
+    Ok(user)
+}
+
+/// The pod's namespaces the container joins (network, IPC and UTS unless the node's; PID in
+/// TARGET and POD mode), and the mode of its PID namespace.
+fn namespaces(
+    new: &NewContainer<'_>,
+    sandbox_paths: &sandbox::Paths,
+) -> Result<(Vec<JoinNamespace>, NamespaceMode), Error> {
+    let sandbox = new.sandbox;
+    let ns = new
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default();
+    let mut join = Vec::new();
+    for (kind, mode_known) in [
+        ("net", sandbox.network),
+        ("ipc", sandbox.ipc),
+        ("uts", sandbox.network),
+    ] {
+        if mode_known != NamespaceMode::Node && sandbox.namespaces.iter().any(|n| n == kind) {
             join.push(JoinNamespace {
-                kind: "pid".into(),
-                path: sandbox_paths.ns("pid"),
+                kind: kind.into(),
+                path: sandbox_paths.ns(kind),
             });
         }
-        let (log_dir, log_rel) = match &log_path {
-            Some(_) => (
-                Some(PathBuf::from(&sandbox.config.log_directory)),
-                Some(PathBuf::from(&config.log_path)),
-            ),
-            None => (None, None),
-        };
-        let mut monitor = MonitorConfig {
-            id: id.to_string(),
-            log_dir,
-            log_path: log_rel,
-            stdin: config.stdin,
-            stdin_once: config.stdin_once,
-            tty: config.tty,
-            join,
-            new_pid_ns: pid_mode == NamespaceMode::Container,
-            exit_file: b.exit(),
-            cgroup: cgroup.as_ref().map(|c| c.path.clone()),
-            placed: scoped,
-            seccomp: None,
-            userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
-            restore: None,
-        };
-        if let Some(a) = archive {
-            if !monitor.new_pid_ns {
-                return Err(invalid(
-                    "config.linux.security_context.namespace_options.pid",
-                    "a restored container needs its own PID namespace",
-                ));
-            }
-            monitor.restore = Some(self.restore_config(a, b, &oci, &monitor)?);
+    }
+    let pid_mode = if let Some(path) = new.target_pid {
+        // Another container's PID namespace (an ephemeral container's target).
+        join.push(JoinNamespace {
+            kind: "pid".into(),
+            path: path.to_path_buf(),
+        });
+        NamespaceMode::Target
+    } else if ns.pid == NamespaceMode::Node || sandbox.pid == NamespaceMode::Node {
+        NamespaceMode::Node
+    } else if ns.pid == NamespaceMode::Pod || sandbox.pid == NamespaceMode::Pod {
+        NamespaceMode::Pod
+    } else {
+        NamespaceMode::Container
+    };
+    if pid_mode == NamespaceMode::Pod {
+        if !sandbox.namespaces.iter().any(|n| n == "pid") {
+            return Err(invalid(
+                "config.linux.security_context.namespace_options.pid",
+                "POD mode needs a pod sandbox that shares its PID namespace",
+            ));
         }
-        if let Some(f) = &confinement.seccomp {
-            let path = b.dir.join("seccomp.bpf");
-            atomic::write(&path, &f.program, 0o600).map_err(io_err(&path))?;
-            monitor.seccomp = Some(runtime::SeccompFilter {
-                program: path,
-                flags: f.flags,
-            });
-            if let Some(l) = oci.linux_mut() {
-                l.set_seccomp(Some(f.profile.clone()));
-            }
-        }
-        if let (Some(name), Some(p)) = (&confinement.apparmor, oci.process_mut()) {
-            p.set_apparmor_profile(Some(name.clone()));
-        }
-        if let Some(l) = &confinement.selinux {
-            label_spec(&mut oci, l);
-            for (i, m) in config.mounts.iter().enumerate() {
-                if !m.selinux_relabel {
-                    continue;
-                }
-                let field = format!("config.mounts[{i}].selinux_relabel");
-                if !sandbox::security::relabel_allowed(&m.host_path) {
-                    return Err(invalid(
-                        &field,
-                        format!("relabelling {} would break the node", m.host_path),
-                    ));
-                }
-                runtime::selinux::relabel(Path::new(&m.host_path), &l.mount)
-                    .map_err(|e| invalid(&field, e.to_string()))?;
-            }
-        }
-        let cfg_path = b.dir.join("config.json");
-        atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
-        let mon_path = b.dir.join("monitor.json");
-        atomic::write_json(&mon_path, &monitor).map_err(io_err(&mon_path))?;
-        let record = Record {
-            id: id.to_string(),
-            sandbox_id: sandbox.id.clone(),
-            config: config.clone(),
-            image_ref: image
-                .record
-                .repo_digests
-                .first()
-                .cloned()
-                .unwrap_or_else(|| image.record.id.to_string()),
-            image_id: image.record.id.to_string(),
-            top_chain: image.top_chain().cloned(),
-            created_at: now_nanos(),
-            started_at: 0,
-            finished_at: 0,
-            state: ContainerState::Created,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            init: None,
-            monitor: None,
-            mnt_ns: None,
-            own_pid_ns: pid_mode == NamespaceMode::Container,
-            log_path,
-            stop_signal: image.config.config.stop_signal.clone(),
-            user: (user.uid, user.gid, user.additional_gids.clone()),
-            cgroup,
-            project,
-            image_volumes: volumes.to_vec(),
-        };
-        atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
-        Ok(record)
+        join.push(JoinNamespace {
+            kind: "pid".into(),
+            path: sandbox_paths.ns("pid"),
+        });
+    }
+    Ok((join, pid_mode))
+}
+
+/// What the container's monitor is told (`monitor.json`), before any confinement or restore.
+fn monitor_config(
+    new: &NewContainer<'_>,
+    sandbox_paths: &sandbox::Paths,
+    join: Vec<JoinNamespace>,
+    pid_mode: NamespaceMode,
+    cgroup: Option<&Cgroup>,
+    scoped: bool,
+) -> MonitorConfig {
+    let (config, sandbox) = (new.config, new.sandbox);
+    let (log_dir, log_rel) = match new.log_path {
+        Some(_) => (
+            Some(PathBuf::from(&sandbox.config.log_directory)),
+            Some(PathBuf::from(&config.log_path)),
+        ),
+        None => (None, None),
+    };
+    MonitorConfig {
+        id: new.id.to_string(),
+        log_dir,
+        log_path: log_rel,
+        stdin: config.stdin,
+        stdin_once: config.stdin_once,
+        tty: config.tty,
+        join,
+        new_pid_ns: pid_mode == NamespaceMode::Container,
+        exit_file: new.bundle.exit(),
+        cgroup: cgroup.map(|c| c.path.clone()),
+        placed: scoped,
+        seccomp: None,
+        userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
+        restore: None,
+    }
+}
+
+/// The record of the new container, created now.
+fn new_record(
+    new: &NewContainer<'_>,
+    user: &user::User,
+    cgroup: Option<Cgroup>,
+    project: Option<u32>,
+    own_pid_ns: bool,
+) -> Record {
+    let image = new.image;
+    Record {
+        id: new.id.to_string(),
+        sandbox_id: new.sandbox.id.clone(),
+        config: new.config.clone(),
+        image_ref: image
+            .record
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| image.record.id.to_string()),
+        image_id: image.record.id.to_string(),
+        top_chain: image.top_chain().cloned(),
+        created_at: now_nanos(),
+        started_at: 0,
+        finished_at: 0,
+        state: ContainerState::Created,
+        exit_code: 0,
+        reason: String::new(),
+        message: String::new(),
+        init: None,
+        monitor: None,
+        mnt_ns: None,
+        own_pid_ns,
+        log_path: new.log_path.map(Path::to_path_buf),
+        stop_signal: image.config.config.stop_signal.clone(),
+        user: (user.uid, user.gid, user.additional_gids.clone()),
+        cgroup,
+        project,
+        image_volumes: new.volumes.to_vec(),
     }
 }
 
@@ -616,8 +690,6 @@ pub fn recursive_read_only_mounts() -> bool {
     crate::runtime::mounts::recursive_read_only_supported()
 }
 
-/// Puts SELinux labels in a container's spec: the process's (set on its exec by the init), the
-/// files' (the rootfs is mounted with it) and a `context=` on its tmpfs mounts.
 /// A working directory the image holds as something other than a directory (`/etc/passwd`) is
 /// the caller's error, named before anything starts; a missing one is made at start, and one
 /// under a mount is the mount's to provide.
@@ -657,22 +729,4 @@ fn check_working_dir(rootfs: &Path, oci: &oci_spec::runtime::Spec) -> Result<(),
         ));
     }
     Ok(())
-}
-
-pub(super) fn label_spec(oci: &mut oci_spec::runtime::Spec, l: &sandbox::security::SelinuxLabels) {
-    if let Some(p) = oci.process_mut() {
-        p.set_selinux_label(Some(l.process.clone()));
-    }
-    if let Some(linux) = oci.linux_mut() {
-        linux.set_mount_label(Some(l.mount.clone()));
-    }
-    if let Some(mounts) = oci.mounts_mut() {
-        for m in mounts.iter_mut() {
-            if m.typ().as_deref() == Some("tmpfs") {
-                let mut opts = m.options().clone().unwrap_or_default();
-                opts.push(format!("context=\"{}\"", l.mount));
-                m.set_options(Some(opts));
-            }
-        }
-    }
 }

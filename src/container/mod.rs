@@ -1,28 +1,32 @@
-//! container: containers of pod sandboxes. CreateContainer (`create`) resolves the image and
-//! user, mounts the rootfs (overlay of the image's snapshots plus a fresh writable layer under
-//! `<root>/containers/<id>`) and writes the bundle (`config.json`, the OCI spec; `monitor.json`)
-//! under `<state>/containers/<id>`. StartContainer (`lifecycle`) runs `crius monitor` on the
-//! bundle; the monitor owns the container from then on and leaves `exit.json` when it ends,
-//! which is the one source of exit truth for this daemon and any later one. Here too: stop and
-//! remove (`lifecycle`), cgroups and resource updates (`cgroups`), ExecSync (`exec`), status and
-//! lists (`listing`), stats (`stats`) and metrics (`metrics`), checkpoints with criu and restores
-//! from them (`checkpoint`), lifecycle events (`events`), streams (`attach`, `stream`); this
-//! file holds the records and their recovery. Its inputs and outputs are its own types
-//! (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
-//! `sandbox` (and its `config`), `snapshot` (layer diffs, usage, the safe unpacker), `runtime`,
-//! `systemd`, `records`, `atomic`, `content`, `mounttable`, `fault` and `sys`.
+//! container: containers of pod sandboxes. CreateContainer (`create`) resolves the image and user,
+//! mounts the rootfs (overlay of the image's snapshots plus a fresh writable layer under
+//! `<root>/containers/<id>`) and writes the bundle (`config.json`, the OCI spec of `spec` and
+//! `mounts`, confined by `confinement`; `monitor.json`) under `<state>/containers/<id>`.
+//! StartContainer (`lifecycle`) runs `crius monitor` on the bundle; the monitor owns the container
+//! from then on and leaves `exit.json` when it ends, which is the one source of exit truth for this
+//! daemon and any later one. Here too: stop and remove (`lifecycle`), cgroups and resource updates
+//! (`cgroups`), ExecSync (`exec`), status and lists (`listing`), stats (`stats`) and metrics
+//! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`),
+//! lifecycle events (`events`), streams (`attach`, `stream`); this file holds the records and their
+//! recovery. Its inputs and outputs are its own types (`config` and the status, stats and metrics
+//! types), which `cri` converts. Uses `image`, `sandbox` (and its `config`), `snapshot` (layer
+//! diffs, usage, the safe unpacker), `runtime`, `systemd`, `records`, `atomic`, `content`,
+//! `mounttable`, `fault` and `sys`.
 
 mod attach;
 mod cdi;
 mod cgroups;
 mod checkpoint;
 pub mod config;
+mod confinement;
 mod create;
 pub mod events;
 mod exec;
 mod lifecycle;
 mod listing;
+mod metric_samples;
 pub mod metrics;
+mod mounts;
 pub mod spec;
 pub mod stats;
 pub mod stream;

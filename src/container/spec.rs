@@ -1,38 +1,24 @@
 //! The OCI runtime spec of a container, built from its CRI config, its pod and its image the way
 //! kubelet and containerd agree on: command/args against the image's entrypoint/cmd, environment
-//! merged over the image's, the default mounts (`/proc`, a minimal `/dev`, `/dev/pts`, `/dev/shm`
-//! of the pod, `/dev/mqueue`, `/sys`), the pod's hosts/resolv.conf/hostname files, CRI bind mounts
-//! with their propagation, devices, and containerd's default capability set.
+//! merged over the image's, devices, and containerd's default capability set. Its mounts (the
+//! default ones, the pod's files, CRI bind mounts) are `mounts`'s to make, as is `Invalid`, the
+//! error of every part (re-exported here).
 
-use std::collections::HashSet;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDevice,
+    Capabilities, Capability, Linux, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxDevice,
     LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
-    LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
-    UserBuilder,
+    LinuxResourcesBuilder, Process, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use super::config::{self, ContainerConfig, Propagation};
+use super::config::{self, ContainerConfig};
+pub use super::mounts::Invalid;
+use super::mounts::{check_abs, clean_container_path, invalid, spec_mounts};
 use super::user::User;
 use crate::image::Image;
-use crate::sandbox::{self, NamespaceMode};
-
-/// A bad field of the request.
-#[derive(Debug)]
-pub struct Invalid {
-    pub field: String,
-    pub reason: String,
-}
-
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
-    Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
+use crate::sandbox;
 
 /// containerd's default capabilities for CRI containers.
 pub const DEFAULT_CAPS: [Capability; 14] = [
@@ -52,6 +38,7 @@ pub const DEFAULT_CAPS: [Capability; 14] = [
     Capability::AuditWrite,
 ];
 
+/// What a container's spec is built from.
 pub struct Context<'a> {
     pub config: &'a ContainerConfig,
     pub sandbox: &'a sandbox::Record,
@@ -195,141 +182,6 @@ pub fn capabilities(
         }
     }
     Ok((set, ambient))
-}
-
-/// `/a/b/../c` is fine as long as it stays absolute; relative paths are not.
-fn check_abs(path: &str, field: &str) -> Result<(), Invalid> {
-    if path.is_empty() {
-        return Err(invalid(field, "is required"));
-    }
-    if !Path::new(path).is_absolute() {
-        return Err(invalid(field, format!("{path:?} must be an absolute path")));
-    }
-    if path.contains('\0') {
-        return Err(invalid(field, "contains a NUL byte"));
-    }
-    Ok(())
-}
-
-/// A container path with `..` resolved lexically, refusing one that climbs above `/`.
-fn clean_container_path(path: &str, field: &str) -> Result<String, Invalid> {
-    check_abs(path, field)?;
-    let mut parts: Vec<&str> = Vec::new();
-    for c in Path::new(path).components() {
-        match c {
-            Component::Normal(s) => parts.push(s.to_str().unwrap_or("")),
-            Component::ParentDir if parts.pop().is_none() => {
-                return Err(invalid(
-                    field,
-                    format!("{path:?} escapes the container's root"),
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok(format!("/{}", parts.join("/")))
-}
-
-fn mount(dest: &str, kind: &str, source: &str, options: &[&str]) -> Result<Mount, Invalid> {
-    MountBuilder::default()
-        .destination(PathBuf::from(dest))
-        .typ(kind)
-        .source(PathBuf::from(source))
-        .options(options.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .build()
-        .map_err(|e| invalid("mounts", e.to_string()))
-}
-
-fn propagation(p: Propagation) -> &'static str {
-    match p {
-        Propagation::HostToContainer => "rslave",
-        Propagation::Bidirectional => "rshared",
-        Propagation::Private => "rprivate",
-    }
-}
-
-/// Validates the CRI mounts and turns them into OCI bind mounts, parents before children; an
-/// image volume binds its mounted image (from `volumes`; before they are mounted, this only
-/// validates).
-pub fn cri_mounts(
-    config: &ContainerConfig,
-    volumes: &[super::ImageVolume],
-) -> Result<Vec<Mount>, Invalid> {
-    let mut seen = HashSet::new();
-    let mut out: Vec<(usize, Mount)> = Vec::new();
-    for (i, m) in config.mounts.iter().enumerate() {
-        let field = format!("mounts[{i}]");
-        let dest = clean_container_path(&m.container_path, &format!("{field}.container_path"))?;
-        if dest == "/" {
-            return Err(invalid(
-                format!("{field}.container_path"),
-                "a volume cannot replace the container's root",
-            ));
-        }
-        // A volume there would take the runtime's writes to /proc (CVE-2025-52881).
-        if !crate::runtime::mounts::proc_destination_allowed(&dest) {
-            return Err(invalid(
-                format!("{field}.container_path"),
-                format!(
-                    "{dest:?} is in /proc, where only the files lxcfs emulates may be mounted ({})",
-                    crate::runtime::mounts::PROC_MOUNTABLE.join(", ")
-                ),
-            ));
-        }
-        let image_volume =
-            super::volumes::check(m, &format!("config.{field}")).map_err(|e| match e {
-                super::Error::Invalid { field, reason } => invalid(field, reason),
-                other => invalid(format!("config.{field}"), other.to_string()),
-            })?;
-        let source = if image_volume {
-            volumes
-                .iter()
-                .find(|v| v.mount == i)
-                .map(|v| v.source.display().to_string())
-                .unwrap_or_default()
-        } else {
-            check_abs(&m.host_path, &format!("{field}.host_path"))?;
-            m.host_path.clone()
-        };
-        if !seen.insert(dest.clone()) {
-            return Err(invalid(
-                format!("{field}.container_path"),
-                format!("{dest:?} is mounted twice"),
-            ));
-        }
-        if m.recursive_read_only {
-            if !m.readonly {
-                return Err(invalid(
-                    format!("{field}.recursive_read_only"),
-                    "needs readonly",
-                ));
-            }
-            if m.propagation != config::Propagation::Private {
-                return Err(invalid(
-                    format!("{field}.recursive_read_only"),
-                    "needs private propagation",
-                ));
-            }
-            if !crate::runtime::mounts::recursive_read_only_supported() {
-                return Err(invalid(
-                    format!("{field}.recursive_read_only"),
-                    "this kernel has no mount_setattr (5.12 or later is needed)",
-                ));
-            }
-        }
-        let mut opts = vec!["rbind", propagation(m.propagation)];
-        opts.push(if m.recursive_read_only {
-            "rro"
-        } else if m.readonly {
-            "ro"
-        } else {
-            "rw"
-        });
-        let depth = Path::new(&dest).components().count();
-        out.push((depth, mount(&dest, "bind", &source, &opts)?));
-    }
-    out.sort_by_key(|(d, _)| *d);
-    Ok(out.into_iter().map(|(_, m)| m).collect())
 }
 
 /// The CRI devices, each with its cgroup permissions (`rwm` when none are given).
@@ -497,27 +349,77 @@ fn device_rules(
     Ok(out)
 }
 
+/// Whether the pod sandbox itself is privileged (a privileged container needs it to be).
+fn pod_privileged(pod: &sandbox::Record) -> bool {
+    pod.config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|s| s.privileged)
+}
+
+/// The container's OCI spec: its process, mounts, devices and other Linux settings, root, and
+/// the pod's hostname.
 pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
-    let config = ctx.config;
-    let sc = config
+    let sc = ctx
+        .config
         .linux
         .as_ref()
         .and_then(|l| l.security_context.as_ref());
     let privileged = sc.is_some_and(|s| s.privileged);
-    if privileged
-        && !ctx
-            .sandbox
-            .config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .is_some_and(|s| s.privileged)
-    {
+    if privileged && !pod_privileged(ctx.sandbox) {
         return Err(invalid(
             "linux.security_context.privileged",
             "a privileged container needs a privileged pod sandbox",
         ));
     }
+    let process = process(ctx, sc)?;
+    let (mounts, shared) = spec_mounts(
+        ctx.config,
+        ctx.image_volumes,
+        ctx.sandbox,
+        ctx.sandbox_paths,
+        ctx.cgroup,
+    )?;
+    let linux = linux(ctx.config, sc, shared)?;
+    let ro = sc.is_some_and(|s| s.readonly_rootfs);
+    let root = RootBuilder::default()
+        .path(ctx.rootfs.to_path_buf())
+        .readonly(ro)
+        .build()
+        .map_err(|e| invalid("root", e.to_string()))?;
+    let hostname = std::fs::read_to_string(ctx.sandbox_paths.hostname())
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    SpecBuilder::default()
+        .version("1.0.2")
+        .process(process)
+        .root(root)
+        .hostname(hostname)
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .map_err(|e| invalid("spec", e.to_string()))
+}
+
+/// The working directory: the container's, else the image's (relative to the root), else `/`.
+fn working_dir(config: &ContainerConfig, image: &Image) -> Result<String, Invalid> {
+    if !config.working_dir.is_empty() {
+        clean_container_path(&config.working_dir, "working_dir")
+    } else if !image.config.config.working_dir.is_empty() {
+        // An image's WorkingDir may be relative (to the root, as Docker reads it).
+        let wd = &image.config.config.working_dir;
+        clean_container_path(&format!("/{wd}"), "image WorkingDir")
+    } else {
+        Ok("/".to_string())
+    }
+}
+
+/// The container's process: command line, environment, working directory, user,
+/// capabilities, and its OOM score adjustment when resources are given.
+fn process(ctx: &Context, sc: Option<&config::ContainerSecurity>) -> Result<Process, Invalid> {
+    let config = ctx.config;
     let args = command_line(config, ctx.image);
     if args.is_empty() {
         return Err(invalid(
@@ -525,15 +427,7 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
             "neither the container nor its image gives a command",
         ));
     }
-    let cwd = if !config.working_dir.is_empty() {
-        clean_container_path(&config.working_dir, "working_dir")?
-    } else if !ctx.image.config.config.working_dir.is_empty() {
-        // An image's WorkingDir may be relative (to the root, as Docker reads it).
-        let wd = &ctx.image.config.config.working_dir;
-        clean_container_path(&format!("/{wd}"), "image WorkingDir")?
-    } else {
-        "/".to_string()
-    };
+    let cwd = working_dir(config, ctx.image)?;
     let (caps, ambient) = capabilities(sc)?;
     let mut inheritable = Capabilities::new();
     inheritable.extend(ambient.iter().copied());
@@ -578,99 +472,18 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
             })?;
         process.set_oom_score_adj(Some(adj));
     }
+    Ok(process)
+}
 
-    let paths = ctx.sandbox_paths;
-    let host_ipc = ctx.sandbox.ipc == NamespaceMode::Node;
-    let shm = if host_ipc {
-        PathBuf::from("/dev/shm")
-    } else {
-        paths.shm()
-    };
-    let sys_opts: &[&str] = if privileged {
-        &["nosuid", "noexec", "nodev", "rw"]
-    } else {
-        &["nosuid", "noexec", "nodev", "ro"]
-    };
-    let ro = sc.is_some_and(|s| s.readonly_rootfs);
-    let file_opts: &[&str] = if ro {
-        &["rbind", "rprivate", "ro"]
-    } else {
-        &["rbind", "rprivate", "rw"]
-    };
-    let mut user_mounts = cri_mounts(config, ctx.image_volumes)?;
-    if !privileged {
-        // No device node in a volume may open a host device, whatever the node's cgroup can
-        // enforce; devices are passed as devices, or from /dev.
-        for m in &mut user_mounts {
-            let from_dev = m.source().as_ref().is_some_and(|s| s.starts_with("/dev"));
-            if !from_dev && let Some(o) = m.options_mut() {
-                o.push("nodev".into());
-            }
-        }
-    }
-    let given = |p: &str| user_mounts.iter().any(|m| m.destination() == Path::new(p));
-    let mut mounts = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
-        mount(
-            "/dev",
-            "tmpfs",
-            "tmpfs",
-            &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        )?,
-        mount(
-            "/dev/pts",
-            "devpts",
-            "devpts",
-            &[
-                "nosuid",
-                "noexec",
-                "newinstance",
-                "ptmxmode=0666",
-                "mode=0620",
-                "gid=5",
-            ],
-        )?,
-        mount(
-            "/dev/mqueue",
-            "mqueue",
-            "mqueue",
-            &["nosuid", "noexec", "nodev"],
-        )?,
-        mount("/sys", "sysfs", "sysfs", sys_opts)?,
-    ];
-    if ctx.cgroup {
-        let ro = if privileged { "rw" } else { "ro" };
-        mounts.push(mount(
-            "/sys/fs/cgroup",
-            "cgroup2",
-            "cgroup2",
-            &["nosuid", "noexec", "nodev", "relatime", ro],
-        )?);
-    }
-    if !given("/dev/shm") {
-        mounts.push(mount(
-            "/dev/shm",
-            "bind",
-            &shm.display().to_string(),
-            &["rbind", "rprivate", "nosuid", "nodev", "noexec"],
-        )?);
-    }
-    for (dest, file) in [
-        ("/etc/hostname", paths.hostname()),
-        ("/etc/resolv.conf", paths.resolv()),
-        ("/etc/hosts", paths.hosts()),
-    ] {
-        if !given(dest) {
-            mounts.push(mount(dest, "bind", &file.display().to_string(), file_opts)?);
-        }
-    }
-    let shared = user_mounts.iter().any(|m| {
-        m.options()
-            .as_ref()
-            .is_some_and(|o| o.iter().any(|x| x == "rshared"))
-    });
-    mounts.extend(user_mounts);
-
+/// The Linux settings: the devices (all the host's too for a privileged container) and their
+/// cgroup rules, the rootfs propagation (`rshared` when a mount is `shared`), the masked and
+/// read-only paths; no namespaces.
+fn linux(
+    config: &ContainerConfig,
+    sc: Option<&config::ContainerSecurity>,
+    shared: bool,
+) -> Result<Linux, Invalid> {
+    let privileged = sc.is_some_and(|s| s.privileged);
     let given = devices(config)?;
     let mut devs: Vec<LinuxDevice> = given.iter().map(|(d, _)| d.clone()).collect();
     if privileged {
@@ -699,25 +512,7 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         .readonly_paths(readonly)
         // The namespaces are the monitor's business (monitor.json), not this spec's.
         .namespaces(Vec::new());
-    let linux = linux.build().map_err(|e| invalid("linux", e.to_string()))?;
-    let root = RootBuilder::default()
-        .path(ctx.rootfs.to_path_buf())
-        .readonly(ro)
-        .build()
-        .map_err(|e| invalid("root", e.to_string()))?;
-    let hostname = std::fs::read_to_string(paths.hostname())
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    SpecBuilder::default()
-        .version("1.0.2")
-        .process(process)
-        .root(root)
-        .hostname(hostname)
-        .mounts(mounts)
-        .linux(linux)
-        .build()
-        .map_err(|e| invalid("spec", e.to_string()))
+    linux.build().map_err(|e| invalid("linux", e.to_string()))
 }
 
 #[cfg(test)]
@@ -817,30 +612,5 @@ mod tests {
         let (set, _) = capabilities(Some(&sc(&["ALL"], &[]))).unwrap();
         assert!(set.len() > 30);
         assert!(capabilities(Some(&sc(&["FLY"], &[]))).is_err());
-    }
-
-    #[test]
-    fn mount_validation() {
-        let m = |c: &str, h: &str| config::Mount {
-            container_path: c.into(),
-            host_path: h.into(),
-            ..Default::default()
-        };
-        let mut c = cfg(&[], &[]);
-        c.mounts = vec![m("relative", "/tmp")];
-        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("absolute"));
-        c.mounts = vec![m("/data", "tmp")];
-        assert!(cri_mounts(&c, &[]).unwrap_err().field.contains("host_path"));
-        c.mounts = vec![m("/../../etc", "/tmp")];
-        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("escapes"));
-        c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp"), m("/a/./b/", "/x")];
-        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("twice"));
-        c.mounts = vec![m("/a/b", "/tmp"), m("/a", "/tmp")];
-        let ms = cri_mounts(&c, &[]).unwrap();
-        assert_eq!(ms[0].destination(), Path::new("/a"), "parents first");
-        let mut rro = m("/r", "/tmp");
-        rro.recursive_read_only = true;
-        c.mounts = vec![rro];
-        assert!(cri_mounts(&c, &[]).unwrap_err().reason.contains("readonly"));
     }
 }

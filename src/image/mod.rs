@@ -1,9 +1,9 @@
 //! image: what a node knows about images. It resolves references, pulls and verifies images from
-//! registries (`registry`, `hosts`, `auth`, `manifest`, `pull`), keeps one record per image (ID =
-//! config digest) with its tags and repo digests under `<root>/images`, answers lookups by ID,
-//! tag or digest, and removes images with garbage collection of blobs and snapshots no longer
-//! referenced. It uses `content` for blobs, `snapshot` for unpacked layers and `atomic` for
-//! records; it knows nothing of gRPC (the `cri` module maps its errors).
+//! registries (`registry`, `hosts`, `auth`, `manifest`, `pull`, `pull_manifest`), keeps one record
+//! per image (ID = config digest) with its tags and repo digests under `<root>/images`, answers
+//! lookups by ID, tag or digest, and removes images with garbage collection of blobs and snapshots
+//! no longer referenced. It uses `content` for blobs, `snapshot` for unpacked layers and `atomic`
+//! for records; it knows nothing of gRPC (the `cri` module maps its errors).
 
 pub mod auth;
 pub mod dockercfg;
@@ -12,6 +12,7 @@ pub mod manifest;
 pub mod policy;
 pub mod progress;
 mod pull;
+mod pull_manifest;
 pub mod reference;
 pub mod registry;
 mod signature;

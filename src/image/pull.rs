@@ -1,10 +1,10 @@
 //! One pull: resolve the manifest (verifying it against the digest it was asked or resolved by),
-//! pick the platform from an index, fetch and verify the config, then download every layer in
-//! parallel. Each layer streams through one pass off the async threads: bytes are hashed and
-//! appended to the content store's ingest file as they arrive, decompressed, hashed again (diff
-//! ID) and unpacked into a private snapshot directory. Blob and snapshot are committed only when
-//! the digest, the size and the diff ID all match; an interrupted download stays in the ingest
-//! file and is resumed with a range request.
+//! pick the platform from an index, fetch and verify the config (all three `pull_manifest`'s),
+//! then download every layer in parallel. Each layer streams through one pass off the async
+//! threads: bytes are hashed and appended to the content store's ingest file as they arrive,
+//! decompressed, hashed again (diff ID) and unpacked into a private snapshot directory. Blob and
+//! snapshot are committed only when the digest, the size and the diff ID all match; an
+//! interrupted download stays in the ingest file and is resumed with a range request.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
@@ -14,14 +14,17 @@ use bytes::{Buf, Bytes};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard};
 
-use super::manifest::{self, Compression, Parsed, Platform};
+use super::manifest::Compression;
 use super::progress::Progress;
+use super::pull_manifest::{Chosen, check_top_digest, choose_manifest, fetch_config, layer_list};
 use super::registry::Session;
-use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference, check_digest};
+use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
 use crate::content::{Digest, Ingest};
 use crate::records::now_nanos;
-use crate::snapshot::{self, Meta, Snapshotter, copyup, unpack};
+use crate::snapshot::{Meta, Snapshotter, copyup, unpack};
 
+/// Pulls the image `reference` names: its manifest and config verified, every layer fetched
+/// and unpacked, then its small blobs stored; returns its record and config.
 pub(super) async fn pull(
     inner: &Arc<Inner>,
     reference: &Reference,
@@ -35,26 +38,7 @@ pub(super) async fn pull(
     // Manifest (or index), verified against the digest it was requested or resolved by.
     let fetched = session.manifest(&reference.object()).await?;
     let top = Digest::of(&fetched.data);
-    if let Some(want) = &reference.digest {
-        if &top != want {
-            return Err(Error::DigestMismatch {
-                what: "manifest",
-                expected: want.clone(),
-                actual: top,
-            });
-        }
-    } else if let Some(h) = fetched
-        .digest_header
-        .as_deref()
-        .and_then(|h| h.parse::<Digest>().ok())
-        && h != top
-    {
-        return Err(Error::DigestMismatch {
-            what: "manifest",
-            expected: h,
-            actual: top,
-        });
-    }
+    check_top_digest(reference, &fetched, &top)?;
     // The node's policy, read now (an edit applies to the next pull), before any layer.
     let policy = super::policy::Policy::load(&inner.signature_policy).map_err(|source| {
         Error::PolicyFile {
@@ -65,103 +49,9 @@ pub(super) async fn pull(
     if let Some(policy) = &policy {
         super::signature::check(policy, &session, reference, &top).await?;
     }
-    let bad_manifest = |digest: &Digest, reason: String| Error::Manifest {
-        reference: shown.clone(),
-        digest: digest.to_string(),
-        reason,
-    };
-    let parsed = manifest::parse(&fetched.data, fetched.content_type.as_deref())
-        .map_err(|r| bad_manifest(&top, r.to_string()))?;
-    let (index, manifest_digest, manifest_bytes, m) = match parsed {
-        Parsed::Manifest(m) => (None, top.clone(), fetched.data, m),
-        Parsed::Index(idx) => {
-            let node = Platform::node();
-            let desc = idx.select(&node).ok_or_else(|| Error::NoPlatform {
-                reference: shown.clone(),
-                wanted: node.to_string(),
-                available: idx.platforms().join(", "),
-            })?;
-            if desc.size > manifest::MAX_MANIFEST_SIZE {
-                return Err(bad_manifest(
-                    &desc.digest,
-                    "larger than the 4 MiB limit".into(),
-                ));
-            }
-            let f = session.manifest(&desc.digest.to_string()).await?;
-            check_blob("manifest", &desc.digest, desc.size, &f.data)?;
-            match manifest::parse(&f.data, f.content_type.as_deref())
-                .map_err(|r| bad_manifest(&desc.digest, r.to_string()))?
-            {
-                Parsed::Manifest(m) => (
-                    Some((top.clone(), fetched.data)),
-                    desc.digest.clone(),
-                    f.data,
-                    m,
-                ),
-                Parsed::Index(_) => {
-                    return Err(bad_manifest(
-                        &desc.digest,
-                        "an index inside an index is not supported".into(),
-                    ));
-                }
-            }
-        }
-    };
-
-    // Config.
-    if m.config.size > manifest::MAX_CONFIG_SIZE {
-        return Err(bad_manifest(
-            &manifest_digest,
-            "config larger than the 16 MiB limit".into(),
-        ));
-    }
-    let config_bytes = if inner.content.contains(&m.config.digest) {
-        inner.content.read(&m.config.digest)?
-    } else {
-        let b = session
-            .small_blob(&m.config.digest, manifest::MAX_CONFIG_SIZE)
-            .await?;
-        check_blob("config", &m.config.digest, m.config.size, &b)?;
-        b
-    };
-    let config = manifest::parse_config(&config_bytes)
-        .map_err(|r| bad_manifest(&manifest_digest, r.to_string()))?;
-    let diff_ids = &config.rootfs.diff_ids;
-    if diff_ids.len() != m.layers.len() {
-        return Err(bad_manifest(
-            &manifest_digest,
-            format!(
-                "{} layers but the config lists {} diff IDs",
-                m.layers.len(),
-                diff_ids.len()
-            ),
-        ));
-    }
-    for l in &m.layers {
-        if !manifest::is_layer(&l.media_type) {
-            return Err(bad_manifest(
-                &manifest_digest,
-                format!(
-                    "layer {} has unsupported media type {:?}",
-                    l.digest, l.media_type
-                ),
-            ));
-        }
-    }
-    let chains = snapshot::chain_ids(diff_ids);
-    let layers: Vec<Layer> = m
-        .layers
-        .iter()
-        .zip(diff_ids)
-        .zip(&chains)
-        .map(|((d, diff), chain)| Layer {
-            digest: d.digest.clone(),
-            size: d.size,
-            media_type: d.media_type.clone(),
-            diff_id: diff.clone(),
-            chain_id: chain.clone(),
-        })
-        .collect();
+    let chosen = choose_manifest(&session, &shown, fetched, top).await?;
+    let (config_bytes, config) = fetch_config(inner, &session, &shown, &chosen).await?;
+    let layers = layer_list(&shown, &chosen, &config)?;
     progress
         .layers_total
         .store(layers.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -178,17 +68,35 @@ pub(super) async fn pull(
     });
     futures_util::future::try_join_all(jobs).await?;
 
-    // Everything verified: store the small blobs and build the record.
+    let record = store_record(inner, reference, chosen, &config_bytes, layers)?;
+    Ok((record, config))
+}
+
+/// Everything verified: stores the small blobs (index, manifest, config) and builds the
+/// image's record.
+fn store_record(
+    inner: &Arc<Inner>,
+    reference: &Reference,
+    chosen: Chosen,
+    config_bytes: &[u8],
+    layers: Vec<Layer>,
+) -> Result<Record, Error> {
+    let Chosen {
+        index,
+        digest: manifest_digest,
+        bytes: manifest_bytes,
+        manifest: m,
+    } = chosen;
     if let Some((d, bytes)) = &index {
         inner.content.put(d, bytes)?;
     }
     inner.content.put(&manifest_digest, &manifest_bytes)?;
-    inner.content.put(&m.config.digest, &config_bytes)?;
+    inner.content.put(&m.config.digest, config_bytes)?;
     let pulled_by = index
         .as_ref()
         .map(|(d, _)| d.clone())
         .unwrap_or_else(|| manifest_digest.clone());
-    let record = Record {
+    Ok(Record {
         id: m.config.digest.clone(),
         repo_tags: reference.repo_tag().into_iter().collect(),
         repo_digests: vec![reference.repo_digest(&pulled_by)],
@@ -198,20 +106,7 @@ pub(super) async fn pull(
         size: m.config.size + layers.iter().map(|l| l.size).sum::<u64>(),
         layers,
         pulled_at: now_nanos(),
-    };
-    Ok((record, config))
-}
-
-fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Result<(), Error> {
-    if data.len() as u64 != size {
-        return Err(Error::SizeMismatch {
-            what,
-            digest: digest.clone(),
-            expected: size,
-            actual: data.len() as u64,
-        });
-    }
-    check_digest(what, digest, data)
+    })
 }
 
 async fn fetch_layer(
@@ -726,24 +621,5 @@ impl Drop for Landing {
                 .insert(self.chain.clone());
         }
         self.landed.changed.notify_all();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blob_checks() {
-        let d = Digest::of(b"abc");
-        assert!(check_blob("config", &d, 3, b"abc").is_ok());
-        assert!(matches!(
-            check_blob("config", &d, 4, b"abc"),
-            Err(Error::SizeMismatch { .. })
-        ));
-        assert!(matches!(
-            check_blob("config", &d, 3, b"abd"),
-            Err(Error::DigestMismatch { .. })
-        ));
     }
 }

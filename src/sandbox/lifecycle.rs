@@ -79,6 +79,70 @@ impl SandboxService {
         image: Option<SandboxImage>,
         cni: bool,
     ) -> Result<String, Error> {
+        let meta = self.check_request(&config, handler)?;
+        let (ns, userns) = check_namespaces(&config)?;
+        let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
+        let sysctls = sysctls(&config, network, ipc)?;
+        let selinux = self.check_profiles(&config)?;
+        // The level is held from here; released again on every failure below.
+        let held = selinux.clone();
+        let fail = |e: Error| {
+            self.release_level(held.as_ref());
+            Err(e)
+        };
+
+        let key = name_key(Some(meta));
+        let id = match random_id() {
+            Ok(id) => id,
+            Err(e) => return fail(io_err(Path::new("getrandom"))(e)),
+        };
+        if let Err(taken) = self.inner.records.reserve(&key, &id) {
+            return fail(Error::NameReserved {
+                name: key,
+                id: taken.holder,
+            });
+        }
+        let userns = match userns {
+            None => None,
+            Some(asked) => match self.reserve_userns(&id, asked) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    self.inner.records.release(&key);
+                    return fail(e);
+                }
+            },
+        };
+        let paths = self.paths(&id);
+        let cgroup_parent = config
+            .linux
+            .as_ref()
+            .map(|l| l.cgroup_parent.clone())
+            .unwrap_or_default();
+        let result = self
+            .create(
+                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image, selinux,
+                cni,
+            )
+            .await;
+        match result {
+            Ok(record) => {
+                self.inner.records.insert(id.clone(), record);
+                Ok(id)
+            }
+            Err(e) => {
+                self.undo_run(&id, &key, &paths, &cgroup_parent).await;
+                fail(e)
+            }
+        }
+    }
+
+    /// The checks of a RunPodSandbox request that need no namespace: its metadata (returned),
+    /// its hostname, its runtime handler.
+    fn check_request<'a>(
+        &self,
+        config: &'a PodConfig,
+        handler: &str,
+    ) -> Result<&'a config::PodMetadata, Error> {
         let meta = config
             .metadata
             .as_ref()
@@ -115,114 +179,30 @@ impl SandboxService {
                 known: known.join(", "),
             });
         }
-        let ns = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.clone())
-            .unwrap_or_default();
-        let userns = userns_request(ns.userns_options.as_ref())?;
-        if userns.is_some() {
-            for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
-                if mode == NamespaceMode::Node {
-                    return Err(invalid(
-                        &format!("config.linux.security_context.namespace_options.{what}"),
-                        "the host's namespace cannot be shared by a pod with its own user namespace",
-                    ));
-                }
-            }
-            if config
-                .linux
-                .as_ref()
-                .and_then(|l| l.security_context.as_ref())
-                .is_some_and(|s| s.privileged)
-            {
-                return Err(invalid(
-                    "config.linux.security_context.privileged",
-                    "a privileged pod cannot have its own user namespace",
-                ));
-            }
-        }
-        if ns.pid == NamespaceMode::Target
-            || ns.network == NamespaceMode::Target
-            || ns.ipc == NamespaceMode::Target
-        {
-            return Err(invalid(
-                "config.linux.security_context.namespace_options",
-                "TARGET mode is only for containers",
-            ));
-        }
-        let (network, pid, ipc) = (ns.network, ns.pid, ns.ipc);
-        let sysctls = sysctls(&config, network, ipc)?;
-        let selinux = self.check_profiles(&config)?;
-        // The level is held from here; released again on every failure below.
-        let held = selinux.clone();
-        let fail = |e: Error| {
-            self.release_level(held.as_ref());
-            Err(e)
-        };
+        Ok(meta)
+    }
 
-        let key = name_key(Some(meta));
-        let id = match random_id() {
-            Ok(id) => id,
-            Err(e) => return fail(io_err(Path::new("getrandom"))(e)),
-        };
-        if let Err(existing) = self.inner.records.reserve(&key, &id) {
-            return fail(Error::NameReserved {
-                name: key,
-                id: existing,
-            });
-        }
-        let userns = match userns {
-            None => None,
-            Some(asked) => match self.reserve_userns(&id, asked) {
-                Ok(u) => Some(u),
-                Err(e) => {
-                    self.inner.records.release(&key);
-                    return fail(e);
-                }
-            },
-        };
-        let paths = self.paths(&id);
-        let cgroup_parent = config
-            .linux
-            .as_ref()
-            .map(|l| l.cgroup_parent.clone())
-            .unwrap_or_default();
-        let result = self
-            .create(
-                &id, &paths, config, handler, network, pid, ipc, sysctls, userns, image, selinux,
-                cni,
+    /// Undoes a pod `create` failed to make, once its name and user namespace are reserved: its
+    /// files, whatever cgroups (and units) were made, its user namespace's IDs, then its name.
+    /// Its SELinux level is the caller's to release.
+    async fn undo_run(&self, id: &str, key: &str, paths: &Paths, cgroup_parent: &str) {
+        let doomed = paths.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_files(&doomed)).await;
+        // Whatever cgroups (and units) were made before the failure.
+        let policy = &self.inner.cgroups;
+        if let (Some(h), Ok((rel, owned))) = (&policy.hierarchy, policy.pod_path(cgroup_parent, id))
+            && let (Ok(pod), Ok(pause)) = (
+                h.cgroup(&rel),
+                h.cgroup(&format!("{rel}/{}", policy.leaf(id))),
             )
-            .await;
-        match result {
-            Ok(record) => {
-                self.inner.records.insert(id.clone(), record);
-                Ok(id)
-            }
-            Err(e) => {
-                let doomed = paths.clone();
-                let _ = tokio::task::spawn_blocking(move || remove_files(&doomed)).await;
-                // Whatever cgroups (and units) were made before the failure.
-                let policy = &self.inner.cgroups;
-                if let (Some(h), Ok((rel, owned))) =
-                    (&policy.hierarchy, policy.pod_path(&cgroup_parent, &id))
-                    && let (Ok(pod), Ok(pause)) = (
-                        h.cgroup(&rel),
-                        h.cgroup(&format!("{rel}/{}", policy.leaf(&id))),
-                    )
-                {
-                    // An own slice may be a unit without a directory yet: stop it all the same.
-                    let pod =
-                        (owned && (pod.exists() || self.inner.systemd.is_some())).then_some(pod);
-                    self.discard_cgroups(pod.as_ref(), owned, Some(&pause))
-                        .await;
-                }
-                self.release_userns(&id);
-                self.inner.records.release(&key);
-                fail(e)
-            }
+        {
+            // An own slice may be a unit without a directory yet: stop it all the same.
+            let pod = (owned && (pod.exists() || self.inner.systemd.is_some())).then_some(pod);
+            self.discard_cgroups(pod.as_ref(), owned, Some(&pause))
+                .await;
         }
+        self.release_userns(id);
+        self.inner.records.release(key);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -453,4 +433,50 @@ impl SandboxService {
             }
         }
     }
+}
+
+/// The namespaces a pod asks for (returned, with its user namespace request): one with its own
+/// user namespace cannot share the node's or be privileged, and TARGET mode is only for
+/// containers.
+fn check_namespaces(
+    config: &PodConfig,
+) -> Result<(config::NamespaceOptions, Option<Option<UserNs>>), Error> {
+    let ns = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone())
+        .unwrap_or_default();
+    let userns = userns_request(ns.userns_options.as_ref())?;
+    if userns.is_some() {
+        for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
+            if mode == NamespaceMode::Node {
+                return Err(invalid(
+                    &format!("config.linux.security_context.namespace_options.{what}"),
+                    "the host's namespace cannot be shared by a pod with its own user namespace",
+                ));
+            }
+        }
+        if config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.privileged)
+        {
+            return Err(invalid(
+                "config.linux.security_context.privileged",
+                "a privileged pod cannot have its own user namespace",
+            ));
+        }
+    }
+    if ns.pid == NamespaceMode::Target
+        || ns.network == NamespaceMode::Target
+        || ns.ipc == NamespaceMode::Target
+    {
+        return Err(invalid(
+            "config.linux.security_context.namespace_options",
+            "TARGET mode is only for containers",
+        ));
+    }
+    Ok((ns, userns))
 }

@@ -313,9 +313,12 @@ pub fn unpack<R: Read>(
     dest: &Path,
     opts: &UnpackOptions,
 ) -> Result<UnpackStats, UnpackError> {
-    let mut dirs = Dirs::open(dest)?;
-    let mut stats = UnpackStats::default();
-    let mut dir_times: Vec<(Vec<OsString>, i64)> = Vec::new();
+    let mut u = Unpacker {
+        dirs: Dirs::open(dest)?,
+        stats: UnpackStats::default(),
+        dir_times: Vec::new(),
+        opts,
+    };
 
     let mut archive = tar::Archive::new(reader);
     for entry in archive.entries().map_err(UnpackError::Tar)? {
@@ -333,232 +336,328 @@ pub fn unpack<R: Read>(
         let raw = entry.path().map_err(UnpackError::Tar)?.into_owned();
         let shown = raw.display().to_string();
         let comps = components(&raw, &shown)?;
-        let io = |source: io::Error| UnpackError::Io {
-            path: shown.clone(),
-            source,
-        };
         let a = attrs(&mut entry).map_err(UnpackError::Tar)?;
 
         let Some((name, parents)) = comps.split_last() else {
             // The layer root itself ("./"): only its attributes matter.
             if kind == EntryType::Directory {
-                let fd = dirs.open_dir(&[], &shown)?;
+                let fd = u.dirs.open_dir(&[], &shown)?;
                 set_attrs(fd.as_fd(), &a, &shown)?;
-                dir_times.push((Vec::new(), a.mtime));
+                u.dir_times.push((Vec::new(), a.mtime));
             }
             continue;
         };
-        let name_bytes = name.as_bytes();
-
-        if let Some(hidden) = name_bytes.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
-            if name_bytes == OPAQUE_MARKER.as_bytes() {
-                dirs.parent(parents, &shown)?;
-                let fd = dirs.open_dir(parents, &shown)?;
-                sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(io)?;
-            } else if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
-                // Other `.wh..wh.` names are AUFS bookkeeping with no meaning here.
-            } else {
-                let hidden = OsStr::from_bytes(hidden);
-                if hidden.is_empty() || hidden == "." || hidden == ".." {
-                    return Err(rejected(&shown, "whiteout names no file"));
-                }
-                // A whiteout hides the lower layers' file only (OCI): what this layer already
-                // made under the name stays, a directory turning opaque so that the lower
-                // directory's files stay hidden below it.
-                let pfd = dirs.parent(parents, &shown)?;
-                match fstatat(pfd, hidden, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                    Err(Errno::ENOENT) => {
-                        mknodat(pfd, hidden, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
-                            .map_err(|e| io(e.into()))?;
-                        stats.inodes += 1;
-                    }
-                    Err(e) => return Err(io(e.into())),
-                    Ok(st)
-                        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT
-                            == SFlag::S_IFDIR =>
-                    {
-                        let mut path = parents.to_vec();
-                        path.push(hidden.to_os_string());
-                        let fd = dirs.open_dir(&path, &shown)?;
-                        sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(io)?;
-                    }
-                    Ok(_) => {}
-                }
-            }
+        let m = Member {
+            comps: &comps,
+            name,
+            parents,
+            shown: &shown,
+            attrs: &a,
+        };
+        if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
+            u.whiteout(&m, hidden)?;
             continue;
         }
+        if u.member(&mut entry, kind, &m)? {
+            u.stats.inodes += 1;
+        }
+    }
+    u.set_dir_times()?;
+    Ok(u.stats)
+}
 
+/// One unpacking under way: the layer's directory handles, what it added so far, and the
+/// directories whose times are set last.
+struct Unpacker<'o> {
+    dirs: Dirs,
+    stats: UnpackStats,
+    dir_times: Vec<(Vec<OsString>, i64)>,
+    opts: &'o UnpackOptions,
+}
+
+/// A tar member below the layer root: its path's components (its name last, after its
+/// parents'), the path as errors show it, and its attributes.
+struct Member<'a> {
+    comps: &'a [OsString],
+    name: &'a OsString,
+    parents: &'a [OsString],
+    shown: &'a str,
+    attrs: &'a Attrs,
+}
+
+impl Member<'_> {
+    /// An I/O error on this member.
+    fn io(&self, source: io::Error) -> UnpackError {
+        UnpackError::Io {
+            path: self.shown.to_string(),
+            source,
+        }
+    }
+}
+
+impl Unpacker<'_> {
+    /// Makes one member that is not a whiteout, by its kind; returns whether it counts as an
+    /// inode of the layer (a hardlink to a lower layer's file, or to itself, does not).
+    fn member<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        kind: EntryType,
+        m: &Member<'_>,
+    ) -> Result<bool, UnpackError> {
         match kind {
-            EntryType::Directory => {
-                let pfd = dirs.parent(parents, &shown)?;
-                // Made again after this layer's whiteout of it: only what follows shows.
-                let after_whiteout = is_whiteout_at(pfd, name);
-                let removed_dir = clear(pfd, name, true, &shown)?;
-                match mkdirat(pfd, name.as_os_str(), Mode::from_bits_truncate(0o700)) {
-                    Ok(()) | Err(Errno::EEXIST) => {}
-                    Err(e) => return Err(io(e.into())),
-                }
-                if removed_dir {
-                    dirs.invalidate();
-                }
-                let fd = dirs.open_dir(&comps, &shown)?;
-                set_attrs(fd.as_fd(), &a, &shown)?;
-                if after_whiteout {
-                    sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(io)?;
-                }
-                dir_times.push((comps.clone(), a.mtime));
+            EntryType::Directory => self.directory(m)?,
+            EntryType::Regular | EntryType::Continuous => self.regular(entry, m)?,
+            EntryType::Symlink => self.symlink(entry, m)?,
+            EntryType::Link => return self.hardlink(entry, m),
+            EntryType::Char | EntryType::Block | EntryType::Fifo => self.node(entry, kind, m)?,
+            EntryType::GNUSparse => {
+                return Err(rejected(m.shown, "sparse files are not supported"));
             }
-            EntryType::Regular | EntryType::Continuous => {
-                let pfd = dirs.cleared_parent(parents, name, &shown)?;
-                let fd = openat(
-                    pfd,
-                    name.as_os_str(),
-                    OFlag::O_WRONLY
-                        | OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_CLOEXEC,
-                    Mode::from_bits_truncate(0o600),
-                )
-                .map_err(|e| io(e.into()))?;
-                let mut file = File::from(fd);
-                let copied = io::copy(&mut entry, &mut file).map_err(UnpackError::Tar)?;
-                stats.size += copied;
-                set_attrs(file.as_fd(), &a, &shown)?;
-                futimens(&file, &timespec(a.mtime), &timespec(a.mtime))
-                    .map_err(|e| io(e.into()))?;
-            }
-            EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| rejected(&shown, "symlink without a target"))?
-                    .into_owned();
-                let pfd = dirs.cleared_parent(parents, name, &shown)?;
-                // The target is stored as given: it is never followed while unpacking.
-                symlinkat(OsStr::from_bytes(&target), pfd, name.as_os_str())
-                    .map_err(|e| io(e.into()))?;
-                chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| io(e.into()))?;
-                utimensat(
-                    pfd,
-                    name.as_os_str(),
-                    &timespec(a.mtime),
-                    &timespec(a.mtime),
-                    UtimensatFlags::NoFollowSymlink,
-                )
-                .map_err(|e| io(e.into()))?;
-            }
-            EntryType::Link => {
-                let target_raw = entry
-                    .link_name()
-                    .map_err(UnpackError::Tar)?
-                    .ok_or_else(|| rejected(&shown, "hardlink without a target"))?
-                    .into_owned();
-                let target = components(&target_raw, &shown)?;
-                let Some((tname, tparents)) = target.split_last() else {
-                    return Err(rejected(&shown, "hardlink to the layer root"));
-                };
-                // A target no earlier entry of this layer wrote is a lower layer's file: it is
-                // copied up once the layers below are in place (see `copyup`).
-                let lower = || LowerLink {
-                    name: comps.clone(),
-                    target: target.clone(),
-                    shown: shown.clone(),
-                };
-                let tdir = if tparents.is_empty() {
-                    dirs.open_dir(&[], &shown)?
-                } else {
-                    let how = OpenHow::new()
-                        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-                        .resolve(beneath());
-                    match openat2(dirs.root.as_fd(), &join(tparents), how) {
-                        Ok(fd) => fd,
-                        Err(Errno::ENOENT) => {
-                            stats.lower_links.push(lower());
-                            continue;
-                        }
-                        Err(e) => return Err(Dirs::map_err(e, &shown)),
-                    }
-                };
-                let tstat = match fstatat(
-                    tdir.as_fd(),
-                    tname.as_os_str(),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) {
-                    Ok(st) => st,
-                    Err(Errno::ENOENT) => {
-                        stats.lower_links.push(lower());
-                        continue;
-                    }
-                    Err(e) => return Err(io(e.into())),
-                };
-                if SFlag::from_bits_truncate(tstat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
-                    return Err(rejected(&shown, "hardlink to a directory"));
-                }
-                if comps == target {
-                    continue; // a link to itself (its directory opened above): nothing to do
-                }
-                let pfd = dirs.cleared_parent(parents, name, &shown)?;
-                linkat(
-                    tdir.as_fd(),
-                    tname.as_os_str(),
-                    pfd,
-                    name.as_os_str(),
-                    AtFlags::empty(),
-                )
-                .map_err(|e| io(e.into()))?;
-            }
-            EntryType::Char | EntryType::Block | EntryType::Fifo => {
-                let (sflag, dev) = match kind {
-                    EntryType::Fifo => (SFlag::S_IFIFO, 0),
-                    _ => {
-                        if !opts.allow_device_nodes {
-                            return Err(rejected(
-                                &shown,
-                                "device node in an image layer (allow with allow_device_nodes)",
-                            ));
-                        }
-                        let h = entry.header();
-                        let major = h.device_major().map_err(UnpackError::Tar)?.unwrap_or(0);
-                        let minor = h.device_minor().map_err(UnpackError::Tar)?.unwrap_or(0);
-                        let f = if kind == EntryType::Char {
-                            SFlag::S_IFCHR
-                        } else {
-                            SFlag::S_IFBLK
-                        };
-                        (f, makedev(major.into(), minor.into()))
-                    }
-                };
-                let pfd = dirs.cleared_parent(parents, name, &shown)?;
-                mknodat(pfd, name.as_os_str(), sflag, Mode::empty(), dev)
-                    .map_err(|e| io(e.into()))?;
-                chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| io(e.into()))?;
-                // The name was just created as a node, not a symlink, in a directory no one else
-                // writes to, so following is moot.
-                fchmodat(
-                    pfd,
-                    name.as_os_str(),
-                    Mode::from_bits_truncate(a.mode),
-                    FchmodatFlags::FollowSymlink,
-                )
-                .map_err(|e| io(e.into()))?;
-            }
-            EntryType::GNUSparse => return Err(rejected(&shown, "sparse files are not supported")),
-            _ => return Err(rejected(&shown, "unsupported tar entry type")),
+            _ => return Err(rejected(m.shown, "unsupported tar entry type")),
         }
-        stats.inodes += 1;
+        Ok(true)
     }
 
-    // Directory times last, deepest first, once nothing more is created inside them.
-    for (comps, mtime) in dir_times.iter().rev() {
-        let shown = join(comps).display().to_string();
-        if let Ok(fd) = dirs.open_dir(comps, &shown) {
-            futimens(&fd, &timespec(*mtime), &timespec(*mtime)).map_err(|e| UnpackError::Io {
-                path: shown,
-                source: e.into(),
-            })?;
+    /// A whiteout member (`.wh.` and the `hidden` name): the opaque marker makes its directory
+    /// opaque, AUFS bookkeeping is skipped, any other hides the lower layers' `hidden`.
+    fn whiteout(&mut self, m: &Member<'_>, hidden: &[u8]) -> Result<(), UnpackError> {
+        let (parents, shown) = (m.parents, m.shown);
+        if m.name.as_bytes() == OPAQUE_MARKER.as_bytes() {
+            self.dirs.parent(parents, shown)?;
+            let fd = self.dirs.open_dir(parents, shown)?;
+            sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(|e| m.io(e))?;
+        } else if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
+            // Other `.wh..wh.` names are AUFS bookkeeping with no meaning here.
+        } else {
+            let hidden = OsStr::from_bytes(hidden);
+            if hidden.is_empty() || hidden == "." || hidden == ".." {
+                return Err(rejected(shown, "whiteout names no file"));
+            }
+            // A whiteout hides the lower layers' file only (OCI): what this layer already
+            // made under the name stays, a directory turning opaque so that the lower
+            // directory's files stay hidden below it.
+            let pfd = self.dirs.parent(parents, shown)?;
+            match fstatat(pfd, hidden, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Err(Errno::ENOENT) => {
+                    mknodat(pfd, hidden, SFlag::S_IFCHR, Mode::empty(), makedev(0, 0))
+                        .map_err(|e| m.io(e.into()))?;
+                    self.stats.inodes += 1;
+                }
+                Err(e) => return Err(m.io(e.into())),
+                Ok(st)
+                    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR =>
+                {
+                    let mut path = parents.to_vec();
+                    path.push(hidden.to_os_string());
+                    let fd = self.dirs.open_dir(&path, shown)?;
+                    sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(|e| m.io(e))?;
+                }
+                Ok(_) => {}
+            }
         }
+        Ok(())
     }
-    Ok(stats)
+
+    /// A directory: kept when it exists (its attributes updated), opaque when this layer
+    /// whited it out before; its time is set last.
+    fn directory(&mut self, m: &Member<'_>) -> Result<(), UnpackError> {
+        let (name, shown) = (m.name, m.shown);
+        let pfd = self.dirs.parent(m.parents, shown)?;
+        // Made again after this layer's whiteout of it: only what follows shows.
+        let after_whiteout = is_whiteout_at(pfd, name);
+        let removed_dir = clear(pfd, name, true, shown)?;
+        match mkdirat(pfd, name.as_os_str(), Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(m.io(e.into())),
+        }
+        if removed_dir {
+            self.dirs.invalidate();
+        }
+        let fd = self.dirs.open_dir(m.comps, shown)?;
+        set_attrs(fd.as_fd(), m.attrs, shown)?;
+        if after_whiteout {
+            sys::fsetxattr(fd.as_fd(), OPAQUE_XATTR, b"y").map_err(|e| m.io(e))?;
+        }
+        self.dir_times.push((m.comps.to_vec(), m.attrs.mtime));
+        Ok(())
+    }
+
+    /// A regular file, created anew (`O_EXCL | O_NOFOLLOW`) and filled from the tar stream.
+    fn regular<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        m: &Member<'_>,
+    ) -> Result<(), UnpackError> {
+        let (name, a, shown) = (m.name, m.attrs, m.shown);
+        let pfd = self.dirs.cleared_parent(m.parents, name, shown)?;
+        let fd = openat(
+            pfd,
+            name.as_os_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| m.io(e.into()))?;
+        let mut file = File::from(fd);
+        let copied = io::copy(entry, &mut file).map_err(UnpackError::Tar)?;
+        self.stats.size += copied;
+        set_attrs(file.as_fd(), a, shown)?;
+        futimens(&file, &timespec(a.mtime), &timespec(a.mtime)).map_err(|e| m.io(e.into()))?;
+        Ok(())
+    }
+
+    /// A symlink, its target stored as given (never followed while unpacking).
+    fn symlink<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        m: &Member<'_>,
+    ) -> Result<(), UnpackError> {
+        let (name, a, shown) = (m.name, m.attrs, m.shown);
+        let target = entry
+            .link_name_bytes()
+            .ok_or_else(|| rejected(shown, "symlink without a target"))?
+            .into_owned();
+        let pfd = self.dirs.cleared_parent(m.parents, name, shown)?;
+        // The target is stored as given: it is never followed while unpacking.
+        symlinkat(OsStr::from_bytes(&target), pfd, name.as_os_str()).map_err(|e| m.io(e.into()))?;
+        chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| m.io(e.into()))?;
+        utimensat(
+            pfd,
+            name.as_os_str(),
+            &timespec(a.mtime),
+            &timespec(a.mtime),
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(|e| m.io(e.into()))?;
+        Ok(())
+    }
+
+    /// A hardlink to a file this layer already holds; one to a file no earlier member wrote is
+    /// left for `copyup` (a lower layer's). Returns whether a link was made.
+    fn hardlink<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        m: &Member<'_>,
+    ) -> Result<bool, UnpackError> {
+        let shown = m.shown;
+        let target_raw = entry
+            .link_name()
+            .map_err(UnpackError::Tar)?
+            .ok_or_else(|| rejected(shown, "hardlink without a target"))?
+            .into_owned();
+        let target = components(&target_raw, shown)?;
+        let Some((tname, tparents)) = target.split_last() else {
+            return Err(rejected(shown, "hardlink to the layer root"));
+        };
+        // A target no earlier entry of this layer wrote is a lower layer's file: it is
+        // copied up once the layers below are in place (see `copyup`).
+        let lower = || LowerLink {
+            name: m.comps.to_vec(),
+            target: target.clone(),
+            shown: shown.to_string(),
+        };
+        let tdir = if tparents.is_empty() {
+            self.dirs.open_dir(&[], shown)?
+        } else {
+            let how = OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                .resolve(beneath());
+            match openat2(self.dirs.root.as_fd(), &join(tparents), how) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => {
+                    self.stats.lower_links.push(lower());
+                    return Ok(false);
+                }
+                Err(e) => return Err(Dirs::map_err(e, shown)),
+            }
+        };
+        let tstat = match fstatat(
+            tdir.as_fd(),
+            tname.as_os_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => {
+                self.stats.lower_links.push(lower());
+                return Ok(false);
+            }
+            Err(e) => return Err(m.io(e.into())),
+        };
+        if SFlag::from_bits_truncate(tstat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR {
+            return Err(rejected(shown, "hardlink to a directory"));
+        }
+        if m.comps == target.as_slice() {
+            return Ok(false); // a link to itself (its directory opened above): nothing to do
+        }
+        let pfd = self.dirs.cleared_parent(m.parents, m.name, shown)?;
+        linkat(
+            tdir.as_fd(),
+            tname.as_os_str(),
+            pfd,
+            m.name.as_os_str(),
+            AtFlags::empty(),
+        )
+        .map_err(|e| m.io(e.into()))?;
+        Ok(true)
+    }
+
+    /// A FIFO, or a character or block device node when the options allow them.
+    fn node<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        kind: EntryType,
+        m: &Member<'_>,
+    ) -> Result<(), UnpackError> {
+        let (name, a, shown) = (m.name, m.attrs, m.shown);
+        let (sflag, dev) = match kind {
+            EntryType::Fifo => (SFlag::S_IFIFO, 0),
+            _ => {
+                if !self.opts.allow_device_nodes {
+                    return Err(rejected(
+                        shown,
+                        "device node in an image layer (allow with allow_device_nodes)",
+                    ));
+                }
+                let h = entry.header();
+                let major = h.device_major().map_err(UnpackError::Tar)?.unwrap_or(0);
+                let minor = h.device_minor().map_err(UnpackError::Tar)?.unwrap_or(0);
+                let f = if kind == EntryType::Char {
+                    SFlag::S_IFCHR
+                } else {
+                    SFlag::S_IFBLK
+                };
+                (f, makedev(major.into(), minor.into()))
+            }
+        };
+        let pfd = self.dirs.cleared_parent(m.parents, name, shown)?;
+        mknodat(pfd, name.as_os_str(), sflag, Mode::empty(), dev).map_err(|e| m.io(e.into()))?;
+        chown_nofollow(pfd, name, a.uid, a.gid).map_err(|e| m.io(e.into()))?;
+        // The name was just created as a node, not a symlink, in a directory no one else
+        // writes to, so following is moot.
+        fchmodat(
+            pfd,
+            name.as_os_str(),
+            Mode::from_bits_truncate(a.mode),
+            FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| m.io(e.into()))?;
+        Ok(())
+    }
+
+    /// Directory times last, deepest first, once nothing more is created inside them.
+    fn set_dir_times(&self) -> Result<(), UnpackError> {
+        for (comps, mtime) in self.dir_times.iter().rev() {
+            let shown = join(comps).display().to_string();
+            if let Ok(fd) = self.dirs.open_dir(comps, &shown) {
+                futimens(&fd, &timespec(*mtime), &timespec(*mtime)).map_err(|e| {
+                    UnpackError::Io {
+                        path: shown,
+                        source: e.into(),
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Makes `name` free for a new entry: removes a non-directory, or a directory unless the new
