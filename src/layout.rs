@@ -1,7 +1,9 @@
 //! Checks of the source tree's layout that the compiler does not make: CRI's generated types
 //! stay at the edge (`cri`, and the CRI clients `cli` and `frontend`), everything below works
 //! with crius's own types; no files import each other in a circle; `lib.rs`'s map of the
-//! modules names every one.
+//! modules names every one; no function outside tests is longer than 150 lines (tables
+//! excepted, by name); no `Result<_, String>` outside tests: errors are types that keep their
+//! causes.
 
 use std::path::{Path, PathBuf};
 
@@ -307,4 +309,212 @@ fn the_crate_map_names_every_module() {
         .filter(|m| *m != "layout" && !doc.contains(&format!("`{m}`")))
         .collect();
     assert!(unnamed.is_empty(), "lib.rs's map leaves out {unnamed:?}");
+}
+
+/// A file's own code (its test module left out) with comments, strings and character literals
+/// blanked to spaces, lines kept: braces and words left in it are code.
+fn bare_code(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let c: Vec<char> = code.chars().collect();
+    let mut out = String::with_capacity(code.len());
+    let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
+    let mut i = 0;
+    while i < c.len() {
+        let at = |k: usize| c.get(i + k).copied().unwrap_or('\0');
+        // Where the literal or comment starting here ends (exclusive), if one does.
+        let end = if at(0) == '/' && at(1) == '/' {
+            (i..c.len()).find(|&j| c[j] == '\n').unwrap_or(c.len())
+        } else if at(0) == '/' && at(1) == '*' {
+            (i + 2..c.len())
+                .find(|&j| c[j - 1] == '*' && c[j] == '/' && j > i + 2)
+                .map_or(c.len(), |j| j + 1)
+        } else if at(0) == 'r'
+            && (at(1) == '#' || at(1) == '"')
+            && !is_ident(c.get(i.wrapping_sub(1)))
+        {
+            let hashes = (i + 1..c.len()).take_while(|&j| c[j] == '#').count();
+            let close: String = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            let open = i + 1 + hashes;
+            if c.get(open) == Some(&'"') {
+                let rest: String = c[open + 1..].iter().collect();
+                rest.find(&close).map_or(c.len(), |k| {
+                    open + 1 + rest[..k].chars().count() + close.chars().count()
+                })
+            } else {
+                i + 1
+            }
+        } else if at(0) == '"' {
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            j + 1
+        } else if at(0) == '\'' && at(1) == '\\' {
+            (i + 2..c.len())
+                .find(|&j| c[j] == '\'')
+                .map_or(c.len(), |j| j + 1)
+        } else if at(0) == '\'' && at(2) == '\'' {
+            i + 3
+        } else {
+            i
+        };
+        if end > i {
+            for &ch in &c[i..end.min(c.len())] {
+                blank(&mut out, ch);
+            }
+            i = end;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_ident(c: Option<&char>) -> bool {
+    c.is_some_and(|c| c.is_alphanumeric() || *c == '_')
+}
+
+/// Each function of `code` (from `bare_code`) with its line and length in lines.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(k) = words.iter().position(|w| *w == "fn") else {
+            continue;
+        };
+        let qualifiers = [
+            "pub",
+            "pub(crate)",
+            "pub(super)",
+            "async",
+            "const",
+            "unsafe",
+        ];
+        if !words[..k].iter().all(|w| qualifiers.contains(w)) {
+            continue;
+        }
+        let name = words
+            .get(k + 1)
+            .map(|w| w.split(['(', '<']).next().unwrap_or(w).to_string())
+            .unwrap_or_default();
+        // Its body: from the first `{` before a `;` to the brace that closes it.
+        let mut depth = 0usize;
+        let mut opened = false;
+        'lines: for (m, l) in lines.iter().enumerate().skip(n) {
+            for ch in l.chars() {
+                match ch {
+                    ';' if !opened => break 'lines,
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' if opened => {
+                        depth -= 1;
+                        if depth == 0 {
+                            out.push((name.clone(), n + 1, m - n + 1));
+                            break 'lines;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The longest a function may be, in lines, outside tests.
+const LONGEST_FUNCTION: usize = 150;
+
+/// Functions that are tables, not steps: left whole on purpose.
+const TABLES: [(&str, &str); 1] = [
+    // The manifest fields the agent supports, ignores or leaves open, one list per object.
+    ("frontend/manifest/schema.rs", "schema"),
+];
+
+#[test]
+fn no_function_is_longer_than_a_screenful_of_steps() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut long = Vec::new();
+    for f in sources(&src) {
+        let rel = f.strip_prefix(&src).unwrap().display().to_string();
+        let code = bare_code(&std::fs::read_to_string(&f).unwrap());
+        for (name, line, len) in functions(&code) {
+            if len > LONGEST_FUNCTION && !TABLES.contains(&(rel.as_str(), name.as_str())) {
+                long.push(format!("{rel}:{line} {name} ({len} lines)"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {LONGEST_FUNCTION} lines (split them into named steps): {long:#?}"
+    );
+}
+
+#[test]
+fn errors_are_types_not_strings() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for f in sources(&src) {
+        let rel = f.strip_prefix(&src).unwrap().display().to_string();
+        let code = bare_code(&std::fs::read_to_string(&f).unwrap());
+        for (n, line) in code.lines().enumerate() {
+            let squeezed: String = line.split_whitespace().collect();
+            if squeezed.contains(",String>") && string_error(&squeezed) {
+                found.push(format!("{rel}:{}", n + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Result<_, String> outside tests (give the error a type that keeps its cause): {found:?}"
+    );
+}
+
+/// Whether a line (whitespace removed) has a `Result<..., String>`.
+fn string_error(line: &str) -> bool {
+    let mut rest = line;
+    while let Some(i) = rest.find("Result<") {
+        let after = &rest[i + "Result<".len()..];
+        // The top-level arguments up to the matching `>`.
+        let (mut depth, mut last_comma, mut end) = (0i32, None, None);
+        for (k, ch) in after.char_indices() {
+            match ch {
+                '<' | '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                '>' if depth == 0 => {
+                    end = Some(k);
+                    break;
+                }
+                '>' => depth -= 1,
+                ',' if depth == 0 => last_comma = Some(k),
+                _ => {}
+            }
+        }
+        if let (Some(c), Some(e)) = (last_comma, end)
+            && &after[c + 1..e] == "String"
+        {
+            return true;
+        }
+        rest = after;
+    }
+    false
+}
+
+#[test]
+fn the_layout_checks_read_code_as_code() {
+    let text = "fn a() {\n    let s = \"}\";\n    let c = '}';\n    // }\n    let r = r#\"}\"#;\n}\n\
+                fn b<'x>(v: &'x str) -> Result<(), String> { Ok(()) }\n";
+    let code = bare_code(text);
+    let fns = functions(&code);
+    assert_eq!(fns[0], ("a".to_string(), 1, 6));
+    assert_eq!(fns[1].0, "b");
+    assert!(string_error("fnb()->Result<(),String>{"));
+    assert!(string_error("Result<Vec<(u8,u8)>,String>"));
+    assert!(!string_error("Result<(String,u8),Error>"));
+    assert!(!string_error("HashMap<String,String>"));
 }
