@@ -153,14 +153,12 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         ));
     }
     let pods = open_pods(&cfg, &images, &sandboxes, &containers).await;
-    let streams = start_streams(&cfg.stream, &sandboxes, &containers).await?;
+    let streams = start_streams(&cfg.stream, &pods).await?;
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
     let services = cri::Services {
         images,
-        sandboxes,
-        containers,
         pods,
         streams,
         pause_image: cfg.runtime.sandbox_image.clone(),
@@ -291,8 +289,7 @@ async fn open_pods(
 /// Starts the streaming server (exec, attach, port-forward) per the configuration.
 async fn start_streams(
     cfg: &crate::config::Stream,
-    sandboxes: &SandboxService,
-    containers: &ContainerService,
+    pods: &crate::pod::PodService,
 ) -> Result<crate::stream::StreamServer, Error> {
     Ok(crate::stream::StreamServer::start(
         &crate::stream::Settings {
@@ -305,10 +302,7 @@ async fn start_streams(
                 .unwrap_or(crate::stream::TOKEN_TTL),
             tls: stream_tls(cfg)?,
         },
-        std::sync::Arc::new(cri::streaming::StreamBackend {
-            containers: containers.clone(),
-            sandboxes: sandboxes.clone(),
-        }),
+        std::sync::Arc::new(cri::streaming::StreamBackend { pods: pods.clone() }),
     )
     .await?)
 }

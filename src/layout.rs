@@ -1,9 +1,9 @@
 //! Checks of the source tree's layout that the compiler does not make: CRI's generated types
 //! stay at the edge (`cri`, and the CRI clients `cli` and `frontend`), everything below works
-//! with crius's own types; no files import each other in a circle; `lib.rs`'s map of the
-//! modules names every one; no function outside tests is longer than 150 lines (tables
-//! excepted, by name); no `Result<_, String>` outside tests: errors are types that keep their
-//! causes.
+//! with crius's own types; `cri` reaches containers and sandboxes only through `pod`; no files
+//! import each other in a circle; `lib.rs`'s map of the modules names every one; no function
+//! outside tests is longer than 150 lines (tables excepted, by name); no `Result<_, String>`
+//! outside tests: errors are types that keep their causes.
 
 use std::path::{Path, PathBuf};
 
@@ -49,6 +49,23 @@ fn cri_types_stay_at_the_edge() {
     assert!(
         found.is_empty(),
         "CRI's generated types used below cri/ (convert them at the edge): {found:?}"
+    );
+}
+
+#[test]
+fn every_runtime_call_goes_through_the_pod_orchestrator() {
+    let cri = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cri");
+    let around: Vec<String> = sources(&cri)
+        .into_iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.contains("ContainerService") || text.contains("SandboxService")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        around.is_empty(),
+        "cri/ holds the container or sandbox service instead of going through `pod`: {around:?}"
     );
 }
 

@@ -28,9 +28,7 @@ use crate::cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tonic::{Code, Response, Status};
 
-use crate::container::ContainerService;
 use crate::image::ImageService;
-use crate::sandbox::SandboxService;
 
 /// CRI `runtime.v1`, generated from the vendored `proto/cri-api/api.proto` (kubernetes/cri-api
 /// v0.36.3; see its README).
@@ -81,8 +79,7 @@ pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
 /// What the server answers with.
 pub struct Services {
     pub images: ImageService,
-    pub sandboxes: SandboxService,
-    pub containers: ContainerService,
+    /// Every runtime call goes through the pod orchestrator.
     pub pods: crate::pod::PodService,
     /// The operator's pause image; none runs pods on the built-in pause.
     pub pause_image: Option<String>,
@@ -100,8 +97,6 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let runtime = RuntimeServiceServer::new(runtime::Runtime::new(
         services.pods,
-        services.sandboxes,
-        services.containers,
         services.pause_image.clone(),
         services.config,
         services.streams,

@@ -1,4 +1,4 @@
-//! CRI RuntimeService: requests in, `pod`, `sandbox` and `container` calls, CRI messages out.
+//! CRI RuntimeService: requests in, `pod` calls, CRI messages out.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -12,17 +12,14 @@ use super::convert;
 use super::lists::{Listing, chunked};
 use super::rpc;
 use super::status::ToStatus;
-use crate::container::ContainerService;
 use crate::pod::PodService;
-use crate::sandbox::SandboxService;
 
 pub const RUNTIME_NAME: &str = "crius";
 pub const CRI_VERSION: &str = "v1";
 
 pub struct Runtime {
+    /// The orchestrator every call goes through.
     pods: PodService,
-    sandboxes: SandboxService,
-    containers: ContainerService,
     /// The operator's pause image, if pods run on one rather than the built-in pause.
     pause_image: Option<String>,
     config: serde_json::Value,
@@ -32,16 +29,12 @@ pub struct Runtime {
 impl Runtime {
     pub fn new(
         pods: PodService,
-        sandboxes: SandboxService,
-        containers: ContainerService,
         pause_image: Option<String>,
         config: serde_json::Value,
         streams: crate::stream::StreamServer,
     ) -> Runtime {
         Runtime {
             pods,
-            sandboxes,
-            containers,
             pause_image,
             config,
             streams,
@@ -129,8 +122,8 @@ impl RuntimeService for Runtime {
         rpc("ListPodSandbox", async {
             let items = match req.into_inner().filter.map(convert::pod_filter) {
                 Some(None) => Vec::new(),
-                Some(Some(f)) => self.sandboxes.list(Some(&f)).await,
-                None => self.sandboxes.list(None).await,
+                Some(Some(f)) => self.pods.list_pods(Some(&f)).await,
+                None => self.pods.list_pods(None).await,
             };
             Ok(cri::ListPodSandboxResponse {
                 items: items.iter().map(convert::cri_pod).collect(),
@@ -168,8 +161,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::StartContainerRequest>,
     ) -> Result<Response<cri::StartContainerResponse>, Status> {
         rpc("StartContainer", async {
-            let (containers, id) = (self.containers.clone(), req.into_inner().container_id);
-            super::to_the_end(async move { Ok(containers.start(&id).await?) }).await?;
+            let (pods, id) = (self.pods.clone(), req.into_inner().container_id);
+            super::to_the_end(async move { Ok(pods.start_container(&id).await?) }).await?;
             Ok(cri::StartContainerResponse {})
         })
         .await
@@ -181,10 +174,10 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::StopContainerResponse>, Status> {
         rpc("StopContainer", async {
             let req = req.into_inner();
-            let containers = self.containers.clone();
-            super::to_the_end(
-                async move { Ok(containers.stop(&req.container_id, req.timeout).await?) },
-            )
+            let pods = self.pods.clone();
+            super::to_the_end(async move {
+                Ok(pods.stop_container(&req.container_id, req.timeout).await?)
+            })
             .await?;
             Ok(cri::StopContainerResponse {})
         })
@@ -196,8 +189,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::RemoveContainerRequest>,
     ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
         rpc("RemoveContainer", async {
-            let (containers, id) = (self.containers.clone(), req.into_inner().container_id);
-            super::to_the_end(async move { Ok(containers.remove(&id).await?) }).await?;
+            let (pods, id) = (self.pods.clone(), req.into_inner().container_id);
+            super::to_the_end(async move { Ok(pods.remove_container(&id).await?) }).await?;
             Ok(cri::RemoveContainerResponse {})
         })
         .await
@@ -210,8 +203,8 @@ impl RuntimeService for Runtime {
         rpc("ListContainers", async {
             let containers = match req.into_inner().filter.map(convert::container_filter) {
                 Some(None) => Vec::new(),
-                Some(Some(f)) => self.containers.list(Some(&f)).await,
-                None => self.containers.list(None).await,
+                Some(Some(f)) => self.pods.list_containers(Some(&f)).await,
+                None => self.pods.list_containers(None).await,
             };
             Ok(cri::ListContainersResponse {
                 containers: containers.iter().map(convert::cri_container).collect(),
@@ -227,8 +220,8 @@ impl RuntimeService for Runtime {
         rpc("ContainerStatus", async {
             let req = req.into_inner();
             let (status, info) = self
-                .containers
-                .status(&req.container_id, req.verbose)
+                .pods
+                .container_status(&req.container_id, req.verbose)
                 .await?;
             Ok(cri::ContainerStatusResponse {
                 status: Some(convert::cri_container_status(&status)),
@@ -246,7 +239,7 @@ impl RuntimeService for Runtime {
             let req = req.into_inner();
             super::validate::exec(&req.cmd)?;
             let (stdout, stderr, exit_code) = self
-                .containers
+                .pods
                 .exec_sync(&req.container_id, req.cmd, req.timeout)
                 .await?;
             Ok(cri::ExecSyncResponse {
@@ -272,7 +265,7 @@ impl RuntimeService for Runtime {
                 tty: req.tty,
             };
             let id = self
-                .containers
+                .pods
                 .check_stream(&req.container_id, &super::streaming::opts(opts))
                 .await?;
             let url = self.streams.url_for(crate::stream::Request::Exec {
@@ -298,7 +291,7 @@ impl RuntimeService for Runtime {
                 tty: req.tty,
             };
             let id = self
-                .containers
+                .pods
                 .check_stream(&req.container_id, &super::streaming::opts(opts))
                 .await?;
             let url = self.streams.url_for(crate::stream::Request::Attach {
@@ -316,7 +309,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
         rpc("PortForward", async {
             let req = req.into_inner();
-            let pod = self.sandboxes.get(&req.pod_sandbox_id).await?;
+            let pod = self.pods.pod(&req.pod_sandbox_id).await?;
             if !pod.ready {
                 return Err(crate::sandbox::Error::NotReady { id: pod.id }.into());
             }
@@ -343,8 +336,8 @@ impl RuntimeService for Runtime {
         req: Request<cri::ReopenContainerLogRequest>,
     ) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
         rpc("ReopenContainerLog", async {
-            self.containers
-                .reopen_log(&req.into_inner().container_id)
+            self.pods
+                .reopen_container_log(&req.into_inner().container_id)
                 .await?;
             Ok(cri::ReopenContainerLogResponse {})
         })
@@ -357,7 +350,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::StatusResponse>, Status> {
         rpc("Status", async {
             let verbose = req.into_inner().verbose;
-            let cgroups = self.sandboxes.cgroups();
+            let cgroups = self.pods.cgroup_policy();
             let mut conditions = vec![
                 cri::RuntimeCondition {
                     r#type: "RuntimeReady".into(),
@@ -405,7 +398,7 @@ impl RuntimeService for Runtime {
                 name: String::new(),
                 features: features(),
             }];
-            for h in self.sandboxes.handlers() {
+            for h in self.pods.handlers() {
                 runtime_handlers.push(cri::RuntimeHandler {
                     name: h.clone(),
                     features: features(),
@@ -476,7 +469,7 @@ impl RuntimeService for Runtime {
         rpc("RuntimeConfig", async {
             Ok(cri::RuntimeConfigResponse {
                 linux: Some(cri::LinuxRuntimeConfiguration {
-                    cgroup_driver: if self.sandboxes.cgroups().systemd {
+                    cgroup_driver: if self.pods.cgroup_policy().systemd {
                         cri::CgroupDriver::Systemd
                     } else {
                         cri::CgroupDriver::Cgroupfs
@@ -494,8 +487,8 @@ impl RuntimeService for Runtime {
         rpc("UpdateContainerResources", async {
             let req = req.into_inner();
             let linux = req.linux.ok_or_else(|| super::status::missing("linux"))?;
-            self.containers
-                .update_resources(&req.container_id, convert::resources(linux))
+            self.pods
+                .update_container_resources(&req.container_id, convert::resources(linux))
                 .await?;
             Ok(cri::UpdateContainerResourcesResponse {})
         })
@@ -508,8 +501,8 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
         rpc("ContainerStats", async {
             let stats = self
-                .containers
-                .stats(&req.into_inner().container_id)
+                .pods
+                .container_stats(&req.into_inner().container_id)
                 .await?;
             Ok(cri::ContainerStatsResponse {
                 stats: Some(convert::cri_container_stats(&stats)),
@@ -524,7 +517,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
         rpc("ListContainerStats", async {
             let filter = req.into_inner().filter.map(convert::container_stats_filter);
-            let stats = self.containers.list_stats(filter.as_ref()).await;
+            let stats = self.pods.list_container_stats(filter.as_ref()).await;
             Ok(cri::ListContainerStatsResponse {
                 stats: stats.iter().map(convert::cri_container_stats).collect(),
             })
@@ -538,7 +531,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
         rpc("PodSandboxStats", async {
             let stats = self
-                .containers
+                .pods
                 .pod_stats(&req.into_inner().pod_sandbox_id)
                 .await?;
             Ok(cri::PodSandboxStatsResponse {
@@ -554,7 +547,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
         rpc("ListPodSandboxStats", async {
             let filter = req.into_inner().filter.map(convert::pod_stats_filter);
-            let stats = self.containers.list_pod_stats(filter.as_ref()).await;
+            let stats = self.pods.list_pod_stats(filter.as_ref()).await;
             Ok(cri::ListPodSandboxStatsResponse {
                 stats: stats.iter().map(convert::cri_pod_stats).collect(),
             })
@@ -584,7 +577,7 @@ impl RuntimeService for Runtime {
         rpc("ListPodSandboxMetrics", async {
             Ok(cri::ListPodSandboxMetricsResponse {
                 pod_metrics: self
-                    .containers
+                    .pods
                     .pod_metrics()
                     .await
                     .iter()
@@ -621,8 +614,8 @@ impl RuntimeService for Runtime {
         rpc("StreamPodSandboxes", async {
             let pods = match req.into_inner().filter.map(convert::pod_filter) {
                 Some(None) => Vec::new(),
-                Some(Some(f)) => self.sandboxes.list(Some(&f)).await,
-                None => self.sandboxes.list(None).await,
+                Some(Some(f)) => self.pods.list_pods(Some(&f)).await,
+                None => self.pods.list_pods(None).await,
             };
             let items = pods.iter().map(convert::cri_pod).collect();
             Ok(chunked(items, |pod_sandboxes| {
@@ -641,8 +634,8 @@ impl RuntimeService for Runtime {
         rpc("StreamContainers", async {
             let containers = match req.into_inner().filter.map(convert::container_filter) {
                 Some(None) => Vec::new(),
-                Some(Some(f)) => self.containers.list(Some(&f)).await,
-                None => self.containers.list(None).await,
+                Some(Some(f)) => self.pods.list_containers(Some(&f)).await,
+                None => self.pods.list_containers(None).await,
             };
             let items = containers.iter().map(convert::cri_container).collect();
             Ok(chunked(items, |containers| cri::StreamContainersResponse {
@@ -660,7 +653,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
         rpc("StreamContainerStats", async {
             let filter = req.into_inner().filter.map(convert::container_stats_filter);
-            let stats = self.containers.list_stats(filter.as_ref()).await;
+            let stats = self.pods.list_container_stats(filter.as_ref()).await;
             let items = stats.iter().map(convert::cri_container_stats).collect();
             Ok(chunked(items, |container_stats| {
                 cri::StreamContainerStatsResponse { container_stats }
@@ -677,7 +670,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
         rpc("StreamPodSandboxStats", async {
             let filter = req.into_inner().filter.map(convert::pod_stats_filter);
-            let stats = self.containers.list_pod_stats(filter.as_ref()).await;
+            let stats = self.pods.list_pod_stats(filter.as_ref()).await;
             let items = stats.iter().map(convert::cri_pod_stats).collect();
             Ok(chunked(items, |pod_sandbox_stats| {
                 cri::StreamPodSandboxStatsResponse { pod_sandbox_stats }
@@ -693,7 +686,7 @@ impl RuntimeService for Runtime {
         _req: Request<cri::StreamPodSandboxMetricsRequest>,
     ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
         rpc("StreamPodSandboxMetrics", async {
-            let metrics = self.containers.pod_metrics().await;
+            let metrics = self.pods.pod_metrics().await;
             let items = metrics.iter().map(convert::cri_pod_metrics).collect();
             Ok(chunked(items, |pod_sandbox_metrics| {
                 cri::StreamPodSandboxMetricsResponse {
@@ -710,8 +703,8 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
         rpc("UpdatePodSandboxResources", async {
             let req = req.into_inner();
-            self.sandboxes
-                .update_resources(
+            self.pods
+                .update_pod_resources(
                     &req.pod_sandbox_id,
                     req.overhead.map(convert::resources),
                     req.resources.map(convert::resources),
@@ -728,8 +721,8 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
         rpc("CheckpointContainer", async {
             let req = req.into_inner();
-            self.containers
-                .checkpoint(&req.container_id, &req.location, req.timeout)
+            self.pods
+                .checkpoint_container(&req.container_id, &req.location, req.timeout)
                 .await?;
             Ok(cri::CheckpointContainerResponse {})
         })

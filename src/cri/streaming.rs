@@ -1,17 +1,15 @@
-//! The streaming server's backend: streamed exec and attach through `container`, connections in a pod's
-//! network namespace through `sandbox`. Errors become the messages the server puts on the
-//! error stream.
+//! The streaming server's backend: streamed exec and attach, and connections in a pod's
+//! network namespace, through the pod orchestrator. Errors become the messages the server
+//! puts on the error stream.
 
 use futures_util::future::BoxFuture;
 
-use crate::container::ContainerService;
 use crate::container::stream::{StreamOpts, StreamSession};
-use crate::sandbox::SandboxService;
+use crate::pod::PodService;
 use crate::stream::{Backend, BackendError, Opts, Session};
 
 pub struct StreamBackend {
-    pub containers: ContainerService,
-    pub sandboxes: SandboxService,
+    pub pods: PodService,
 }
 
 /// A backend error as the client reads it: the error with its causes.
@@ -46,9 +44,9 @@ impl Backend for StreamBackend {
         cmd: Vec<String>,
         o: Opts,
     ) -> BoxFuture<'static, Result<Session, BackendError>> {
-        let containers = self.containers.clone();
+        let pods = self.pods.clone();
         Box::pin(async move {
-            let s = containers
+            let s = pods
                 .exec_stream(&container_id, cmd, opts(o))
                 .await
                 .map_err(told)?;
@@ -61,9 +59,9 @@ impl Backend for StreamBackend {
         container_id: String,
         o: Opts,
     ) -> BoxFuture<'static, Result<Session, BackendError>> {
-        let containers = self.containers.clone();
+        let pods = self.pods.clone();
         Box::pin(async move {
-            let s = containers
+            let s = pods
                 .attach_stream(&container_id, opts(o))
                 .await
                 .map_err(told)?;
@@ -76,7 +74,7 @@ impl Backend for StreamBackend {
         sandbox_id: String,
         port: u16,
     ) -> BoxFuture<'static, Result<tokio::net::TcpStream, BackendError>> {
-        let sandboxes = self.sandboxes.clone();
-        Box::pin(async move { sandboxes.dial(&sandbox_id, port).await.map_err(told) })
+        let pods = self.pods.clone();
+        Box::pin(async move { pods.dial(&sandbox_id, port).await.map_err(told) })
     }
 }

@@ -4,10 +4,12 @@
 //! network, attaches its network namespace to the node's CNI network (`net`); stopping one
 //! stops its containers, detaches the network, then stops the pause process; removing one
 //! removes its containers, detaches again (harmless), removes the sandbox and releases the
-//! image. PodSandboxStatus and the container event stream are assembled here. Uses `image`,
-//! `sandbox`, `container` and `network`; its one record per pod is the network attachment,
-//! kept in the sandbox's directory.
+//! image. PodSandboxStatus and the container event stream are assembled here. Every other
+//! runtime call passes through here too (`calls`), so `cri` holds no other service. Uses
+//! `image`, `sandbox`, `container` and `network`; its one record per pod is the network
+//! attachment, kept in the sandbox's directory.
 
+mod calls;
 mod net;
 
 use std::collections::HashMap;
