@@ -15,26 +15,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::{ContainerService, Duration, Error, ExecReport, ExecRequest, invalid, io_err, runtime};
 use crate::sys;
 
-/// What the client asked for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StreamOpts {
-    pub stdin: bool,
-    pub stdout: bool,
-    pub stderr: bool,
-    pub tty: bool,
-}
+/// What the client asked for: the streaming server's own options.
+pub use crate::stream::Opts as StreamOpts;
 
-/// Sets a terminal's size: width, height.
-pub type Resize = Box<dyn Fn(u16, u16) -> std::io::Result<()> + Send + Sync>;
-
-/// A running exec'd command with its stdio.
-pub struct StreamSession {
-    pub stdin: Option<Box<dyn AsyncWrite + Send + Unpin>>,
-    pub stdout: Option<Box<dyn AsyncRead + Send + Unpin>>,
-    pub stderr: Option<Box<dyn AsyncRead + Send + Unpin>>,
-    pub resize: Option<Resize>,
-    pub done: Pin<Box<dyn std::future::Future<Output = Result<i32, Error>> + Send>>,
-}
+/// A running exec'd command or attachment with its stdio: the streaming server's session,
+/// ending in this module's error.
+pub type StreamSession = crate::stream::Session<Error>;
 
 /// A terminal master, readable and writable without blocking a thread.
 #[derive(Clone)]

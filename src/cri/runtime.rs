@@ -264,10 +264,7 @@ impl RuntimeService for Runtime {
                 stderr: req.stderr,
                 tty: req.tty,
             };
-            let id = self
-                .pods
-                .check_stream(&req.container_id, &super::streaming::opts(opts))
-                .await?;
+            let id = self.pods.check_stream(&req.container_id, &opts).await?;
             let url = self.streams.url_for(crate::stream::Request::Exec {
                 container_id: id,
                 cmd: req.cmd,
@@ -290,10 +287,7 @@ impl RuntimeService for Runtime {
                 stderr: req.stderr,
                 tty: req.tty,
             };
-            let id = self
-                .pods
-                .check_stream(&req.container_id, &super::streaming::opts(opts))
-                .await?;
+            let id = self.pods.check_stream(&req.container_id, &opts).await?;
             let url = self.streams.url_for(crate::stream::Request::Attach {
                 container_id: id,
                 opts,

@@ -4,7 +4,7 @@
 
 use futures_util::future::BoxFuture;
 
-use crate::container::stream::{StreamOpts, StreamSession};
+use crate::container::stream::StreamSession;
 use crate::pod::PodService;
 use crate::stream::{Backend, BackendError, Opts, Session};
 
@@ -17,7 +17,8 @@ fn told<E: std::error::Error + Send + Sync + 'static>(e: E) -> BackendError {
     BackendError::new(super::status::chain(&e), e)
 }
 
-/// A container's stream session as the streaming server serves it.
+/// A container's stream session as the streaming server serves it: its end worded for the
+/// client.
 fn session(s: StreamSession) -> Session {
     Session {
         stdin: s.stdin,
@@ -25,15 +26,6 @@ fn session(s: StreamSession) -> Session {
         stderr: s.stderr,
         resize: s.resize,
         done: Box::pin(async move { s.done.await.map_err(told) }),
-    }
-}
-
-pub fn opts(o: Opts) -> StreamOpts {
-    StreamOpts {
-        stdin: o.stdin,
-        stdout: o.stdout,
-        stderr: o.stderr,
-        tty: o.tty,
     }
 }
 
@@ -47,7 +39,7 @@ impl Backend for StreamBackend {
         let pods = self.pods.clone();
         Box::pin(async move {
             let s = pods
-                .exec_stream(&container_id, cmd, opts(o))
+                .exec_stream(&container_id, cmd, o)
                 .await
                 .map_err(told)?;
             Ok(session(s))
@@ -61,10 +53,7 @@ impl Backend for StreamBackend {
     ) -> BoxFuture<'static, Result<Session, BackendError>> {
         let pods = self.pods.clone();
         Box::pin(async move {
-            let s = pods
-                .attach_stream(&container_id, opts(o))
-                .await
-                .map_err(told)?;
+            let s = pods.attach_stream(&container_id, o).await.map_err(told)?;
             Ok(session(s))
         })
     }

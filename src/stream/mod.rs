@@ -77,15 +77,16 @@ impl Request {
 /// Sets a terminal's size: width, height.
 pub type Resize = Box<dyn Fn(u16, u16) -> std::io::Result<()> + Send + Sync>;
 
-/// A running command (or an attachment to a container's stdio), as the backend hands it over.
-pub struct Session {
+/// A running command (or an attachment to a container's stdio), as the backend hands it over;
+/// the container service makes one ending in its own error (`E`), which the backend words.
+pub struct Session<E = BackendError> {
     pub stdin: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     pub stdout: Option<Box<dyn AsyncRead + Send + Unpin>>,
     pub stderr: Option<Box<dyn AsyncRead + Send + Unpin>>,
     /// Sets the terminal's size (width, height); with a terminal only.
     pub resize: Option<Resize>,
     /// The exit code once the command (or container) ends; an error when it could not be told.
-    pub done: Pin<Box<dyn Future<Output = Result<i32, BackendError>> + Send>>,
+    pub done: Pin<Box<dyn Future<Output = Result<i32, E>> + Send>>,
 }
 
 /// Why the backend could not start a session or tell how it ended: what the client is told
