@@ -144,15 +144,10 @@ fn expand(prefix: &str, tree: &str, out: &mut Vec<String>) {
     }
 }
 
-/// The paths a file's own code (its test module and comments left out) names: each `use`
-/// statement's, and every path written out in place (`super::signature::check(..)`).
+/// The paths a file's own code (its test module, comments and strings left out) names: each
+/// `use` statement's, and every path written out in place (`super::signature::check(..)`).
 fn uses(text: &str) -> Vec<String> {
-    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
-    let code: String = code
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let code = bare_code(text);
     let mut out = inline_paths(&code);
     let code = code.as_str();
     let mut rest = code;
