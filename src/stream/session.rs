@@ -289,14 +289,33 @@ impl Resizes {
     }
 }
 
-/// A terminal session's first stdin data, less the client terminal's end-of-file marker: a
+/// A session's stdin, less the client terminal's end-of-file marker at its start: a
 /// client that reads its own terminal in canonical mode, is sent ^D (an end of file: script
 /// under `</dev/null` sends one when its input ends) and then makes the terminal raw, reads the
 /// line discipline's EOF marker as one NUL byte and sends it (crictl and kubectl do, issue 24).
 /// The container's terminal would echo it as `^@`. Only a lone NUL as the very first data is
 /// taken for the marker; a Ctrl-@ typed as a session's first key is lost with it.
-pub(super) fn first_stdin(data: &[u8], tty: bool) -> &[u8] {
-    if tty && data == [0] { &[] } else { data }
+#[derive(Debug, Default)]
+pub(super) struct Stdin {
+    tty: bool,
+    begun: bool,
+}
+
+impl Stdin {
+    pub(super) fn new(tty: bool) -> Stdin {
+        Stdin { tty, begun: false }
+    }
+
+    /// What of `data` goes on to the command.
+    pub(super) fn pass<'a>(&mut self, data: &'a [u8]) -> &'a [u8] {
+        let data = if !self.begun && self.tty && data == [0] {
+            &[]
+        } else {
+            data
+        };
+        self.begun |= !data.is_empty();
+        data
+    }
 }
 
 /// Exec and attach: waits for the streams the options call for, starts the work, pumps.
@@ -380,7 +399,7 @@ async fn remote_command(
     }
     let (stdin_id, resize_id) = (ids.get("stdin").copied(), ids.get("resize").copied());
     let mut resizes = Resizes::default();
-    let mut stdin_begun = false;
+    let mut input = Stdin::new(opts.tty);
     let mut pending = early.into_iter();
     let code = loop {
         let event = match pending.next() {
@@ -396,12 +415,7 @@ async fn remote_command(
             // The client went away: the work is left to end on its own (stdin closes).
             None => break None,
             Some(Event::Data { stream, data, fin }) if Some(stream) == stdin_id => {
-                let data = if stdin_begun {
-                    &data
-                } else {
-                    first_stdin(&data, opts.tty)
-                };
-                stdin_begun |= !data.is_empty();
+                let data = input.pass(&data);
                 if let Some(w) = stdin.as_mut() {
                     if !data.is_empty() && w.write_all(data).await.is_err() {
                         stdin = None;
@@ -579,9 +593,16 @@ mod tests {
 
     #[test]
     fn a_terminals_first_lone_nul_is_the_clients_eof_marker() {
-        assert_eq!(first_stdin(&[0], true), b"");
-        assert_eq!(first_stdin(&[0], false), [0]);
-        assert_eq!(first_stdin(&[0, b'a'], true), [0, b'a']);
-        assert_eq!(first_stdin(b"ls\n", true), b"ls\n");
+        assert_eq!(Stdin::new(true).pass(&[0]), b"");
+        assert_eq!(Stdin::new(false).pass(&[0]), [0]);
+        assert_eq!(Stdin::new(true).pass(&[0, b'a']), [0, b'a']);
+        assert_eq!(Stdin::new(true).pass(b"ls\n"), b"ls\n");
+        // Only the very first data: a NUL after anything else is the user's.
+        let mut later = Stdin::new(true);
+        assert_eq!(later.pass(b""), b"");
+        assert_eq!(later.pass(&[0]), b"");
+        let mut typed = Stdin::new(true);
+        assert_eq!(typed.pass(b"a"), b"a");
+        assert_eq!(typed.pass(&[0]), [0]);
     }
 }

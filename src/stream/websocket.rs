@@ -18,7 +18,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
 
 use super::channel::{Ws, channel_payload, channel_writer};
-use super::session::{Activity, Resizes, exit_status, first_stdin, opts_of};
+use super::session::{Activity, Resizes, Stdin, exit_status, opts_of};
 use super::{Request, Session, Shared, reply};
 
 const EXEC_PROTOCOLS: [&str; 4] = [
@@ -146,7 +146,7 @@ async fn remote_command(
     let v5 = protocol.starts_with("v5.");
     let (sink, mut incoming) = ws.split();
     let (out_tx, writer) = channel_writer(sink, base64);
-    let tty = opts_of(&request).tty;
+    let mut input = Stdin::new(opts_of(&request).tty);
     let Some(started) = request.start(&*backend).await else {
         return;
     };
@@ -181,7 +181,6 @@ async fn remote_command(
         }
     }
     let mut resizes = Resizes::default();
-    let mut stdin_begun = false;
     let code = loop {
         tokio::select! {
             code = &mut done => break Some(code),
@@ -203,8 +202,7 @@ async fn remote_command(
                 let Some((&ch, data)) = payload.split_first() else { continue };
                 match ch {
                     0 => {
-                        let data = if stdin_begun { data } else { first_stdin(data, tty) };
-                        stdin_begun |= !data.is_empty();
+                        let data = input.pass(data);
                         if let Some(w) = stdin.as_mut()
                             && (w.write_all(data).await.is_err() || w.flush().await.is_err())
                         {
