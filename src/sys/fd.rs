@@ -81,3 +81,15 @@ pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
     // SAFETY: as above, for everything past the last kept descriptor.
     check(unsafe { libc::close_range(from, u32::MAX, 0) })
 }
+
+/// Has the program `cmd` runs find `fd` at descriptor number `target` (NRI's launched plugins
+/// find their socket at 3). The caller keeps `fd` open until the spawn has returned.
+pub fn inherit_at(cmd: &mut tokio::process::Command, fd: BorrowedFd<'_>, target: RawFd) {
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs in the child between fork and exec and calls only dup3 and
+    // fcntl (through `dup_to`), which are async-signal-safe and allocate nothing; `raw` is open
+    // in the parent, so in the child, until the spawn returns (the caller's contract).
+    unsafe {
+        cmd.pre_exec(move || dup_to(BorrowedFd::borrow_raw(raw), target, false));
+    }
+}

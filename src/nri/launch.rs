@@ -1,0 +1,95 @@
+//! Where plugins come from: the socket external plugins connect to, and the pre-installed
+//! plugins started from the plugin directory, each handed one end of a socket pair as
+//! descriptor 3 and told nothing else but its name and index.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+/// Listens on `path`: its directory is made (0700) and a stale socket replaced.
+pub fn listen(path: &Path) -> io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    tokio::net::UnixListener::bind(path)
+}
+
+/// A launched plugin: its name, index, our end of its socket and its process.
+pub type Launched = (
+    String,
+    String,
+    tokio::net::UnixStream,
+    tokio::process::Child,
+);
+
+/// Starts every executable `IDX-NAME` in `dir` (none when it is missing). One that cannot be
+/// started, or is badly named, is logged and skipped.
+pub fn start_installed(dir: &Path) -> Vec<Launched> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| {
+            e.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut started = Vec::new();
+    for file in names {
+        let Some((idx, name)) = file.split_once('-') else {
+            tracing::warn!(
+                plugin = file,
+                "NRI: a plugin's file name is not IDX-NAME; skipped"
+            );
+            continue;
+        };
+        if let Err(e) = super::plugin::check_name(name, idx) {
+            tracing::warn!(plugin = file, error = %e, "NRI: plugin skipped");
+            continue;
+        }
+        match start(&dir.join(&file), name, idx) {
+            Ok((stream, child)) => started.push((name.to_string(), idx.to_string(), stream, child)),
+            Err(e) => tracing::warn!(plugin = file, error = %e, "NRI: starting a plugin"),
+        }
+    }
+    started
+}
+
+fn start(
+    program: &Path,
+    name: &str,
+    idx: &str,
+) -> io::Result<(tokio::net::UnixStream, tokio::process::Child)> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.env_clear()
+        .env("NRI_PLUGIN_NAME", name)
+        .env("NRI_PLUGIN_IDX", idx)
+        .env("NRI_PLUGIN_SOCKET", "3")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    crate::sys::inherit_at(&mut cmd, theirs.as_fd(), 3);
+    let child = cmd.spawn()?;
+    drop(theirs);
+    ours.set_nonblocking(true)?;
+    Ok((tokio::net::UnixStream::from_std(ours)?, child))
+}
+
+/// A plugin's configuration: `IDX-NAME.conf`, else `NAME.conf`, else none.
+pub fn plugin_config(dir: &Path, idx: &str, name: &str) -> String {
+    [format!("{idx}-{name}.conf"), format!("{name}.conf")]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .unwrap_or_default()
+}
