@@ -74,6 +74,7 @@ pub struct Config {
     pub network: Network,
     pub stream: Stream,
     pub cdi: Cdi,
+    pub nri: Nri,
 }
 
 /// CDI devices (`ContainerConfig.cdi_devices`, `cdi.k8s.io/` annotations).
@@ -92,6 +93,37 @@ impl Default for Cdi {
         Cdi {
             enable: true,
             spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+        }
+    }
+}
+
+/// NRI plugins: external ones connect to `socket_path`; pre-installed ones are started from
+/// `plugin_path` with their configuration from `plugin_config_path`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Nri {
+    pub enable: bool,
+    pub socket_path: PathBuf,
+    pub plugin_path: PathBuf,
+    pub plugin_config_path: PathBuf,
+    /// How long a plugin may take to register once connected or started.
+    pub plugin_registration_timeout: String,
+    /// How long a plugin may take to answer an event (its synchronization gets at least 5 s).
+    pub plugin_request_timeout: String,
+    /// Only pre-installed plugins: nothing listens on the socket.
+    pub disable_connections: bool,
+}
+
+impl Default for Nri {
+    fn default() -> Nri {
+        Nri {
+            enable: true,
+            socket_path: PathBuf::from("/var/run/nri/nri.sock"),
+            plugin_path: PathBuf::from("/opt/nri/plugins"),
+            plugin_config_path: PathBuf::from("/etc/nri/conf.d"),
+            plugin_registration_timeout: "5s".to_string(),
+            plugin_request_timeout: "2s".to_string(),
+            disable_connections: false,
         }
     }
 }
@@ -280,6 +312,7 @@ impl Default for Config {
             network: Network::default(),
             stream: Stream::default(),
             cdi: Cdi::default(),
+            nri: Nri::default(),
         }
     }
 }
@@ -349,6 +382,20 @@ impl Config {
                 &cfg.stream.stream_idle_timeout,
                 "is not a duration like \"4h\" or \"30m\"",
             );
+        }
+        for (key, value) in [
+            (
+                "nri.plugin_registration_timeout",
+                &cfg.nri.plugin_registration_timeout,
+            ),
+            (
+                "nri.plugin_request_timeout",
+                &cfg.nri.plugin_request_timeout,
+            ),
+        ] {
+            if humantime::parse_duration(value).is_err() {
+                return setting(key, value, "is not a duration like \"2s\" or \"500ms\"");
+            }
         }
         if humantime::parse_duration(&cfg.stream.token_ttl).is_err() {
             return setting(
@@ -456,7 +503,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 29, "{uncommented}");
+        assert_eq!(keys, 36, "{uncommented}");
     }
 
     use super::*;

@@ -140,7 +140,8 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         });
     }
     let images = open_images(&cfg).await?;
-    let (sandboxes, containers) = open_runtime(&cfg, &images).await?;
+    let nri = nri_settings(&cfg.nri).map(crate::nri::Nri::new);
+    let (sandboxes, containers) = open_runtime(&cfg, &images, nri.as_ref()).await?;
     if let Some(addr) = &cfg.metrics.address {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -152,11 +153,13 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
             containers.clone(),
         ));
     }
-    let pods = open_pods(&cfg, &images, &sandboxes, &containers).await;
+    let pods = open_pods(&cfg, &images, &sandboxes, &containers, nri).await;
+    pods.serve_nri().await;
     let streams = start_streams(&cfg.stream, &pods).await?;
     let listener = bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %cfg.root.display(), "crius daemon serving CRI runtime.v1");
 
+    let nri_owner = pods.clone();
     let services = cri::Services {
         images,
         pods,
@@ -165,6 +168,7 @@ pub async fn run(cfg: Config) -> Result<(), Error> {
         config: serde_json::to_value(&cfg).unwrap_or_default(),
     };
     let served = serve_until_terminated(listener, services).await;
+    nri_owner.shutdown_nri();
     let _ = fs::remove_file(&cfg.socket);
     served?;
     Ok(())
@@ -233,6 +237,7 @@ fn cgroup_policy(cfg: &Config) -> Result<crate::runtime::cgroup::Policy, Error> 
 async fn open_runtime(
     cfg: &Config,
     images: &ImageService,
+    nri: Option<&crate::nri::Nri>,
 ) -> Result<(SandboxService, ContainerService), Error> {
     let handlers: Vec<String> = cfg.runtime.handlers.keys().cloned().collect();
     let policy = cgroup_policy(cfg)?;
@@ -248,6 +253,7 @@ async fn open_runtime(
         cfg.cdi
             .enable
             .then(|| crate::cdi::Registry::new(cfg.cdi.spec_dirs.clone())),
+        nri.cloned(),
     )?;
     containers.remove_orphan_cgroups().await;
     Ok((sandboxes, containers))
@@ -259,6 +265,7 @@ async fn open_pods(
     images: &ImageService,
     sandboxes: &SandboxService,
     containers: &ContainerService,
+    nri: Option<crate::nri::Nri>,
 ) -> crate::pod::PodService {
     let network = std::sync::Arc::new(crate::network::NetworkService::new(
         cfg.network.conf_dir.clone(),
@@ -281,9 +288,24 @@ async fn open_pods(
         sandboxes.clone(),
         containers.clone(),
         network,
+        nri,
     );
     pods.recover().await;
     pods
+}
+
+/// NRI's settings; none when it is turned off. The durations were checked with the config.
+fn nri_settings(cfg: &crate::config::Nri) -> Option<crate::nri::Settings> {
+    let duration = |text: &str, default: u64| {
+        humantime::parse_duration(text).unwrap_or(std::time::Duration::from_secs(default))
+    };
+    cfg.enable.then(|| crate::nri::Settings {
+        socket: (!cfg.disable_connections).then(|| cfg.socket_path.clone()),
+        plugin_dir: cfg.plugin_path.clone(),
+        plugin_config_dir: cfg.plugin_config_path.clone(),
+        registration_timeout: duration(&cfg.plugin_registration_timeout, 5),
+        request_timeout: duration(&cfg.plugin_request_timeout, 2),
+    })
 }
 
 /// Starts the streaming server (exec, attach, port-forward) per the configuration.

@@ -15,7 +15,8 @@
 //!   helpers: monitor, pause, init, cgroup, seccomp), `systemd` (the systemd cgroup driver's
 //!   D-Bus side, used by `sandbox` and `container`), `metrics` (the OpenMetrics registry and
 //!   endpoint), `tls` (the streaming server's certificates), `cdi` (CDI spec files and the
-//!   container edits they make)
+//!   container edits they make), `nri` (NRI plugins: their socket, ttrpc, events and
+//!   adjustments, used by `pod` and `container`)
 //! - `config`, `atomic` (state files), `records` (in-memory record index), `mounttable` (the
 //!   mounts under a directory), `fault` (crash points for tests), `sys` (the only `unsafe`)
 
@@ -35,6 +36,7 @@ mod layout;
 pub mod metrics;
 pub mod mounttable;
 pub mod network;
+pub mod nri;
 pub mod pod;
 pub mod preflight;
 pub mod records;

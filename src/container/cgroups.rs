@@ -138,6 +138,18 @@ impl ContainerService {
         Ok(Some(cg))
     }
 
+    /// Writes the limits an NRI plugin changed into a cgroup made moments ago.
+    pub(super) fn rewrite_limits(&self, cg: &Cgroup, res: &config::Resources) -> Result<(), Error> {
+        let config = ContainerConfig {
+            linux: Some(super::config::ContainerLinux {
+                resources: Some(res.clone()),
+                security_context: None,
+            }),
+            ..Default::default()
+        };
+        write_limits(cg, &self.limit_files(&config)?)
+    }
+
     /// Whether the container's cgroup is a systemd scope made when it starts.
     pub(super) fn scoped(&self, cg: Option<&Cgroup>) -> bool {
         self.inner.sandboxes.systemd().is_some()

@@ -44,6 +44,11 @@ impl ContainerService {
         if meta.name.is_empty() {
             return Err(invalid("config.metadata.name", "is required"));
         }
+        // Held until the container is listed: a plugin synchronizing meanwhile sees it.
+        let _nri = match &self.inner.nri {
+            Some(n) => Some(n.hold_sync().await),
+            None => None,
+        };
         let sandbox = self.inner.sandboxes.get(sandbox_id).await?;
         if !sandbox.ready {
             return Err(sandbox::Error::NotReady {
@@ -108,8 +113,10 @@ impl ContainerService {
         match result {
             Ok(record) => {
                 let created = notice(&record, events::EventKind::Created, record.created_at);
+                let told = record.clone();
                 self.inner.records.insert(id.clone(), record);
                 self.inner.events.emit(created);
+                self.nri_created(&told).await;
                 Ok(id)
             }
             Err(e) => {
@@ -270,6 +277,14 @@ impl ContainerService {
         let sandbox_paths = self.inner.sandboxes.paths(&new.sandbox.id);
         let mut oci =
             self.container_spec(&new, &rootfs, &sandbox_paths, &mut user, cgroup.is_some())?;
+        let adjusted = self
+            .nri_adjust(new.id, new.sandbox, new.config, &mut oci)
+            .await?;
+        if let (Some(res), Some(cg)) = (&adjusted, &cgroup)
+            && !self.scoped(Some(cg))
+        {
+            self.rewrite_limits(cg, res)?;
+        }
         check_working_dir(&rootfs, &oci)?;
         let scoped = self.scoped(cgroup.as_ref());
         if let Some(cg) = &cgroup
@@ -300,13 +315,17 @@ impl ContainerService {
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
         let mon_path = b.dir.join("monitor.json");
         atomic::write_json(&mon_path, &monitor).map_err(io_err(&mon_path))?;
-        let record = new_record(
+        let mut record = new_record(
             &new,
             &user,
             cgroup,
             project,
             pid_mode == NamespaceMode::Container,
         );
+        if let Some(res) = adjusted {
+            // The record's limits are what the cgroup got (a systemd scope is written from it).
+            record.config.linux.get_or_insert_default().resources = Some(res);
+        }
         atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
         Ok(record)
     }

@@ -22,6 +22,7 @@ impl ContainerService {
         }
         // A pod stopped or being removed has no namespaces left to start in.
         self.pod_ready(&r.sandbox_id).await?;
+        self.nri_start(&r).await?;
         let b = self.bundle(&r.id);
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
         // Under systemd the monitor reports the forked init and waits for it to be placed.
@@ -99,6 +100,7 @@ impl ContainerService {
                 self.inner
                     .events
                     .emit(notice(&r, events::EventKind::Started, started_at));
+                self.nri_started(&r).await;
                 Ok(())
             }
             StartReport::Forked { .. } => Err(Error::Start {
@@ -117,6 +119,7 @@ impl ContainerService {
                 self.inner
                     .events
                     .emit(notice(&r, events::EventKind::Stopped, r.finished_at));
+                self.nri_stopped(&r).await;
                 // The pod stopped under the start: that, not the failed join, is the answer.
                 self.pod_ready(&r.sandbox_id).await?;
                 Err(Error::Start {
@@ -171,6 +174,7 @@ impl ContainerService {
         }
         let mut r = entry.lock().await;
         self.sync_exit(&mut r);
+        self.nri_stopped(&r).await;
         Ok(())
     }
 
@@ -224,6 +228,8 @@ impl ContainerService {
                 break r;
             }
         };
+        // Plugins are told while the bundle still says what the container was.
+        self.nri_removed(&r).await;
         let b = self.bundle(&r.id);
         discard_files(b.clone()).await;
         if let Some(cg) = &r.cgroup {

@@ -27,6 +27,7 @@ mod listing;
 mod metric_samples;
 pub mod metrics;
 mod mounts;
+mod nri;
 pub mod spec;
 pub mod stats;
 pub mod stream;
@@ -64,6 +65,9 @@ use config::{ContainerConfig, ContainerState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// An NRI plugin refused or failed the call it hooks.
+    #[error(transparent)]
+    Nri(#[from] crate::nri::Error),
     #[error("{field}: {reason}")]
     Invalid { field: String, reason: String },
     #[error("container {id:?} not found")]
@@ -209,6 +213,8 @@ struct Inner {
     filters: sandbox::security::Filters,
     /// CDI spec files; `None` when CDI is turned off.
     cdi: Option<crate::cdi::Registry>,
+    /// NRI plugins; `None` when NRI is turned off.
+    nri: Option<crate::nri::Nri>,
 }
 
 /// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
@@ -261,6 +267,7 @@ impl ContainerService {
         images: ImageService,
         sandboxes: SandboxService,
         cdi: Option<crate::cdi::Registry>,
+        nri: Option<crate::nri::Nri>,
     ) -> Result<ContainerService, Error> {
         let layers = root.join("containers");
         std::fs::create_dir_all(&layers).map_err(io_err(&layers))?;
@@ -277,6 +284,7 @@ impl ContainerService {
                 root: root.to_path_buf(),
                 filters: sandbox::security::Filters::default(),
                 cdi,
+                nri,
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {
@@ -439,6 +447,7 @@ impl ContainerService {
             if let Ok(entry) = me.entry(&id) {
                 let mut r = entry.lock().await;
                 me.sync_exit(&mut r);
+                me.nri_stopped(&r).await;
                 if r.state == ContainerState::Running && r.monitor == Some(process) {
                     // A monitor that died without a record: the container's end is unknown.
                     r.state = ContainerState::Exited;
@@ -452,6 +461,7 @@ impl ContainerService {
                     me.inner
                         .events
                         .emit(notice(&r, events::EventKind::Stopped, r.finished_at));
+                    me.nri_stopped(&r).await;
                 }
             }
         });

@@ -122,6 +122,19 @@ impl ToStatus for container::Error {
             E::Start { .. } | E::Exec { .. } | E::Attach { .. } | E::Io { .. } => Code::Internal,
             E::Sandbox(e) => e.code(),
             E::Image(e) => e.code(),
+            E::Nri(e) => e.code(),
+        }
+    }
+}
+
+impl ToStatus for crate::nri::Error {
+    fn code(&self) -> Code {
+        use crate::nri::Error as E;
+        match self {
+            // A plugin's own failure, passed on as containerd passes it on.
+            E::Plugin { .. } => Code::Unknown,
+            E::Adjustment(_) => Code::FailedPrecondition,
+            E::Rejected { .. } => Code::PermissionDenied,
         }
     }
 }
@@ -133,6 +146,7 @@ impl ToStatus for pod::Error {
             pod::Error::Container(e) => e.code(),
             pod::Error::Image(e) => e.code(),
             pod::Error::Network { source, .. } => source.code(),
+            pod::Error::Nri(e) => e.code(),
         }
     }
 }

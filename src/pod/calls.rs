@@ -17,7 +17,10 @@ pub type StatusReport = (ContainerStatus, std::collections::HashMap<String, Stri
 impl PodService {
     /// ListPodSandbox.
     pub async fn list_pods(&self, filter: Option<&PodFilter>) -> Vec<PodSummary> {
-        self.sandboxes.list(filter).await
+        let mut pods = self.sandboxes.list(filter).await;
+        // A pod whose RunPodSandbox plugins have not answered is not there yet.
+        pods.retain(|p| !self.is_pending(&p.id));
+        pods
     }
 
     /// One pod's record (PortForward checks it is ready).

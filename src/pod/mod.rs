@@ -11,6 +11,7 @@
 
 mod calls;
 mod net;
+mod nri;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,8 @@ pub enum Error {
     Container(#[from] container::Error),
     #[error(transparent)]
     Image(#[from] image::Error),
+    #[error(transparent)]
+    Nri(#[from] crate::nri::Error),
     #[error("pod sandbox {id}: {source}")]
     Network {
         id: String,
@@ -73,6 +76,10 @@ pub struct PodService {
     /// under a stop's network DEL), and none while a container is being created in it (the
     /// removal would miss it and leave it without a pod).
     teardowns: Arc<Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>>,
+    /// NRI plugins; `None` when NRI is turned off.
+    nri: Option<crate::nri::Nri>,
+    /// Pods whose RunPodSandbox plugins have not answered yet: not listed, not usable.
+    pending: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl PodService {
@@ -81,6 +88,7 @@ impl PodService {
         sandboxes: SandboxService,
         containers: ContainerService,
         network: Arc<NetworkService>,
+        nri: Option<crate::nri::Nri>,
     ) -> PodService {
         PodService {
             images,
@@ -89,6 +97,25 @@ impl PodService {
             network,
             pod_cidr: Arc::new(Mutex::new(String::new())),
             teardowns: Arc::default(),
+            nri,
+            pending: Arc::default(),
+        }
+    }
+
+    /// Whether the pod waits for its RunPodSandbox plugins.
+    fn is_pending(&self, id: &str) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
+    fn set_pending(&self, id: &str, pending: bool) {
+        let mut set = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending {
+            set.insert(id.to_string());
+        } else {
+            set.remove(id);
         }
     }
 
@@ -114,6 +141,9 @@ impl PodService {
         sandbox_config: Option<PodConfig>,
     ) -> Result<String, Error> {
         let _pod = match self.sandboxes.resolve(sandbox_id) {
+            Ok(id) if self.is_pending(&id) => {
+                return Err(sandbox::Error::NotReady { id }.into());
+            }
             Ok(id) => Some(self.teardown_lock(&id).read_owned().await),
             // The container service names the missing pod.
             Err(_) => None,
@@ -139,6 +169,8 @@ impl PodService {
         for r in futures_util::future::join_all(stops).await {
             r?;
         }
+        // Plugins hear of the stop with every container already exited.
+        self.nri_stop(&id).await;
         // Not ready before the network goes: a crash in between leaves a pod that says it is
         // going, which start-up finishes, never a ready pod without its network.
         self.sandboxes.retire(&id).await?;
@@ -157,6 +189,7 @@ impl PodService {
         for c in self.containers.in_sandbox(&id).await {
             self.containers.remove(&c).await?;
         }
+        self.nri_remove(&id).await;
         self.detach(&id).await?;
         let chain = self
             .sandboxes
@@ -188,15 +221,30 @@ impl PodService {
             .is_some_and(|n| n.network == NamespaceMode::Node);
         // A broken network list fails the pod before anything is made.
         let attach = !host_network && self.network_wanted()?;
+        // Held until the pod is listed: a plugin synchronizing meanwhile sees it.
+        let _nri = match &self.nri {
+            Some(n) => Some(n.hold_sync().await),
+            None => None,
+        };
         let id = self
             .start_sandbox(config.clone(), handler, pause_image, attach)
             .await?;
-        if attach && let Err(e) = self.attach(&id, &config).await {
+        self.set_pending(&id, true);
+        let mut result = Ok(());
+        if attach {
+            result = self.attach(&id, &config).await;
+        }
+        if result.is_ok() {
+            result = self.nri_run(&id).await;
+        }
+        if let Err(e) = result {
             if let Err(undo) = self.remove(&id).await {
-                tracing::warn!(sandbox = id, error = %undo, "removing a pod whose network failed");
+                tracing::warn!(sandbox = id, error = %undo, "removing a pod that failed to start");
             }
+            self.set_pending(&id, false);
             return Err(e);
         }
+        self.set_pending(&id, false);
         Ok(id)
     }
 
@@ -257,6 +305,9 @@ impl PodService {
     /// wants them too).
     pub async fn status(&self, id: &str, verbose: bool) -> Result<PodReport, Error> {
         let (mut status, mut info) = self.sandboxes.status(id, verbose).await?;
+        if self.is_pending(&status.pod.id) {
+            return Err(sandbox::Error::NotFound { id: id.to_string() }.into());
+        }
         self.network_status(&mut status, &mut info, verbose);
         if verbose && status.pod.state == PodState::Ready {
             // Asked for detail: whether the network is still as ADD left it (CNI CHECK).

@@ -11,7 +11,7 @@ use crate::network::{self, ConfError, Readiness};
 use crate::sandbox::{PodStatus, config::PodConfig};
 
 impl PodService {
-    fn record(&self, id: &str) -> PathBuf {
+    pub(super) fn record(&self, id: &str) -> PathBuf {
         self.sandboxes.paths(id).dir.join("network.json")
     }
 

@@ -670,6 +670,15 @@ impl Daemon {
         } else {
             format!("{tables}\n[cgroup]\nparent = \"{cgroup_parent}\"\n")
         };
+        // NRI on the test's own socket and (empty) plugin directories, never the host's.
+        let tables = if tables.contains("[nri]") {
+            tables.replace("{NRI_DIR}", &dir.path().join("nri").display().to_string())
+        } else {
+            format!(
+                "{tables}\n[nri]\nsocket_path = \"{0}/nri.sock\"\nplugin_path = \"{0}/plugins\"\nplugin_config_path = \"{0}/conf.d\"\n",
+                dir.path().join("nri").display()
+            )
+        };
         let full = format!(
             "{top}\n[registry]\nconfig_path = \"{}\"\nauth_file = \"{}\"\n{tables}",
             certs.display(),
@@ -689,6 +698,11 @@ impl Daemon {
         };
         d.spawn();
         d
+    }
+
+    /// The socket NRI plugins connect to (in the test's own directory).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.dir.path().join("nri/nri.sock")
     }
 
     /// The daemon's CNI configuration directory (empty until a test writes a list).
