@@ -207,7 +207,10 @@ async fn logger_sees_a_pods_life_in_order_and_dead_plugins_block_nothing() {
         .count()
         < 2
     {
-        assert!(t.elapsed() < Duration::from_secs(20), "no StopContainer for the exit");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no StopContainer for the exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     env.stop_pod(&pod).await;
@@ -251,7 +254,7 @@ async fn ulimit_adjuster_sets_open_files() {
         &dir.path().join("ulimit.out"),
     );
     // The plugin is listed once a pod's events reach it: wait for a pod to be seen.
-    wait_plugins(&env).await;
+    wait_plugins(&env, 1).await;
     let mut sb = env.sandbox_config("ulimits");
     sb.annotations = [(
         "ulimits.noderesource.dev/container.c1".to_string(),
@@ -265,6 +268,27 @@ async fn ulimit_adjuster_sets_open_files() {
         .await
         .unwrap();
     assert_eq!((out.as_str(), code), ("1234\n2345\n", 0), "{err}");
+
+    // A second adjuster claims the same rlimit: the create is refused, naming both.
+    let _second = start_plugin(
+        &bin,
+        &env.d.nri_socket(),
+        "21",
+        &[],
+        &dir.path().join("ulimit2.out"),
+    );
+    wait_plugins(&env, 2).await;
+    let mut again = env.container_config("c1", LONG);
+    again.metadata.as_mut().unwrap().attempt = 1;
+    let e = env.create(&pod, &sb, again).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains(
+            "plugins \"20-nri-ulimit-adjuster\" and \"21-nri-ulimit-adjuster\" both tried to set Rlimits RLIMIT_NOFILE"
+        ),
+        "{}",
+        e.message()
+    );
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
 }
@@ -287,7 +311,7 @@ async fn device_injector_puts_a_device_node_and_a_mount_in() {
         &[],
         &dir.path().join("injector.out"),
     );
-    wait_plugins(&env).await;
+    wait_plugins(&env, 1).await;
     let mut sb = env.sandbox_config("devices");
     sb.annotations = [
         (
@@ -331,9 +355,9 @@ async fn device_injector_puts_a_device_node_and_a_mount_in() {
 
 /// Waits until some plugin is taken on: a pod run meanwhile is seen by it (the daemon says
 /// so in its log).
-async fn wait_plugins(env: &PodEnv) {
+async fn wait_plugins(env: &PodEnv, count: usize) {
     let t = Instant::now();
-    while !env.d.log_text().contains("NRI plugin connected") {
+    while env.d.log_text().matches("NRI plugin connected").count() < count {
         assert!(t.elapsed() < Duration::from_secs(20), "no plugin connected");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -368,7 +392,7 @@ async fn pre_installed_plugins_start_with_their_config_and_end_with_the_daemon()
         conf.display()
     ))
     .await;
-    wait_plugins(&env).await;
+    wait_plugins(&env, 1).await;
     let sb = env.sandbox_config("pre");
     let pod = env.run_pod(&sb).await.unwrap();
     env.stop_pod(&pod).await;

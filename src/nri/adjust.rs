@@ -261,6 +261,27 @@ impl Merged {
         r: api::LinuxResources,
         mine: &mut api::LinuxResources,
     ) -> Result<(), Conflict> {
+        let unsupported = |field: &'static str| Conflict::Unsupported {
+            plugin: plugin.to_string(),
+            field,
+        };
+        if let Some(m) = &r.memory
+            && (m.kernel.is_some()
+                || m.kernel_tcp.is_some()
+                || m.swappiness.is_some()
+                || m.disable_oom_killer.is_some()
+                || m.use_hierarchy.is_some())
+        {
+            // cgroup v2 has none of these.
+            return Err(unsupported(
+                "linux.resources.memory (kernel, kernel_tcp, swappiness, disable_oom_killer, use_hierarchy)",
+            ));
+        }
+        if let Some(c) = &r.cpu
+            && (c.realtime_runtime.is_some() || c.realtime_period.is_some())
+        {
+            return Err(unsupported("linux.resources.cpu realtime"));
+        }
         if let Some(m) = r.memory {
             let to = mine.memory.get_or_insert_default();
             if m.limit.is_some() {

@@ -7,9 +7,12 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
-/// Listens on `path`: its directory is made (0700) and a stale socket replaced.
-pub fn listen(path: &Path) -> io::Result<tokio::net::UnixListener> {
+/// Listens on `path`: its directory is made (0700) and a stale socket replaced. Also says
+/// whether the directory was made here (it is removed again at the daemon's exit).
+pub fn listen(path: &Path) -> io::Result<(tokio::net::UnixListener, bool)> {
+    let mut made = false;
     if let Some(dir) = path.parent() {
+        made = !dir.exists();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -19,7 +22,7 @@ pub fn listen(path: &Path) -> io::Result<tokio::net::UnixListener> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    tokio::net::UnixListener::bind(path)
+    Ok((tokio::net::UnixListener::bind(path)?, made))
 }
 
 /// A launched plugin: its name, index, our end of its socket and its process.

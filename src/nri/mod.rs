@@ -17,11 +17,14 @@ pub mod adjust;
 mod launch;
 pub mod mux;
 pub mod plugin;
+#[cfg(test)]
+mod tests;
 pub mod ttrpc;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -99,6 +102,8 @@ struct Inner {
     inventory: OnceLock<Arc<dyn Inventory>>,
     /// Pods and containers plugins were told of, by ID.
     ledger: Mutex<HashMap<String, Phase>>,
+    /// Whether the socket's directory was made here.
+    made_dir: AtomicBool,
 }
 
 /// What the plugins ask of a container being created.
@@ -126,6 +131,7 @@ impl Nri {
                 sync: Arc::new(tokio::sync::RwLock::new(())),
                 inventory: OnceLock::new(),
                 ledger: Mutex::new(HashMap::new()),
+                made_dir: AtomicBool::new(false),
             }),
         }
     }
@@ -151,7 +157,8 @@ impl Nri {
         let _ = self.inner.inventory.set(inventory);
         if let Some(path) = self.inner.settings.socket.clone() {
             match launch::listen(&path) {
-                Ok(listener) => {
+                Ok((listener, made)) => {
+                    self.inner.made_dir.store(made, Ordering::Relaxed);
                     let me = self.clone();
                     tokio::spawn(async move { me.accept(listener).await });
                 }
@@ -270,6 +277,12 @@ impl Nri {
         }
         if let Some(path) = &self.inner.settings.socket {
             let _ = std::fs::remove_file(path);
+            if self.inner.made_dir.load(Ordering::Relaxed)
+                && let Some(dir) = path.parent()
+            {
+                // Only when empty: another runtime's socket may have joined it.
+                let _ = std::fs::remove_dir(dir);
+            }
         }
     }
 

@@ -26,10 +26,10 @@ const INVALID_ARGUMENT: i32 = 3;
 const DEADLINE_EXCEEDED: i32 = 4;
 const RESOURCE_EXHAUSTED: i32 = 8;
 
-const TYPE_REQUEST: u8 = 1;
-const TYPE_RESPONSE: u8 = 2;
+pub(super) const TYPE_REQUEST: u8 = 1;
+pub(super) const TYPE_RESPONSE: u8 = 2;
 /// A unary request: the caller sends nothing more on its stream.
-const FLAG_REMOTE_CLOSED: u8 = 0x1;
+pub(super) const FLAG_REMOTE_CLOSED: u8 = 0x1;
 
 /// Requests from one plugin served at once; past this the trunk stops reading, so a plugin
 /// flooding requests cannot make the runtime hold an unbounded number of them.
@@ -71,7 +71,7 @@ pub trait Serve: Send + Sync + 'static {
 }
 
 /// ttrpc's own messages (its `request.proto`, and google.rpc.Status).
-mod wire {
+pub(super) mod wire {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Request {
         #[prost(string, tag = "1")]
@@ -122,7 +122,7 @@ mod wire {
 }
 
 /// A response carrying `code` (0 for success) and `payload`, encoded.
-fn response(code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {
+pub(super) fn response(code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {
     let status = wire::Status {
         code,
         message,

@@ -7,6 +7,7 @@ mod agent;
 mod cni;
 mod images;
 mod kubelet;
+mod nri;
 mod peers;
 mod report;
 mod stream;
@@ -474,6 +475,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         res.add("daemon RSS idle (MiB)", "MiB", rt.name(), rss);
     }
 
+    let logger = nri::unpack_logger(&tmp.join("nri"))?;
     for round in 0..o.rounds {
         eprintln!("bench: round {}/{}", round + 1, o.rounds);
         let order = turns(round, rts.len());
@@ -550,6 +552,10 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
                 d.as_secs_f64() * 1000.0,
             );
             rt.remove_all_pods().await?;
+        }
+        if let Some(logger) = &logger {
+            let socket = tmp.join("crius/nri/nri.sock");
+            nri::logger_rows(&mut rts[0], logger, &socket, &busybox, &mut res).await?;
         }
         if let Some(img) = large.get(round) {
             // The large pulls last in the round, after a pause for the disk (see field notes).

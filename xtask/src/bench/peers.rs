@@ -79,10 +79,12 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         &cfg,
         format!(
             "[registry]\nconfig_path = \"{}\"\n[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n\
-             [metrics]\naddress = \"{metrics}\"\n",
+             [metrics]\naddress = \"{metrics}\"\n\
+             [nri]\nsocket_path = \"{nri}/nri.sock\"\nplugin_path = \"{nri}/plugins\"\n",
             dir.join("certs.d").display(),
             cni_conf.display(),
             super::cni::PLUGINS,
+            nri = dir.join("nri").display(),
         ),
     )?;
     let log = dir.join("daemon.log");
