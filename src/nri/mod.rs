@@ -317,6 +317,7 @@ impl Nri {
         legacy: Option<&api::StateChangeEvent>,
     ) -> Result<Option<Resp>, Error> {
         let timeout = self.inner.timeouts.request;
+        let started = std::time::Instant::now();
         let result = match plugin.call::<Req, Resp>(method, req, timeout).await {
             Err(CallError::Failed { code, .. }) if code == UNIMPLEMENTED && legacy.is_some() => {
                 let change = legacy.cloned().unwrap_or_default();
@@ -327,6 +328,12 @@ impl Nri {
             }
             other => other,
         };
+        tracing::debug!(
+            plugin = plugin.id(),
+            method,
+            elapsed = ?started.elapsed(),
+            "NRI call"
+        );
         match result {
             Ok(r) => Ok(Some(r)),
             Err(CallError::Failed { message, .. }) => Err(Error::Plugin {

@@ -554,8 +554,15 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             rt.remove_all_pods().await?;
         }
         if let Some(logger) = &logger {
-            let socket = tmp.join("crius/nri/nri.sock");
-            nri::logger_rows(&mut rts[0], logger, &socket, &busybox, &mut res).await?;
+            // crius and containerd 2.3, each with the logger connected to its own socket.
+            for &i in &order {
+                let socket = match rts[i].name() {
+                    "crius" => tmp.join("crius/nri/nri.sock"),
+                    "containerd2" => tmp.join("containerd2/nri/nri.sock"),
+                    _ => continue,
+                };
+                nri::logger_rows(&mut rts[i], logger, &socket, &busybox, &mut res).await?;
+            }
         }
         if let Some(img) = large.get(round) {
             // The large pulls last in the round, after a pause for the disk (see field notes).

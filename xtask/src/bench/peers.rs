@@ -273,7 +273,9 @@ pub fn start_containerd2(
         &cfg,
         format!(
             r#"{header}[plugins.'io.containerd.nri.v1.nri']
-  disable = true
+  disable = false
+  socket_path = "{nri}/nri.sock"
+  plugin_path = "{nri}/plugins"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -293,6 +295,8 @@ pub fn start_containerd2(
     conf_dir = "{cni_conf}"
 "#,
             header = containerd_header(3, dir, &run.join("containerd2"), &socket),
+            // On, as containerd 2 ships it: the nri-logger rows connect a plugin to it.
+            nri = dir.join("nri").display(),
             certs = dir.join("certs.d").display(),
             cni_bin = cni_bin.display(),
             cni_conf = cni_conf.display(),
