@@ -236,16 +236,6 @@ async fn logger_sees_a_pods_life_in_order_and_dead_plugins_block_nothing() {
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    if std::env::var_os("NRI_TIMES").is_some() {
-        for l in env
-            .d
-            .log_text()
-            .lines()
-            .filter(|l| l.contains("NRI call") || l.contains("rpc ok"))
-        {
-            println!("{l}");
-        }
-    }
 }
 
 #[tokio::test]

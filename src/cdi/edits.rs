@@ -79,7 +79,8 @@ fn complete(n: &DeviceNode) -> Result<(LinuxDeviceType, i64, i64, Option<u32>), 
     ))
 }
 
-fn env_key(e: &str) -> &str {
+/// The name of a `NAME=value` variable.
+pub fn env_key(e: &str) -> &str {
     e.split_once('=').map_or(e, |(k, _)| k)
 }
 

@@ -8,6 +8,7 @@ use oci_spec::runtime::{PosixRlimitBuilder, PosixRlimitType, Spec};
 
 use super::config::ContainerConfig;
 use super::{ContainerState, Error, Record, invalid};
+use crate::cdi::edits::env_key;
 use crate::cdi::spec::{ContainerEdits, DeviceNode, Hook, Mount};
 use crate::nri::api;
 use crate::sandbox::config::Resources;
@@ -112,10 +113,6 @@ impl Record {
 /// Names from NRI with a leading `-`: the entry is to be removed.
 fn removal(key: &str) -> Option<&str> {
     key.strip_prefix('-')
-}
-
-fn env_key(e: &str) -> &str {
-    e.split_once('=').map_or(e, |(k, _)| k)
 }
 
 /// Applies the merged adjustment to the spec being made, and to the resources its cgroup is
@@ -256,15 +253,7 @@ fn apply_linux(
         }
     }
     if let Some(o) = &l.oom_score_adj {
-        let v = i32::try_from(o.value)
-            .ok()
-            .filter(|v| (-1000..=1000).contains(v))
-            .ok_or_else(|| {
-                invalid(
-                    "NRI adjustment",
-                    format!("oom_score_adj {} is outside -1000..=1000", o.value),
-                )
-            })?;
+        let v = super::spec::oom_score_adj(o.value, "NRI adjustment oom_score_adj")?;
         if let Some(p) = oci.process_mut() {
             p.set_oom_score_adj(Some(v));
         }

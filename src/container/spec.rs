@@ -460,19 +460,18 @@ fn process(ctx: &Context, sc: Option<&config::ContainerSecurity>) -> Result<Proc
         .build()
         .map_err(|e| invalid("process", e.to_string()))?;
     if let Some(r) = config.linux.as_ref().and_then(|l| l.resources.as_ref()) {
-        // The kernel's range; a wider number must not wrap into it.
-        let adj = i32::try_from(r.oom_score_adj)
-            .ok()
-            .filter(|v| (-1000..=1000).contains(v))
-            .ok_or_else(|| {
-                invalid(
-                    "linux.resources.oom_score_adj",
-                    format!("{} is outside -1000..=1000", r.oom_score_adj),
-                )
-            })?;
+        let adj = oom_score_adj(r.oom_score_adj, "linux.resources.oom_score_adj")?;
         process.set_oom_score_adj(Some(adj));
     }
     Ok(process)
+}
+
+/// An OOM score adjustment in the kernel's range; a wider number must not wrap into it.
+pub(super) fn oom_score_adj(value: i64, field: &str) -> Result<i32, Invalid> {
+    i32::try_from(value)
+        .ok()
+        .filter(|v| (-1000..=1000).contains(v))
+        .ok_or_else(|| invalid(field, format!("{value} is outside -1000..=1000")))
 }
 
 /// The Linux settings: the devices (all the host's too for a privileged container) and their
