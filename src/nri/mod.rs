@@ -613,7 +613,13 @@ impl Nri {
                 .call_one(&p, Event::StopContainer, "StopContainer", &req, None)
                 .await;
             match r {
-                Ok(Some(a)) => updates.extend(a.update),
+                // The stopped container itself is not updated: its record is held while
+                // plugins are told, and it has nothing left to limit.
+                Ok(Some(a)) => updates.extend(
+                    a.update
+                        .into_iter()
+                        .filter(|u| u.container_id != container.id),
+                ),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(container = container.id, error = %e, "NRI StopContainer"),
             }
