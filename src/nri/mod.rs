@@ -370,6 +370,21 @@ impl Nri {
         Ok(())
     }
 
+    /// `tell` for an event nothing waits on: a plugin's error is logged, not returned.
+    async fn notify<Req: prost::Message>(
+        &self,
+        event: Event,
+        method: &'static str,
+        req: &Req,
+        pod: &api::PodSandbox,
+        container: Option<&api::Container>,
+    ) {
+        if let Err(e) = self.tell(event, method, req, pod, container).await {
+            let id = container.map_or(&pod.id, |c| &c.id);
+            tracing::warn!(id, error = %e, "NRI {method}");
+        }
+    }
+
     fn set_phase(&self, id: &str, phase: Phase) {
         self.ledger().insert(id.to_string(), phase);
     }
@@ -420,12 +435,8 @@ impl Nri {
         let req = api::RemovePodSandboxRequest {
             pod: Some(pod.clone()),
         };
-        if let Err(e) = self
-            .tell(Event::RemovePodSandbox, "RemovePodSandbox", &req, pod, None)
-            .await
-        {
-            tracing::warn!(sandbox = pod.id, error = %e, "NRI RemovePodSandbox");
-        }
+        self.notify(Event::RemovePodSandbox, "RemovePodSandbox", &req, pod, None)
+            .await;
     }
 
     /// CreateContainer, before the container is made: each plugin in index order sees it as
@@ -538,18 +549,14 @@ impl Nri {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
         };
-        if let Err(e) = self
-            .tell(
-                Event::PostCreateContainer,
-                "PostCreateContainer",
-                &req,
-                pod,
-                Some(container),
-            )
-            .await
-        {
-            tracing::warn!(container = container.id, error = %e, "NRI PostCreateContainer");
-        }
+        self.notify(
+            Event::PostCreateContainer,
+            "PostCreateContainer",
+            &req,
+            pod,
+            Some(container),
+        )
+        .await;
     }
 
     /// StartContainer, before the container starts: an error fails the start.
@@ -578,18 +585,14 @@ impl Nri {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
         };
-        if let Err(e) = self
-            .tell(
-                Event::PostStartContainer,
-                "PostStartContainer",
-                &req,
-                pod,
-                Some(container),
-            )
-            .await
-        {
-            tracing::warn!(container = container.id, error = %e, "NRI PostStartContainer");
-        }
+        self.notify(
+            Event::PostStartContainer,
+            "PostStartContainer",
+            &req,
+            pod,
+            Some(container),
+        )
+        .await;
     }
 
     /// Whether plugins are yet to be told `id` stopped (callers build the messages only then).
@@ -637,18 +640,14 @@ impl Nri {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
         };
-        if let Err(e) = self
-            .tell(
-                Event::RemoveContainer,
-                "RemoveContainer",
-                &req,
-                pod,
-                Some(container),
-            )
-            .await
-        {
-            tracing::warn!(container = container.id, error = %e, "NRI RemoveContainer");
-        }
+        self.notify(
+            Event::RemoveContainer,
+            "RemoveContainer",
+            &req,
+            pod,
+            Some(container),
+        )
+        .await;
     }
 
     /// Whether plugins know of `id` at all (a container whose create failed is unknown).
