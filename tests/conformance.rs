@@ -389,7 +389,12 @@ async fn critest_passes() {
             for l in tail.iter().rev() {
                 println!("{l}");
             }
-            failed.push(format!("{} in {name}", outcome.unexpected.len()));
+            let names: Vec<&str> = outcome.unexpected.iter().map(|s| s.name.as_str()).collect();
+            failed.push(format!(
+                "{} in {name} ({})",
+                outcome.unexpected.len(),
+                names.join("; ")
+            ));
         }
         last = Some((d, net));
     }

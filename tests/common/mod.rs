@@ -598,6 +598,32 @@ pub fn index(images: &[(&TestImage, &str)]) -> Vec<u8> {
     .expect("index json")
 }
 
+/// The message and place of the last panic in this test binary.
+static LAST_FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Keeps each panic's message (still printed where it happens), so a daemon dropped while
+/// unwinding can repeat it after its log.
+fn remember_failures() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let upstream = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let place = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            if let Ok(mut last) = LAST_FAILURE.lock() {
+                *last = Some(format!("{}{place}", info.payload_as_str().unwrap_or("panic")));
+            }
+            upstream(info);
+        }));
+    });
+}
+
+fn last_failure() -> Option<String> {
+    LAST_FAILURE.lock().ok().and_then(|l| l.clone())
+}
+
 /// A crius daemon with private root, state and socket.
 pub struct Daemon {
     pub dir: tempfile::TempDir,
@@ -618,6 +644,7 @@ impl Daemon {
     /// Starts a daemon; `tables` is extra config after the `[registry]` table (more tables only).
     pub fn start(tables: &str) -> Daemon {
         require_root();
+        remember_failures();
         let dir = tempfile::Builder::new()
             .prefix("crius-test")
             .tempdir()
@@ -949,6 +976,10 @@ impl Drop for Daemon {
         self.stop();
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.log_text());
+            // CI shows an output's tail: say again what failed, after the log.
+            if let Some(failure) = last_failure() {
+                eprintln!("---- end of daemon log; the test failed with ----\n{failure}");
+            }
         }
         self.kill_leftovers();
         self.kill_strays();
