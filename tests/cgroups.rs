@@ -1,6 +1,7 @@
-//! cgroup v2 limits, swap, stats and noswap tmpfs: the VM test tier. These need a pure cgroup v2
-//! host; on another host (this project's build machines are v1/v2 hybrids) they say so and pass
-//! without checking anything. `cargo xtask test-vm` runs them in a qemu VM that has one.
+//! cgroup v2 limits, swap, stats and noswap tmpfs, and an NRI plugin's updates and evictions:
+//! the VM test tier. These need a pure cgroup v2 host; on another host (this project's build
+//! machines are v1/v2 hybrids) they say so and pass without checking anything. `cargo xtask
+//! test-vm` runs them in a qemu VM that has one.
 
 #![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
 
@@ -1127,5 +1128,119 @@ async fn pressure_stall_figures() {
         .unwrap();
     assert!(pod_stats.cpu.unwrap().psi.is_some());
     assert!(pod_stats.io.unwrap().psi.is_some());
+    env.remove_pod(&pod).await;
+}
+
+/// The plugin end of an NRI connection, on crius's own protocol code (upstream's sample
+/// plugins never update or evict): subscribes to nothing, answers what it is asked.
+struct QuietPlugin;
+
+impl crius::nri::ttrpc::Serve for QuietPlugin {
+    fn serve(
+        &self,
+        _service: String,
+        method: String,
+        _payload: bytes::Bytes,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Vec<u8>, crius::nri::ttrpc::Status>> + Send>,
+    > {
+        use prost::Message;
+        let answer = match method.as_str() {
+            "Configure" => crius::nri::api::ConfigureResponse { events: 0 }.encode_to_vec(),
+            _ => Vec::new(),
+        };
+        Box::pin(async move { Ok(answer) })
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs cgroup v2 (this host has none): cargo xtask test-vm runs it"]
+async fn nri_plugin_updates_limits_and_evicts() {
+    use crius::nri::api;
+    if !cgroup_v2() {
+        return;
+    }
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("nri");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let limited = cri::LinuxContainerResources {
+        memory_limit_in_bytes: 200 * MIB,
+        ..Default::default()
+    };
+    let c1 = env
+        .run(&pod, &sb, with_resources(&env, "c1", LONG, limited))
+        .await;
+    let c2 = env.run(&pod, &sb, env.container_config("c2", LONG)).await;
+
+    let stream = tokio::net::UnixStream::connect(env.d.nri_socket())
+        .await
+        .unwrap();
+    let plugin = crius::nri::ttrpc::Trunk::plugin_side(stream, std::sync::Arc::new(QuietPlugin));
+    let service = crius::nri::plugin::RUNTIME_SERVICE;
+    let register = api::RegisterPluginRequest {
+        plugin_name: "balancer".into(),
+        plugin_idx: "50".into(),
+        nri_version: String::new(),
+    };
+    let long = Duration::from_secs(10);
+    let _: api::Empty = plugin
+        .call(service, "RegisterPlugin", &register, long)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    while !env.d.log_text().contains("NRI plugin connected") {
+        assert!(t.elapsed() < long, "plugin not taken on");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let update = |id: &str| api::ContainerUpdate {
+        container_id: id.into(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(api::LinuxResources {
+                memory: Some(api::LinuxMemory {
+                    limit: Some(api::OptionalInt64 { value: 96 * MIB }),
+                    ..Default::default()
+                }),
+                cpu: Some(api::LinuxCpu {
+                    quota: Some(api::OptionalInt64 { value: 50_000 }),
+                    period: Some(api::OptionalUInt64 { value: 100_000 }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }),
+        ignore_failure: false,
+    };
+    let req = api::UpdateContainersRequest {
+        update: vec![update(&c1), update("no-such-container")],
+        evict: vec![api::ContainerEviction {
+            container_id: c2.clone(),
+            reason: "room for c1".into(),
+        }],
+    };
+    let answer: api::UpdateContainersResponse = plugin
+        .call(service, "UpdateContainers", &req, long)
+        .await
+        .unwrap();
+    // The unknown container's update comes back failed; the rest is done when it answers.
+    let failed: Vec<&str> = answer
+        .failed
+        .iter()
+        .map(|f| f.container_id.as_str())
+        .collect();
+    assert_eq!(failed, ["no-such-container"]);
+    let cg = cgroup_of(&env, &c1).await;
+    assert_eq!(read(&cg.join("memory.max")), (96 * MIB).to_string());
+    assert_eq!(read(&cg.join("cpu.max")), "50000 100000");
+    let st = env.status(&c1).await;
+    assert_eq!(st.state, cri::ContainerState::ContainerRunning as i32);
+    let linux = st.resources.unwrap().linux.unwrap();
+    assert_eq!(linux.memory_limit_in_bytes, 96 * MIB);
+    assert_eq!(
+        env.status(&c2).await.state,
+        cri::ContainerState::ContainerExited as i32
+    );
+    plugin.close();
+    env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
 }

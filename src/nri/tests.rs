@@ -1,18 +1,18 @@
 //! The fan-out against scripted plugins on a real socket (upstream's plugins, in
-//! `tests/nri.rs`, neither reject nor hang): a validator that rejects, a plugin whose handler
-//! fails, and one that never answers.
+//! `tests/nri.rs`, neither reject, hang nor update): a validator that rejects, a plugin whose
+//! handler fails, one that never answers, and one that updates and evicts containers.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
-use super::mux::{self, Demux, Header, PLUGIN_CONN, RUNTIME_CONN};
-use super::ttrpc::{FLAG_REMOTE_CLOSED, TYPE_REQUEST, TYPE_RESPONSE, response, wire};
+use super::plugin::RUNTIME_SERVICE;
+use super::ttrpc::{Serve, Status, Trunk};
 use super::{Answer, Error, Inventory, Nri, Settings, api};
 
 /// What a scripted plugin does with a call: answer with this payload, fail with this
@@ -25,22 +25,33 @@ enum Reply {
 
 type Script = fn(&str, &Bytes) -> Reply;
 
-struct Empty;
+/// Lists nothing; keeps the updates and evictions it is asked for and fails the updates of
+/// containers named "missing".
+#[derive(Default)]
+struct Recording {
+    applied: Mutex<Vec<(Vec<api::ContainerUpdate>, Vec<api::ContainerEviction>)>>,
+}
 
-impl Inventory for Empty {
+impl Inventory for Recording {
     fn snapshot(&self) -> Answer<(Vec<api::PodSandbox>, Vec<api::Container>)> {
         Box::pin(async { (Vec::new(), Vec::new()) })
     }
     fn apply(
         &self,
         updates: Vec<api::ContainerUpdate>,
-        _: Vec<api::ContainerEviction>,
+        evictions: Vec<api::ContainerEviction>,
     ) -> Answer<Vec<api::ContainerUpdate>> {
-        Box::pin(async move { updates })
+        let failed = updates
+            .iter()
+            .filter(|u| u.container_id == "missing")
+            .cloned()
+            .collect();
+        self.applied.lock().unwrap().push((updates, evictions));
+        Box::pin(async move { failed })
     }
 }
 
-async fn started(dir: &std::path::Path) -> Nri {
+async fn started(dir: &std::path::Path, inventory: Arc<Recording>) -> Nri {
     let nri = Nri::new(Settings {
         socket: Some(dir.join("nri.sock")),
         plugin_dir: dir.join("none"),
@@ -48,12 +59,48 @@ async fn started(dir: &std::path::Path) -> Nri {
         registration_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_millis(500),
     });
-    nri.serve(Arc::new(Empty)).await;
+    nri.serve(inventory).await;
     nri
 }
 
+/// A plugin's side of the protocol: subscribes to `events` and answers per `script`.
+struct Scripted {
+    events: i32,
+    script: Script,
+}
+
+impl Serve for Scripted {
+    fn serve(
+        &self,
+        _service: String,
+        method: String,
+        payload: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<u8>, Status>> + Send>> {
+        let reply = match method.as_str() {
+            "Configure" => Reply::With(
+                api::ConfigureResponse {
+                    events: self.events,
+                }
+                .encode_to_vec(),
+            ),
+            "Synchronize" => Reply::With(Vec::new()),
+            m => (self.script)(m, &payload),
+        };
+        Box::pin(async move {
+            match reply {
+                Reply::With(p) => Ok(p),
+                Reply::Fail(message) => Err(Status {
+                    code: 2,
+                    message: message.into(),
+                }),
+                Reply::Hang => std::future::pending().await,
+            }
+        })
+    }
+}
+
 /// Connects a plugin named `name` at `idx` that subscribes to `events` and answers per
-/// `script`; returns once it is listed.
+/// `script`; returns its trunk once it is listed.
 async fn plugin(
     nri: &Nri,
     dir: &std::path::Path,
@@ -61,65 +108,28 @@ async fn plugin(
     name: &str,
     events: i32,
     script: Script,
-) {
-    let mut stream = UnixStream::connect(dir.join("nri.sock")).await.unwrap();
+) -> Trunk {
+    let stream = UnixStream::connect(dir.join("nri.sock")).await.unwrap();
+    let trunk = Trunk::plugin_side(stream, Arc::new(Scripted { events, script }));
+    let before = nri.plugins().len();
     let register = api::RegisterPluginRequest {
         plugin_name: name.into(),
         plugin_idx: idx.into(),
         nri_version: String::new(),
     };
-    let req = wire::Request {
-        service: super::plugin::RUNTIME_SERVICE.into(),
-        method: "RegisterPlugin".into(),
-        payload: register.encode_to_vec().into(),
-        ..Default::default()
-    };
-    let header = Header::new(1, TYPE_REQUEST, FLAG_REMOTE_CLOSED);
-    let frames = mux::encode(RUNTIME_CONN, header, &req.encode_to_vec());
-    stream.write_all(&frames).await.unwrap();
-    let before = nri.plugins().len();
-    tokio::spawn(async move {
-        let mut demux = Demux::new(&[PLUGIN_CONN, RUNTIME_CONN]);
-        let mut ready = VecDeque::new();
-        loop {
-            while ready.is_empty() {
-                let Ok(Some((conn, payload))) = mux::read_frame(&mut stream).await else {
-                    return;
-                };
-                let msgs = demux.push(conn, &payload).unwrap();
-                ready.extend(msgs.into_iter().map(|(h, p)| (conn, h, p)));
-            }
-            let (conn, header, payload) = ready.pop_front().unwrap();
-            if conn != PLUGIN_CONN {
-                continue;
-            }
-            let call = wire::Request::decode(payload).unwrap();
-            let reply = match call.method.as_str() {
-                "Configure" => Reply::With(api::ConfigureResponse { events }.encode_to_vec()),
-                "Synchronize" => Reply::With(Vec::new()),
-                m => script(m, &call.payload),
-            };
-            let body = match reply {
-                Reply::With(p) => response(0, String::new(), p),
-                Reply::Fail(m) => response(2, m.to_string(), Vec::new()),
-                Reply::Hang => continue,
-            };
-            let h = Header::new(header.stream_id, TYPE_RESPONSE, 0);
-            if stream
-                .write_all(&mux::encode(PLUGIN_CONN, h, &body))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
+    let _: api::Empty = trunk
+        .call(RUNTIME_SERVICE, "RegisterPlugin", &register, LONG)
+        .await
+        .unwrap();
     let t = Instant::now();
     while nri.plugins().len() == before {
-        assert!(t.elapsed() < Duration::from_secs(10), "plugin not taken on");
+        assert!(t.elapsed() < LONG, "plugin not taken on");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    trunk
 }
+
+const LONG: Duration = Duration::from_secs(10);
 
 fn bit(e: api::Event) -> i32 {
     1 << (e as i32 - 1)
@@ -143,8 +153,8 @@ fn container() -> api::Container {
 #[tokio::test]
 async fn a_validator_sees_the_merged_adjustment_and_can_refuse_it() {
     let dir = tempfile::tempdir().unwrap();
-    let nri = started(dir.path()).await;
-    plugin(
+    let nri = started(dir.path(), Arc::default()).await;
+    let _adjuster = plugin(
         &nri,
         dir.path(),
         "10",
@@ -169,7 +179,7 @@ async fn a_validator_sees_the_merged_adjustment_and_can_refuse_it() {
     )
     .await;
     // Rejects any adjustment of the environment, naming who made it.
-    plugin(
+    let _validator = plugin(
         &nri,
         dir.path(),
         "90",
@@ -204,8 +214,8 @@ async fn a_validator_sees_the_merged_adjustment_and_can_refuse_it() {
 #[tokio::test]
 async fn a_failing_handler_fails_the_call_and_a_silent_plugin_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
-    let nri = started(dir.path()).await;
-    plugin(
+    let nri = started(dir.path(), Arc::default()).await;
+    let _failing = plugin(
         &nri,
         dir.path(),
         "10",
@@ -214,7 +224,7 @@ async fn a_failing_handler_fails_the_call_and_a_silent_plugin_is_dropped() {
         |_, _| Reply::Fail("no room for this pod"),
     )
     .await;
-    plugin(
+    let _silent = plugin(
         &nri,
         dir.path(),
         "20",
@@ -248,6 +258,73 @@ async fn a_failing_handler_fails_the_call_and_a_silent_plugin_is_dropped() {
     );
     nri.shutdown();
     assert!(!dir.path().join("nri.sock").exists());
+}
+
+#[tokio::test]
+async fn a_plugins_updates_and_evictions_reach_the_inventory_and_failures_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = Arc::new(Recording::default());
+    let nri = started(dir.path(), inventory.clone()).await;
+    // Answers CreateContainer with an update of another container and an eviction.
+    let trunk = plugin(
+        &nri,
+        dir.path(),
+        "10",
+        "balancer",
+        bit(api::Event::CreateContainer),
+        |_, _| {
+            Reply::With(
+                api::CreateContainerResponse {
+                    update: vec![update("c0", 1 << 20)],
+                    evict: vec![api::ContainerEviction {
+                        container_id: "c9".into(),
+                        reason: "room for c1".into(),
+                    }],
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            )
+        },
+    )
+    .await;
+    let adjusted = nri.create_container(&pod(), &container()).await.unwrap();
+    assert_eq!(adjusted.updates, vec![update("c0", 1 << 20)]);
+    assert_eq!(adjusted.evictions[0].container_id, "c9");
+
+    // Unsolicited, on the runtime service: applied at once, the failed ones answered.
+    let req = api::UpdateContainersRequest {
+        update: vec![update("c1", 2 << 20), update("missing", 3 << 20)],
+        evict: vec![api::ContainerEviction {
+            container_id: "c2".into(),
+            reason: "too hungry".into(),
+        }],
+    };
+    let answer: api::UpdateContainersResponse = trunk
+        .call(RUNTIME_SERVICE, "UpdateContainers", &req, LONG)
+        .await
+        .unwrap();
+    assert_eq!(answer.failed, vec![update("missing", 3 << 20)]);
+    let applied = inventory.applied.lock().unwrap().clone();
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0].0, req.update);
+    assert_eq!(applied[0].1, req.evict);
+}
+
+fn update(id: &str, memory: i64) -> api::ContainerUpdate {
+    let memory = api::LinuxMemory {
+        limit: Some(api::OptionalInt64 { value: memory }),
+        ..Default::default()
+    };
+    api::ContainerUpdate {
+        container_id: id.into(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(api::LinuxResources {
+                memory: Some(memory),
+                ..Default::default()
+            }),
+        }),
+        ignore_failure: false,
+    }
 }
 
 /// The vendored file is the release its README names.

@@ -1,7 +1,8 @@
 //! ttrpc, as NRI speaks it over one plugin's trunk: the runtime is a ttrpc client on
 //! PLUGIN_CONN (unary calls matched to answers by stream id, each with a timeout) and a ttrpc
 //! server on RUNTIME_CONN (each request handed to a `Serve`, concurrently, and answered with
-//! the same stream id). This file owns the trunk's tasks, ttrpc's Request/Response protobufs
+//! the same stream id); a plugin built on this crate takes the other end, with the roles
+//! swapped (`Trunk::plugin_side`). This file owns the trunk's tasks, ttrpc's Request/Response protobufs
 //! and the trunk's end: when it ends, every call waiting on it fails at once. The bytes on the
 //! socket are `mux`'s. Uses tokio and prost.
 
@@ -142,6 +143,9 @@ struct Pending {
 }
 
 struct Shared {
+    /// The connection this side calls on and the one it serves.
+    calls_on: u32,
+    serves_on: u32,
     pending: Mutex<Pending>,
     out: mpsc::Sender<Bytes>,
     ended: watch::Sender<bool>,
@@ -167,7 +171,7 @@ impl Shared {
         let _ = ended.wait_for(|e| *e).await;
     }
 
-    /// Hands an answer on PLUGIN_CONN to the call waiting for it, if it still waits.
+    /// Hands an answer to the call waiting for it, if it still waits.
     fn answer(&self, header: Header, payload: Bytes) {
         if header.kind != TYPE_RESPONSE {
             return;
@@ -182,7 +186,7 @@ impl Shared {
         let _ = call.send(resp);
     }
 
-    /// Answers a request on RUNTIME_CONN.
+    /// Answers a request served.
     async fn reply(&self, stream_id: u32, result: Result<Vec<u8>, Status>) {
         let mut resp = match result {
             Ok(payload) => response(0, String::new(), payload),
@@ -197,7 +201,7 @@ impl Shared {
         let header = Header::new(stream_id, TYPE_RESPONSE, 0);
         let _ = self
             .out
-            .send(mux::encode(RUNTIME_CONN, header, &resp))
+            .send(mux::encode(self.serves_on, header, &resp))
             .await;
     }
 }
@@ -225,6 +229,21 @@ impl Trunk {
     /// Starts reading and writing `stream` (tokio tasks); requests on RUNTIME_CONN go to
     /// `runtime`. The trunk lives until the peer goes or `close()`.
     pub fn start(stream: tokio::net::UnixStream, runtime: Arc<dyn Serve>) -> Trunk {
+        Trunk::with_roles(stream, runtime, PLUGIN_CONN, RUNTIME_CONN)
+    }
+
+    /// The plugin's end of a trunk: calls on RUNTIME_CONN, serves PLUGIN_CONN (a plugin
+    /// written against this crate; the runtime never uses it).
+    pub fn plugin_side(stream: tokio::net::UnixStream, plugin: Arc<dyn Serve>) -> Trunk {
+        Trunk::with_roles(stream, plugin, RUNTIME_CONN, PLUGIN_CONN)
+    }
+
+    fn with_roles(
+        stream: tokio::net::UnixStream,
+        serve: Arc<dyn Serve>,
+        calls_on: u32,
+        serves_on: u32,
+    ) -> Trunk {
         let (rd, wr) = stream.into_split();
         let (out, queue) = mpsc::channel(OUT_QUEUE);
         let pending = Pending {
@@ -233,16 +252,18 @@ impl Trunk {
             calls: HashMap::new(),
         };
         let shared = Arc::new(Shared {
+            calls_on,
+            serves_on,
             pending: Mutex::new(pending),
             out,
             ended: watch::Sender::new(false),
         });
         tokio::spawn(write_task(wr, queue, shared.clone()));
-        tokio::spawn(read_task(rd, runtime, shared.clone()));
+        tokio::spawn(read_task(rd, serve, shared.clone()));
         Trunk { shared }
     }
 
-    /// A unary call on PLUGIN_CONN. On timeout the pending entry is dropped (a late answer is
+    /// A unary call to the other side. On timeout the pending entry is dropped (a late answer is
     /// ignored).
     pub async fn call<Req: prost::Message, Resp: prost::Message + Default>(
         &self,
@@ -270,7 +291,7 @@ impl Trunk {
             stream_id,
         };
         let header = Header::new(stream_id, TYPE_REQUEST, FLAG_REMOTE_CLOSED);
-        let frames = mux::encode(PLUGIN_CONN, header, &request);
+        let frames = mux::encode(self.shared.calls_on, header, &request);
         let exchange = async {
             let sent = self.shared.out.send(frames).await;
             sent.map_err(|_| CallError::Closed)?;
@@ -370,7 +391,7 @@ async fn read_loop(
     };
     while let Some((conn, payload)) = mux::read_frame(&mut rd).await? {
         for (header, payload) in demux.push(conn, &payload)? {
-            if conn == PLUGIN_CONN {
+            if conn == shared.calls_on {
                 shared.answer(header, payload);
             } else {
                 server.request(header, payload).await;
@@ -380,7 +401,7 @@ async fn read_loop(
     Ok(())
 }
 
-/// The ttrpc server on RUNTIME_CONN.
+/// The ttrpc server on the connection served.
 struct Server {
     runtime: Arc<dyn Serve>,
     shared: Arc<Shared>,
@@ -439,8 +460,11 @@ impl Server {
 async fn serve_one(runtime: Arc<dyn Serve>, shared: &Shared, stream_id: u32, req: wire::Request) {
     let method = format!("{}/{}", req.service, req.method);
     let work = runtime.serve(req.service, req.method, req.payload);
+    // The runtime keeps a plugin's deadline; a plugin's end leaves it to its handlers (a
+    // scripted plugin must be able to stay silent past it).
     let deadline = u64::try_from(req.timeout_nano)
         .ok()
+        .filter(|_| shared.serves_on == RUNTIME_CONN)
         .filter(|n| *n > 0)
         .map(Duration::from_nanos);
     let answer = async {

@@ -613,7 +613,10 @@ fn remember_failures() {
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
             if let Ok(mut last) = LAST_FAILURE.lock() {
-                *last = Some(format!("{}{place}", info.payload_as_str().unwrap_or("panic")));
+                *last = Some(format!(
+                    "{}{place}",
+                    info.payload_as_str().unwrap_or("panic")
+                ));
             }
             upstream(info);
         }));
