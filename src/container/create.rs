@@ -4,6 +4,7 @@
 //! record); what a failed creation made is undone.
 
 use super::confinement::apply_confinement;
+use super::steps::Steps;
 use super::{
     Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
@@ -28,6 +29,7 @@ struct NewContainer<'a> {
     archive: Option<&'a Path>,
     /// Its image volumes, mounted.
     volumes: &'a [ImageVolume],
+    steps: &'a mut Steps,
 }
 
 impl ContainerService {
@@ -37,6 +39,7 @@ impl ContainerService {
         config: ContainerConfig,
         _sandbox_config: Option<crate::sandbox::config::PodConfig>,
     ) -> Result<String, Error> {
+        let mut steps = Steps::new();
         let meta = config
             .metadata
             .as_ref()
@@ -85,6 +88,7 @@ impl ContainerService {
                 id: taken.holder,
             });
         }
+        steps.mark("checks");
         let b = self.bundle(&id);
         let hold = image.top_chain().cloned();
         if let Some(c) = &hold {
@@ -95,6 +99,7 @@ impl ContainerService {
             Err(e) => Err(e),
             Ok(v) => {
                 volumes = v;
+                steps.mark("image volumes");
                 self.prepare(NewContainer {
                     id: &id,
                     bundle: &b,
@@ -106,6 +111,7 @@ impl ContainerService {
                     target_pid: target_pid.as_deref(),
                     archive: archive.as_deref(),
                     volumes: &volumes,
+                    steps: &mut steps,
                 })
                 .await
             }
@@ -116,7 +122,10 @@ impl ContainerService {
                 let told = record.clone();
                 self.inner.records.insert(id.clone(), record);
                 self.inner.events.emit(created);
+                steps.mark("listed");
                 self.nri_created(&told).await;
+                steps.mark("nri created");
+                steps.log("container created", &id);
                 Ok(id)
             }
             Err(e) => {
@@ -261,6 +270,7 @@ impl ContainerService {
             ));
         }
         let project = self.layer_dirs(&new)?;
+        new.steps.mark("writable layer");
         let mut lowers = self.lower_dirs(&new)?;
         if let Some(u) = &new.sandbox.userns {
             lowers = self.userns_layers(&new, u, &lowers)?;
@@ -271,15 +281,20 @@ impl ContainerService {
         let rootfs = b.rootfs();
         mount_rootfs(&new, &rootfs, &lowers)?;
         crate::fault::point("rootfs.mount.after");
+        new.steps.mark("rootfs mount");
 
         let mut user = resolve_user(&new, &rootfs)?;
+        new.steps.mark("user");
         let cgroup = self.container_cgroup(new.id, new.sandbox, new.config)?;
+        new.steps.mark("cgroup");
         let sandbox_paths = self.inner.sandboxes.paths(&new.sandbox.id);
         let mut oci =
             self.container_spec(&new, &rootfs, &sandbox_paths, &mut user, cgroup.is_some())?;
+        new.steps.mark("spec");
         let adjusted = self
             .nri_adjust(new.id, new.sandbox, new.config, &mut oci)
             .await?;
+        new.steps.mark("nri");
         if let (Some(res), Some(cg)) = (&adjusted, &cgroup)
             && !self.scoped(Some(cg))
         {
@@ -311,10 +326,13 @@ impl ContainerService {
             monitor.restore = Some(self.restore_config(a, b, &oci, &monitor)?);
         }
         apply_confinement(new.confinement, b, new.config, &mut oci, &mut monitor)?;
+        new.steps.mark("devices and confinement");
         let cfg_path = b.dir.join("config.json");
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;
+        new.steps.mark("config.json");
         let mon_path = b.dir.join("monitor.json");
         atomic::write_json(&mon_path, &monitor).map_err(io_err(&mon_path))?;
+        new.steps.mark("monitor.json");
         let mut record = new_record(
             &new,
             &user,
@@ -327,6 +345,7 @@ impl ContainerService {
             record.config.linux.get_or_insert_default().resources = Some(res);
         }
         atomic::write_json(&b.record(), &record).map_err(io_err(&b.record()))?;
+        new.steps.mark("record");
         Ok(record)
     }
 

@@ -1,6 +1,7 @@
 //! Starting a container (its monitor), stopping it (stop signal, grace period, then every
 //! process of it), removing it, and reopening its log after kubelet rotated it.
 
+use super::steps::Steps;
 use super::{
     Bundle, Cgroup, ContainerService, ContainerState, Duration, Error, MntFlags, ProcessId,
     StartReport, atomic, events, io, io_err, notice, now_nanos, runtime, sandbox, state_name,
@@ -10,6 +11,7 @@ use tokio::io::AsyncBufReadExt;
 
 impl ContainerService {
     pub async fn start(&self, id: &str) -> Result<(), Error> {
+        let mut steps = Steps::new();
         let entry = self.entry(id)?;
         let mut r = entry.lock().await;
         Self::present(&r)?;
@@ -22,7 +24,9 @@ impl ContainerService {
         }
         // A pod stopped or being removed has no namespaces left to start in.
         self.pod_ready(&r.sandbox_id).await?;
+        steps.mark("checks");
         self.nri_start(&r).await?;
+        steps.mark("nri");
         let b = self.bundle(&r.id);
         let stderr = std::fs::File::create(b.dir.join("monitor.log")).map_err(io_err(&b.dir))?;
         // Under systemd the monitor reports the forked init and waits for it to be placed.
@@ -40,6 +44,7 @@ impl ContainerService {
                 message: format!("spawning the monitor: {e}"),
             })?;
         let monitor = child.id().and_then(|pid| ProcessId::of(pid as i32).ok());
+        steps.mark("monitor spawn");
         let stdout = child.stdout.take();
         let mut stdin = child.stdin.take();
         let mut line = String::new();
@@ -64,6 +69,7 @@ impl ContainerService {
                 break;
             }
         }
+        steps.mark("monitor exec, report");
         // Told once the record says running; a monitor that is never told ends the container.
         let keeper = crate::sandbox::Keeper(stdin);
         // tokio reaps the monitor when it ends; its exit is watched through a pidfd.
@@ -86,7 +92,13 @@ impl ContainerService {
                 pid,
                 start_time,
                 started_at,
+                setup_us,
+                init_us,
             } => {
+                steps.split(
+                    "monitor exec, report",
+                    &[("monitor setup", setup_us), ("init until exec", init_us)],
+                );
                 crate::fault::point("monitor.spawn.after");
                 let init = ProcessId { pid, start_time };
                 r.state = ContainerState::Running;
@@ -95,12 +107,16 @@ impl ContainerService {
                 r.started_at = started_at;
                 r.mnt_ns = init.namespace("mnt").ok();
                 atomic::write_json(&b.record(), &*r).map_err(io_err(&b.record()))?;
+                steps.mark("record");
                 keeper.keep().await;
                 self.watch(r.id.clone(), monitor.unwrap_or(init));
                 self.inner
                     .events
                     .emit(notice(&r, events::EventKind::Started, started_at));
+                steps.mark("kept, watched, event");
                 self.nri_started(&r).await;
+                steps.mark("nri started");
+                steps.log("container started", &r.id);
                 Ok(())
             }
             StartReport::Forked { .. } => Err(Error::Start {

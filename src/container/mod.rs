@@ -7,11 +7,11 @@
 //! daemon and any later one. Here too: stop and remove (`lifecycle`), cgroups and resource updates
 //! (`cgroups`), ExecSync (`exec`), status and lists (`listing`), stats (`stats`) and metrics
 //! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`),
-//! lifecycle events (`events`), streams (`attach`, `stream`); this file holds the records and their
-//! recovery. Its inputs and outputs are its own types (`config` and the status, stats and metrics
-//! types), which `cri` converts. Uses `image`, `sandbox` (and its `config`), `snapshot` (layer
-//! diffs, usage, the safe unpacker), `runtime`, `systemd`, `records`, `atomic`, `content`,
-//! `mounttable`, `fault` and `sys`.
+//! lifecycle events (`events`), step times of create and start (`steps`), streams (`attach`,
+//! `stream`); this file holds the records and their recovery. Its inputs and outputs are its own
+//! types (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
+//! `sandbox` (and its `config`), `snapshot` (layer diffs, usage, the safe unpacker), `runtime`,
+//! `systemd`, `records`, `atomic`, `content`, `mounttable`, `fault` and `sys`.
 
 mod attach;
 mod cdi;
@@ -30,6 +30,7 @@ mod mounts;
 mod nri;
 pub mod spec;
 pub mod stats;
+mod steps;
 pub mod stream;
 pub mod user;
 mod volumes;

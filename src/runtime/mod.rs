@@ -136,6 +136,12 @@ pub enum StartReport {
         pid: i32,
         start_time: u64,
         started_at: i64,
+        /// How long the monitor took to set up before forking the init, and the init until
+        /// it exec'd, in µs: the daemon's step profile of a start (older monitors omit them).
+        #[serde(default)]
+        setup_us: u64,
+        #[serde(default)]
+        init_us: u64,
     },
     Failed {
         message: String,

@@ -38,6 +38,7 @@ use crate::sys;
 /// Starts the container as the bundle says and returns its monitor with the report for the
 /// daemon.
 pub(super) fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> {
+    let began = std::time::Instant::now();
     // Only what we open ourselves (close-on-exec) may reach the container.
     sys::close_from(3).map_err(step("close inherited descriptors"))?;
     // Not dumpable, nor is what we fork until it execs: no process of a container can open
@@ -97,7 +98,9 @@ pub(super) fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> 
         proc: &proc,
         sock_path: &sock_path,
     };
+    let forking = std::time::Instant::now();
     let child = launch_init(&launch, child_stdio, pipes, &mut oom)?;
+    let execd = std::time::Instant::now();
 
     let unowned = Unowned {
         child,
@@ -145,8 +148,14 @@ pub(super) fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> 
             pid: id.pid,
             start_time: id.start_time,
             started_at,
+            setup_us: micros(forking - began),
+            init_us: micros(execd - forking),
         },
     ))
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// What the bundle says: the monitor's own config, the container's spec, and what the monitor

@@ -10,6 +10,7 @@ mod kubelet;
 mod nri;
 mod peers;
 mod report;
+mod steps;
 mod stream;
 
 use std::path::{Path, PathBuf};
@@ -493,9 +494,14 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             }
             // Create + start, in a ready pod.
             let (pod, sb) = rt.run_pod().await?;
+            let log = rt.peer.steps_log.clone();
+            let from = log.as_deref().map(steps::mark);
             for _ in 0..5 {
                 let (_, ms) = timed(rt.start_container(&pod, &sb, &busybox)).await?;
                 res.add("container create+start", "ms", name, ms);
+            }
+            if let (Some(log), Some(from)) = (&log, from) {
+                steps::add(&mut res, log, from)?;
             }
             // ExecSync of `true` in one of them.
             let containers = rt

@@ -42,6 +42,8 @@ pub struct Peer {
     pub cni_conf: PathBuf,
     /// Where crius serves its Prometheus metrics (none for containerd).
     pub metrics: Option<String>,
+    /// crius's log, with its step times of each container create and start.
+    pub steps_log: Option<PathBuf>,
 }
 
 fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
@@ -89,7 +91,13 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
     )?;
     let log = dir.join("daemon.log");
     let mut child = Command::new(bin)
-        .args(["daemon", "--log-level", "warn", "--config"])
+        // Warnings, and the step times of creates and starts (one line each).
+        .args([
+            "daemon",
+            "--log-level",
+            "warn,crius::container::steps=debug",
+        ])
+        .arg("--config")
         .arg(&cfg)
         .arg("--root")
         .arg(dir.join("root"))
@@ -112,6 +120,7 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         channel,
         cni_conf,
         metrics: Some(metrics),
+        steps_log: Some(log),
     })
 }
 
@@ -234,6 +243,7 @@ fn spawn_containerd(
         channel,
         cni_conf,
         metrics: None,
+        steps_log: None,
     })
 }
 
