@@ -29,7 +29,7 @@ pub fn add(res: &mut Results, log: &Path, from: u64) -> Result<()> {
             continue;
         };
         for (i, (step, us)) in parse(line).into_iter().enumerate() {
-            let op = format!("container create+start, step {i:02} {phase}: {step}");
+            let op = format!("container create+start, {phase} step {i:02}: {step}");
             res.add(&op, "ms", "crius", us / 1000.0);
         }
     }
