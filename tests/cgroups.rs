@@ -1132,7 +1132,9 @@ async fn pressure_stall_figures() {
 }
 
 /// The plugin end of an NRI connection, on crius's own protocol code (upstream's sample
-/// plugins never update or evict): subscribes to nothing, answers what it is asked.
+/// plugins never update or evict): subscribes to RunPodSandbox alone (no event of the test's
+/// containers reaches it while it waits on its own UpdateContainers), answers what it is
+/// asked.
 struct QuietPlugin;
 
 impl crius::nri::ttrpc::Serve for QuietPlugin {
@@ -1146,7 +1148,10 @@ impl crius::nri::ttrpc::Serve for QuietPlugin {
     > {
         use prost::Message;
         let answer = match method.as_str() {
-            "Configure" => crius::nri::api::ConfigureResponse { events: 0 }.encode_to_vec(),
+            "Configure" => crius::nri::api::ConfigureResponse {
+                events: 1 << (crius::nri::api::Event::RunPodSandbox as i32 - 1),
+            }
+            .encode_to_vec(),
             _ => Vec::new(),
         };
         Box::pin(async move { Ok(answer) })

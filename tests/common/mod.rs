@@ -598,11 +598,14 @@ pub fn index(images: &[(&TestImage, &str)]) -> Vec<u8> {
     .expect("index json")
 }
 
-/// The message and place of the last panic in this test binary.
-static LAST_FAILURE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+thread_local! {
+    /// The message and place of this thread's last panic (tests run side by side, each on
+    /// its own thread).
+    static LAST_FAILURE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
 
 /// Keeps each panic's message (still printed where it happens), so a daemon dropped while
-/// unwinding can repeat it after its log.
+/// its thread unwinds can repeat it after its log.
 fn remember_failures() {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
@@ -612,19 +615,15 @@ fn remember_failures() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
-            if let Ok(mut last) = LAST_FAILURE.lock() {
-                *last = Some(format!(
-                    "{}{place}",
-                    info.payload_as_str().unwrap_or("panic")
-                ));
-            }
+            let message = format!("{}{place}", info.payload_as_str().unwrap_or("panic"));
+            LAST_FAILURE.with(|last| *last.borrow_mut() = Some(message));
             upstream(info);
         }));
     });
 }
 
 fn last_failure() -> Option<String> {
-    LAST_FAILURE.lock().ok().and_then(|l| l.clone())
+    LAST_FAILURE.with(|last| last.borrow().clone())
 }
 
 /// A crius daemon with private root, state and socket.
