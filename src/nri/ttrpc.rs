@@ -27,10 +27,10 @@ const INVALID_ARGUMENT: i32 = 3;
 const DEADLINE_EXCEEDED: i32 = 4;
 const RESOURCE_EXHAUSTED: i32 = 8;
 
-pub(super) const TYPE_REQUEST: u8 = 1;
-pub(super) const TYPE_RESPONSE: u8 = 2;
+const TYPE_REQUEST: u8 = 1;
+const TYPE_RESPONSE: u8 = 2;
 /// A unary request: the caller sends nothing more on its stream.
-pub(super) const FLAG_REMOTE_CLOSED: u8 = 0x1;
+const FLAG_REMOTE_CLOSED: u8 = 0x1;
 
 /// Requests from one plugin served at once; past this the trunk stops reading, so a plugin
 /// flooding requests cannot make the runtime hold an unbounded number of them.
@@ -72,7 +72,7 @@ pub trait Serve: Send + Sync + 'static {
 }
 
 /// ttrpc's own messages (its `request.proto`, and google.rpc.Status).
-pub(super) mod wire {
+mod wire {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Request {
         #[prost(string, tag = "1")]
@@ -123,7 +123,7 @@ pub(super) mod wire {
 }
 
 /// A response carrying `code` (0 for success) and `payload`, encoded.
-pub(super) fn response(code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {
+fn response(code: i32, message: String, payload: Vec<u8>) -> Vec<u8> {
     let status = wire::Status {
         code,
         message,
