@@ -2,7 +2,7 @@
 //! which are the builds tests run, a daemon started with `CRIUS_FAULT=<point>[:<n>]` kills
 //! itself with SIGKILL the n-th time (1st by default) it reaches that point, as a crash there
 //! would; release builds compile every point to nothing. Points sit right before and after each
-//! state write, mount, CNI plugin call, cgroup write, helper spawn and blob commit. Only the
+//! state write, mount, CNI plugin call, cgroup write, helper spawn and snapshot commit. Only the
 //! daemon arms them (helpers it spawns inherit the variable but never read it). Uses `std` and
 //! `nix`.
 
@@ -11,8 +11,6 @@ pub const POINTS: &[&str] = &[
     "state.write.before",
     "state.write.after",
     "state.remove.before",
-    "blob.commit.before",
-    "blob.commit.after",
     "snapshot.commit.before",
     "snapshot.commit.after",
     "rootfs.mount.after",

@@ -1,8 +1,11 @@
-//! content: the content-addressed blob store (manifests, configs, compressed layers). A blob is
-//! written to an ingest file, hashed as it is written, and committed (fsync, rename into
-//! `blobs/sha256/<hex>`, fsync dir) only when its size and digest match what was asked for, so a
-//! file under `blobs/` is always complete and verified. Ingest files outlive a crash so a later
-//! pull can resume them. It owns the `Digest` type the modules above share; it uses `atomic`.
+//! content: the content-addressed blob store (manifests, configs) and the ingest files layers
+//! stream through. Small blobs are written atomically once verified, so a file under
+//! `blobs/sha256/` is always complete and what its name says. A layer's compressed bytes go to
+//! an ingest file as they arrive, hashed as they are written, so an interrupted pull resumes
+//! where it stopped; once verified the ingest file is dropped, because layers are kept
+//! unpacked, not as blobs (as CRI-O keeps them): each byte reaches the disk once, since the
+//! ingest file's pages usually go before write-back would take them. Ingest files outlive a
+//! crash. It owns the `Digest` type the modules above share; it uses `atomic`.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -254,13 +257,11 @@ impl Store {
         Ok(Ingest {
             file,
             path,
-            blob: self.blob_path(digest),
             digest: digest.clone(),
             size,
             existing,
             hasher: Sha256::new(),
             hashed: 0,
-            unflushed: 0,
         })
     }
 
@@ -304,19 +305,12 @@ impl Store {
 pub struct Ingest {
     file: File,
     path: PathBuf,
-    blob: PathBuf,
     digest: Digest,
     size: u64,
     existing: u64,
     hasher: Sha256,
     hashed: u64,
-    /// Bytes appended whose write-back has not been started yet.
-    unflushed: u64,
 }
-
-/// Write-back of an ingest file starts every this many bytes, so the disk works while the
-/// rest downloads and the fsync at commit has little left to wait for.
-const WRITEBACK_CHUNK: u64 = 8 << 20;
 
 impl Ingest {
     /// Bytes of the blob already on disk from an earlier attempt.
@@ -349,14 +343,6 @@ impl Ingest {
     pub fn append(&mut self, data: &[u8]) -> Result<(), Error> {
         self.account(data)?;
         self.file.write_all(data).map_err(io_err(&self.path))?;
-        self.unflushed += data.len() as u64;
-        if self.unflushed >= WRITEBACK_CHUNK {
-            // The file holds every hashed byte (replayed ones first). Only a hint: commit's
-            // fsync is what makes the blob durable.
-            let start = self.hashed.saturating_sub(self.unflushed);
-            let _ = crate::sys::start_writeback(&self.file, start, self.unflushed);
-            self.unflushed = 0;
-        }
         Ok(())
     }
 
@@ -382,9 +368,9 @@ impl Ingest {
         self.size
     }
 
-    /// Checks size and digest and, if both match, makes the blob durable under its digest.
-    /// On a mismatch the ingest file is removed: its bytes can never become this blob.
-    pub fn commit(self) -> Result<(), Error> {
+    /// Checks size and digest, then drops the ingest file either way: the bytes were used as
+    /// they came (the layer is unpacked), and on a mismatch they can never become this blob.
+    pub fn verify(self) -> Result<(), Error> {
         let check = if self.hashed != self.size {
             Err(Error::SizeMismatch {
                 digest: self.digest.clone(),
@@ -402,17 +388,10 @@ impl Ingest {
                 Ok(())
             }
         };
-        if let Err(e) = check {
-            let _ = fs::remove_file(&self.path);
-            return Err(e);
-        }
-        self.file.sync_all().map_err(io_err(&self.path))?;
-        crate::fault::point("blob.commit.before");
-        fs::rename(&self.path, &self.blob).map_err(io_err(&self.blob))?;
-        let dir = self.blob.parent().unwrap_or(Path::new("/"));
-        atomic::sync_dir(dir).map_err(io_err(dir))?;
-        crate::fault::point("blob.commit.after");
-        Ok(())
+        // Removed before its pages are written back, the file usually never reaches the disk.
+        let removed = fs::remove_file(&self.path).map_err(io_err(&self.path));
+        check?;
+        removed
     }
 
     /// Gives up on the blob for good (its bytes were proven wrong).
@@ -451,7 +430,7 @@ mod tests {
     }
 
     #[test]
-    fn commit_checks_digest_and_size() {
+    fn verify_checks_digest_and_size_and_drops_the_ingest() {
         let (_dir, store) = store();
         let data = b"some layer bytes";
         let digest = Digest::of(data);
@@ -459,7 +438,7 @@ mod tests {
         // wrong size
         let mut ing = store.ingest(&digest, data.len() as u64 + 1).unwrap();
         ing.append(data).unwrap();
-        assert!(matches!(ing.commit(), Err(Error::SizeMismatch { .. })));
+        assert!(matches!(ing.verify(), Err(Error::SizeMismatch { .. })));
         assert!(!store.contains(&digest));
 
         // too many bytes are refused as they arrive
@@ -471,16 +450,15 @@ mod tests {
         let other = Digest::of(b"other");
         let mut ing = store.ingest(&other, data.len() as u64).unwrap();
         ing.append(data).unwrap();
-        assert!(matches!(ing.commit(), Err(Error::DigestMismatch { .. })));
+        assert!(matches!(ing.verify(), Err(Error::DigestMismatch { .. })));
         assert!(!store.contains(&other));
 
-        // right
+        // right: verified, and nothing is kept (the layer was unpacked as it came)
         let mut ing = store.ingest(&digest, data.len() as u64).unwrap();
         ing.append(data).unwrap();
-        ing.commit().unwrap();
-        assert!(store.contains(&digest));
-        assert_eq!(store.read(&digest).unwrap(), data);
-        assert_eq!(store.list().unwrap(), vec![digest.clone()]);
+        ing.verify().unwrap();
+        assert!(!store.contains(&digest));
+        assert!(store.list().unwrap().is_empty());
         assert_eq!(fs::read_dir(&store.ingest).unwrap().count(), 0);
     }
 
@@ -505,8 +483,7 @@ mod tests {
             .unwrap();
         ing.replayed(&old).unwrap();
         ing.append(&data[4000..]).unwrap();
-        ing.commit().unwrap();
-        assert_eq!(store.read(&digest).unwrap(), data);
+        ing.verify().unwrap();
     }
 
     #[test]

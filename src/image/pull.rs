@@ -2,9 +2,10 @@
 //! pick the platform from an index, fetch and verify the config (all three `pull_manifest`'s),
 //! then download every layer in parallel. Each layer streams through one pass off the async
 //! threads: bytes are hashed and appended to the content store's ingest file as they arrive,
-//! decompressed, hashed again (diff ID) and unpacked into a private snapshot directory. Blob and
-//! snapshot are committed only when the digest, the size and the diff ID all match; an
-//! interrupted download stays in the ingest file and is resumed with a range request.
+//! decompressed, hashed again (diff ID) and unpacked into a private snapshot directory. The
+//! snapshot is committed only when the digest, the size and the diff ID all match, and the
+//! ingest file is dropped then (layers are kept unpacked only); an interrupted download stays
+//! in the ingest file and is resumed with a range request.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
@@ -490,7 +491,7 @@ fn unpack_layer_blob(
     };
     let verdict = |ingest: Option<Ingest>| -> Result<(), Error> {
         match ingest {
-            Some(i) => Ok(i.commit()?),
+            Some(i) => Ok(i.verify()?),
             None => Ok(()),
         }
     };
@@ -508,7 +509,7 @@ fn unpack_layer_blob(
             let is_full = ingest.as_ref().is_none_or(|i| i.written() == layer.size);
             if is_full {
                 verdict(ingest)?;
-                // Verified bytes that are a hostile or broken tar: drop the blob again.
+                // Verified bytes that are a hostile or broken tar (kept by an older crius).
                 let _ = inner.content.remove(&layer.digest);
             } else if let Some(i) = ingest {
                 i.discard();
@@ -520,11 +521,8 @@ fn unpack_layer_blob(
         }
         Ok(Ok((stats, diff_id))) => {
             if diff_id != layer.diff_id {
-                if let Some(i) = ingest {
-                    // A wrong blob digest is the more precise complaint, if it applies.
-                    i.commit()?;
-                    let _ = inner.content.remove(&layer.digest);
-                }
+                // A wrong blob digest is the more precise complaint, if it applies.
+                verdict(ingest)?;
                 return Err(Error::DiffIdMismatch {
                     digest: layer.digest.clone(),
                     expected: layer.diff_id.clone(),

@@ -581,26 +581,6 @@ pub fn trim_heap() {
     unsafe { libc::malloc_trim(0) };
 }
 
-/// Starts writing back a file's dirty pages in `[offset, offset + len)` without waiting for it
-/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`); an fsync later has less to wait for.
-pub fn start_writeback<F: AsFd>(fd: F, offset: u64, len: u64) -> io::Result<()> {
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "range too large",
-        ));
-    };
-    // SAFETY: sync_file_range only schedules I/O for the borrowed, open descriptor.
-    check(unsafe {
-        libc::sync_file_range(
-            fd.as_fd().as_raw_fd(),
-            offset,
-            len,
-            libc::SYNC_FILE_RANGE_WRITE,
-        )
-    })
-}
-
 /// `struct fsxattr` (linux/fs.h): what FS_IOC_FSGETXATTR and FS_IOC_FSSETXATTR exchange.
 #[repr(C)]
 #[derive(Default)]

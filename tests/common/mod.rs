@@ -953,6 +953,13 @@ impl Daemon {
         list_names(&self.root.join("content/ingest"))
     }
 
+    /// A file as a committed layer holds it unpacked (layers are not kept as blobs).
+    pub fn unpacked_file(&self, path: &str) -> Option<Vec<u8>> {
+        self.snapshots().iter().find_map(|s| {
+            std::fs::read(self.root.join("snapshots").join(s).join("fs").join(path)).ok()
+        })
+    }
+
     pub fn snapshots(&self) -> Vec<String> {
         list_names(&self.root.join("snapshots"))
             .into_iter()

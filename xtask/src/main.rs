@@ -477,7 +477,7 @@ fn main() -> Result<()> {
                 "  bench        crius against containerd, side by side [--rounds N] [--smoke]"
             );
             eprintln!(
-                "               [--large-mb MB] [--concurrent N] [--idle-seconds S] [--out FILE]"
+                "               [--large-mb MIB] [--concurrent N] [--idle-seconds S] [--out FILE]"
             );
             eprintln!("               [--probed-pods N] [--probe-seconds S] [--kubelet-pods N]");
             eprintln!("               [--forward-mb MB] [--crius BINARY]");

@@ -1,7 +1,7 @@
 //! Benchmark images, built here and pushed to a local docker-registry: busybox-static images
 //! (one distinct image per cold pull, so no runtime's garbage collection timing matters), a
-//! `pause` image for containerd's sandboxes, and large images of five gzip layers with many small
-//! files and a few big ones, part random and part text so gzip has real work.
+//! `pause` image for containerd's sandboxes, and large images shaped like AI ones: layers of one
+//! incompressible file each (model weights) and a layer of many small files (packages).
 
 use std::io::Write;
 use std::path::Path;
@@ -17,6 +17,8 @@ pub use push::sha256;
 
 pub struct Layer {
     pub blob: Vec<u8>,
+    /// The uncompressed tar's size.
+    pub tar_size: u64,
     pub digest: String,
     pub diff_id: String,
 }
@@ -39,6 +41,7 @@ fn gzip_layer(tar: Vec<u8>) -> Result<Layer> {
     let blob = e.finish()?;
     Ok(Layer {
         digest: sha256(&blob),
+        tar_size: tar.len() as u64,
         blob,
         diff_id,
     })
@@ -82,13 +85,13 @@ pub fn busybox_layer(marker: &str) -> Result<Layer> {
     gzip_layer(b.into_inner()?)
 }
 
-/// Deterministic content: 64 KiB blocks, alternately random bytes and text, so it compresses
-/// to about half, like real binaries and data do.
+/// Deterministic content: 64 KiB blocks, alternately random bytes and text (the seed's parity
+/// picks the first), so a set of files compresses to about half, like real code and data do.
 fn content(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let words = b"the quick brown fox jumps over the lazy dog while kubelet watches the node ";
     let mut out = Vec::with_capacity(len);
-    let mut block = 0u64;
+    let mut block = seed & 1;
     while out.len() < len {
         let n = (len - out.len()).min(64 << 10);
         if block.is_multiple_of(2) {
@@ -108,38 +111,72 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A layer of about `mb` MB: 2000 small files and five large ones.
-pub fn big_layer(mb: usize, seed: u64) -> Result<Layer> {
-    let total = mb << 20;
-    let small_count = 2000;
-    let small = 5 << 10;
-    let big = (total.saturating_sub(small_count * small)) / 5;
-    let mut b = tar::Builder::new(Vec::with_capacity(total + (4 << 20)));
+/// Incompressible bytes (xorshift64, a word at a time), like the weights of a model.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = vec![0u8; len];
+    for word in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+    }
+    out
+}
+
+/// A layer holding one file of `mib` MiB of incompressible bytes, like a shard of a model's
+/// weights.
+pub fn weights_layer(mib: usize, seed: u64) -> Result<Layer> {
+    let data = noise(mib << 20, seed);
+    let mut b = tar::Builder::new(Vec::with_capacity(data.len() + (1 << 20)));
     b.append_data(
         &mut header(tar::EntryType::Directory, 0o755, 0),
-        format!("data{seed}"),
+        "models",
         &[][..],
     )?;
-    for d in 0..20 {
+    b.append_data(
+        &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
+        format!("models/model-{seed:05}.safetensors"),
+        &data[..],
+    )?;
+    drop(data);
+    gzip_layer(b.into_inner()?)
+}
+
+/// A layer of `count` small files (100 to 12,000 bytes, half random and half text) in
+/// directories of 100, like the packages of a Python environment.
+pub fn packages_layer(count: usize, seed: u64) -> Result<Layer> {
+    let mut b = tar::Builder::new(Vec::new());
+    let root = "usr/lib/python3/site-packages";
+    let mut made = String::new();
+    for part in root.split('/') {
+        made = if made.is_empty() {
+            part.to_string()
+        } else {
+            format!("{made}/{part}")
+        };
         b.append_data(
             &mut header(tar::EntryType::Directory, 0o755, 0),
-            format!("data{seed}/d{d}"),
+            &made,
             &[][..],
         )?;
     }
-    for i in 0..small_count {
-        let data = content(small, seed * 100_000 + i as u64);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in 0..count {
+        if i % 100 == 0 {
+            b.append_data(
+                &mut header(tar::EntryType::Directory, 0o755, 0),
+                format!("{root}/pkg{}", i / 100),
+                &[][..],
+            )?;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let data = content(100 + (x % 11_900) as usize, seed * 1_000_000 + i as u64);
         b.append_data(
             &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
-            format!("data{seed}/d{}/f{i}", i % 20),
-            &data[..],
-        )?;
-    }
-    for i in 0..5 {
-        let data = content(big, seed * 100_000 + 50_000 + i);
-        b.append_data(
-            &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
-            format!("data{seed}/big{i}.bin"),
+            format!("{root}/pkg{}/mod{}.py", i / 100, i % 100),
             &data[..],
         )?;
     }

@@ -7,6 +7,7 @@ mod agent;
 mod cni;
 mod images;
 mod kubelet;
+mod large;
 mod nri;
 mod peers;
 mod report;
@@ -48,7 +49,7 @@ impl Options {
         let mut o = Options {
             rounds: 5,
             smoke: false,
-            large_mb: 250,
+            large_mb: 1024,
             forward_mb: 256,
             concurrent: 20,
             memory_pods: vec![20, 100],
@@ -423,22 +424,11 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             small.push(registry.push("small", &format!("r{r}-{rt}"), &img).await?);
         }
     }
-    let mut large = Vec::new();
-    if o.large_mb > 0 {
-        for r in 0..o.rounds {
-            let per = o.large_mb / 5;
-            let layers: Vec<images::Layer> = (0..5)
-                .map(|l| images::big_layer(per, (r * 10 + l) as u64))
-                .collect::<Result<_>>()?;
-            let img = images::image(layers, &["sh"]);
-            let bytes: usize = img.layers.iter().map(|l| l.blob.len()).sum();
-            eprintln!(
-                "bench: large image {r}: {} MB compressed in 5 layers",
-                bytes >> 20
-            );
-            large.push(registry.push("large", &format!("r{r}"), &img).await?);
-        }
-    }
+    let large = if o.large_mb > 0 {
+        large::build(&registry, o.large_mb, o.rounds).await?
+    } else {
+        Vec::new()
+    };
 
     eprintln!("bench: starting crius, containerd 1.6 and containerd 2.3");
     // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
@@ -573,16 +563,8 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         if let Some(img) = large.get(round) {
             // The large pulls last in the round, after a pause for the disk (see field notes).
             tokio::time::sleep(Duration::from_secs(if o.smoke { 0 } else { 5 })).await;
-            for &i in &order {
-                let rt = &mut rts[i];
-                let (_, ms) = timed(rt.pull(img)).await?;
-                res.add(
-                    &format!("cold pull large ({} MB)", o.large_mb),
-                    "ms",
-                    rt.name(),
-                    ms,
-                );
-            }
+            large::floor_rows(&registry, img, o.large_mb, tmp, &mut res).await?;
+            large::pull_rows(&mut rts, &order, img, o.large_mb, &mut res).await?;
         }
     }
 
