@@ -11,7 +11,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use super::Rt;
-use super::cri;
 use super::images::{self, Registry};
 use super::report::Results;
 
@@ -40,6 +39,7 @@ pub async fn build(registry: &Registry, mib: usize, rounds: usize) -> Result<Vec
     let mut out = Vec::new();
     for r in 0..rounds {
         let seed = (r as u64 + 1) * 100;
+        let started = Instant::now();
         let layers = std::thread::scope(|s| -> Result<Vec<images::Layer>> {
             let shards: Vec<_> = (0..SHARDS as u64)
                 .map(|l| s.spawn(move || images::weights_layer(mib / SHARDS, seed + l)))
@@ -58,13 +58,17 @@ pub async fn build(registry: &Registry, mib: usize, rounds: usize) -> Result<Vec
         let uncompressed = layers.iter().map(|l| l.tar_size).sum();
         let img = images::image(layers, &["sh"]);
         let compressed = img.layers.iter().map(|l| l.blob.len() as u64).sum::<u64>();
+        let built = started.elapsed().as_secs_f64();
+        let reference = registry.push("large", &format!("r{r}"), &img).await?;
         eprintln!(
-            "bench: AI-shaped image {r}: {} MiB compressed, {} MiB unpacked",
+            "bench: AI-shaped image {r}: {} MiB compressed, {} MiB unpacked; built in {built:.0} s, \
+             pushed in {:.0} s",
             compressed >> 20,
-            uncompressed >> 20
+            uncompressed >> 20,
+            started.elapsed().as_secs_f64() - built
         );
         out.push(Large {
-            reference: registry.push("large", &format!("r{r}"), &img).await?,
+            reference,
             probe: img.layers[0].digest.clone(),
             compressed,
             uncompressed,
@@ -185,8 +189,9 @@ fn written_bytes(pid: i32) -> Result<u64> {
     Ok(field("write_bytes:")?.saturating_sub(field("cancelled_write_bytes:")?))
 }
 
-/// Each runtime pulls the round's image cold, with the disk quiet before it starts; then each
-/// removes it, so the disk holds one image per runtime at most.
+/// Each runtime pulls the round's image cold, with the disk quiet before it starts. The images
+/// stay until the bench's directory goes: a large delete slows file creation on this disk for
+/// about a minute (field notes), which would fall on the next round's pulls.
 pub async fn pull_rows(
     rts: &mut [Rt],
     order: &[usize],
@@ -222,18 +227,6 @@ pub async fn pull_rows(
             who,
             wrote as f64 / large.uncompressed as f64,
         );
-    }
-    for &i in order {
-        let rt = &mut rts[i];
-        rt.img
-            .remove_image(cri::RemoveImageRequest {
-                image: Some(cri::ImageSpec {
-                    image: large.reference.clone(),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .with_context(|| format!("{}: RemoveImage {}", rt.name(), large.reference))?;
     }
     Ok(())
 }
