@@ -423,7 +423,8 @@ async fn blobs_redirected_elsewhere_and_answers_of_the_wrong_length() {
 
 /// A client that gives up on a pull (its deadline, a cancelled request) while a layer is still
 /// unpacking, and pulls again at once: the first unpacker runs to its end alone (the second pull
-/// waits for it, then finds the layer landed) instead of a second writer opening the same
+/// waits for it, then resumes its download or finds the layer landed) instead of a second
+/// writer opening the same
 /// download under it, which failed one of them ('content store ...: No such file').
 #[tokio::test]
 async fn a_pull_given_up_mid_unpack_and_pulled_again() {
@@ -484,10 +485,12 @@ async fn a_pull_given_up_mid_unpack_and_pulled_again() {
     assert_eq!(d.snapshots().len(), 2, "one snapshot per layer");
     assert!(d.ingests().is_empty());
     assert_eq!(written(), 0, "no half-unpacked layer remains");
-    assert_eq!(
-        reg.requests("GET", &format!("/v2/zeros/blobs/{}", big.digest)),
-        1,
-        "the second pull used what the first one landed"
+    // The first download stops where its client gave up (only a few chunks wait in memory),
+    // so the second pull resumes from what the first one wrote, or finds the layer landed.
+    let gets = reg.requests("GET", &format!("/v2/zeros/blobs/{}", big.digest));
+    assert!(
+        gets == 1 || (gets == 2 && d.log_text().contains("resuming layer download")),
+        "the second pull started over ({gets} downloads)"
     );
 }
 

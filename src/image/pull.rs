@@ -372,7 +372,9 @@ async fn attempt(
         } else {
             None
         };
-        let (tx, rx) = tokio::sync::mpsc::channel(32);
+        // A few chunks in flight: hyper's chunks grow to about 400 KiB on a fast link, so 32
+        // held up to 13 MiB per layer; the unpacker outruns the network anyway.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
         (
             Source::Remote {
                 ingest: Box::new(ingest),
