@@ -506,3 +506,42 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A layer blob an older crius kept (it committed layers as blobs) is unpacked from the disk
+/// rather than downloaded again, and goes at the next garbage collection while its image stays.
+#[tokio::test]
+async fn a_layer_blob_an_older_crius_kept_is_used_then_collected() {
+    let reg = Registry::start(None);
+    let big = layer(
+        &[Entry::File("blob.bin".into(), noise(1 << 20, 3), 0o644)],
+        Compress::Gzip,
+    );
+    let img = image(
+        vec![busybox_layer(Compress::Gzip), big.clone()],
+        &ImageOpts::default(),
+    );
+    reg.push_image("legacy", "1", &img).await.unwrap();
+    let other = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+    reg.push_image("other", "1", &other).await.unwrap();
+    let d = Daemon::start("");
+    let hex = big.digest.trim_start_matches("sha256:").to_string();
+    std::fs::write(d.root.join("content/blobs/sha256").join(&hex), &big.blob).unwrap();
+
+    let name = format!("{}/legacy:1", reg.host());
+    assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+    assert_eq!(
+        reg.requests("GET", &format!("/v2/legacy/blobs/{}", big.digest)),
+        0,
+        "the kept blob was downloaded again"
+    );
+    assert_eq!(d.unpacked_file("blob.bin"), Some(noise(1 << 20, 3)));
+
+    // Removing another image collects garbage: the old blob goes, the image and its layers stay.
+    let second = format!("{}/other:1", reg.host());
+    d.pull(&second).await.unwrap();
+    d.remove_image(&second).await.unwrap();
+    assert!(!d.blobs().contains(&hex), "the old layer blob was kept");
+    assert!(d.image_status(&name).await.is_some());
+    assert_eq!(d.unpacked_file("blob.bin"), Some(noise(1 << 20, 3)));
+    assert!(d.ingests().is_empty());
+}

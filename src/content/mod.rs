@@ -2,10 +2,10 @@
 //! stream through. Small blobs are written atomically once verified, so a file under
 //! `blobs/sha256/` is always complete and what its name says. A layer's compressed bytes go to
 //! an ingest file as they arrive, hashed as they are written, so an interrupted pull resumes
-//! where it stopped; once verified the ingest file is dropped, because layers are kept
-//! unpacked, not as blobs (as CRI-O keeps them): each byte reaches the disk once, since the
-//! ingest file's pages usually go before write-back would take them. Ingest files outlive a
-//! crash. It owns the `Digest` type the modules above share; it uses `atomic`.
+//! where it stopped; once verified and the layer committed the ingest file is dropped, because
+//! layers are kept unpacked, not as blobs (as CRI-O keeps them): each byte reaches the disk
+//! once, since the ingest file's pages usually go before write-back would take them. Ingest
+//! files outlive a crash. It owns the `Digest` type the modules above share; it uses `atomic`.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -265,6 +265,18 @@ impl Store {
         })
     }
 
+    /// Removes the ingest file of a layer that is already unpacked (left by a crash between
+    /// its commit and the file's removal). Missing files are fine.
+    pub fn drop_ingest(&self, digest: &Digest) {
+        let path = self.ingest.join(digest.hex());
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(path = %path.display(), error = %e, "removing a used ingest file");
+            }
+            _ => {}
+        }
+    }
+
     /// Removes a blob (garbage collection). Missing blobs are fine.
     pub fn remove(&self, digest: &Digest) -> Result<(), Error> {
         let path = self.blob_path(digest);
@@ -368,9 +380,10 @@ impl Ingest {
         self.size
     }
 
-    /// Checks size and digest, then drops the ingest file either way: the bytes were used as
-    /// they came (the layer is unpacked), and on a mismatch they can never become this blob.
-    pub fn verify(self) -> Result<(), Error> {
+    /// Checks size and digest. On a mismatch the ingest file goes (its bytes can never become
+    /// this blob); when both match it stays until what was made of it is committed
+    /// (`Verified::remove`), so a failure before that does not cost the download.
+    pub fn verify(self) -> Result<Verified, Error> {
         let check = if self.hashed != self.size {
             Err(Error::SizeMismatch {
                 digest: self.digest.clone(),
@@ -388,15 +401,32 @@ impl Ingest {
                 Ok(())
             }
         };
-        // Removed before its pages are written back, the file usually never reaches the disk.
-        let removed = fs::remove_file(&self.path).map_err(io_err(&self.path));
-        check?;
-        removed
+        if let Err(e) = check {
+            let _ = fs::remove_file(&self.path);
+            return Err(e);
+        }
+        Ok(Verified { path: self.path })
     }
 
     /// Gives up on the blob for good (its bytes were proven wrong).
     pub fn discard(self) {
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// An ingest file whose bytes matched their digest, kept until the layer made of them is
+/// committed; dropped without `remove` (a failure, a crash), it is there for the next pull.
+pub struct Verified {
+    path: PathBuf,
+}
+
+impl Verified {
+    /// Removes the file. Removed before its pages are written back, it usually never reaches
+    /// the disk. Failing to remove it fails nothing: the next pull of the layer drops it.
+    pub fn remove(self) {
+        if let Err(e) = fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "removing a used ingest file");
+        }
     }
 }
 
@@ -456,9 +486,22 @@ mod tests {
         // right: verified, and nothing is kept (the layer was unpacked as it came)
         let mut ing = store.ingest(&digest, data.len() as u64).unwrap();
         ing.append(data).unwrap();
-        ing.verify().unwrap();
+        let verified = ing.verify().unwrap();
+        assert_eq!(
+            fs::read_dir(&store.ingest).unwrap().count(),
+            1,
+            "kept until the layer is committed"
+        );
+        verified.remove();
         assert!(!store.contains(&digest));
         assert!(store.list().unwrap().is_empty());
+        assert_eq!(fs::read_dir(&store.ingest).unwrap().count(), 0);
+
+        // a verified file left by a crash goes when the layer is found unpacked
+        let mut ing = store.ingest(&digest, data.len() as u64).unwrap();
+        ing.append(data).unwrap();
+        drop(ing.verify().unwrap());
+        store.drop_ingest(&digest);
         assert_eq!(fs::read_dir(&store.ingest).unwrap().count(), 0);
     }
 
@@ -483,7 +526,7 @@ mod tests {
             .unwrap();
         ing.replayed(&old).unwrap();
         ing.append(&data[4000..]).unwrap();
-        ing.verify().unwrap();
+        ing.verify().unwrap().remove();
     }
 
     #[test]

@@ -575,8 +575,8 @@ impl ImageService {
                 if let Some(i) = &r.index {
                     blobs.insert(i.clone());
                 }
+                // Layers are kept unpacked only: a layer blob an older crius kept goes.
                 for l in &r.layers {
-                    blobs.insert(l.digest.clone());
                     chains.insert(l.chain_id.clone());
                 }
             }

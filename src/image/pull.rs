@@ -4,8 +4,8 @@
 //! threads: bytes are hashed and appended to the content store's ingest file as they arrive,
 //! decompressed, hashed again (diff ID) and unpacked into a private snapshot directory. The
 //! snapshot is committed only when the digest, the size and the diff ID all match, and the
-//! ingest file is dropped then (layers are kept unpacked only); an interrupted download stays
-//! in the ingest file and is resumed with a range request.
+//! ingest file is dropped after it (layers are kept unpacked only); an interrupted download
+//! stays in the ingest file and is resumed with a range request.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
@@ -20,9 +20,9 @@ use super::progress::Progress;
 use super::pull_manifest::{Chosen, check_top_digest, choose_manifest, fetch_config, layer_list};
 use super::registry::Session;
 use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
-use crate::content::{Digest, Ingest};
+use crate::content::{Digest, Ingest, Verified};
 use crate::records::now_nanos;
-use crate::snapshot::{Meta, Snapshotter, copyup, unpack};
+use crate::snapshot::{Meta, Prepared, Snapshotter, copyup, unpack};
 
 /// Pulls the image `reference` names: its manifest and config verified, every layer fetched
 /// and unpacked, then its small blobs stored; returns its record and config.
@@ -133,6 +133,8 @@ async fn fetch_layer(
         landed: landed.clone(),
     };
     if inner.snapshots.exists(&layer.chain_id) {
+        // A crash after the commit may have left the layer's verified ingest file.
+        inner.content.drop_ingest(&layer.digest);
         landing.ok = true;
         progress.add_bytes(layer.size);
         progress.layer_done();
@@ -209,7 +211,8 @@ const NETWORK_RETRIES: u32 = 4;
 
 /// Where a layer's bytes come from inside the unpack thread.
 enum Source {
-    /// Already committed (verified) in the content store.
+    /// A blob a crius that kept layer blobs left in the content store (verified when it was
+    /// committed).
     Local(std::fs::File),
     /// From the network through a channel, after replaying what the ingest file holds.
     Remote {
@@ -352,8 +355,8 @@ async fn attempt(
             ingest.restart()?;
         }
         let offset = ingest.existing();
-        // Every byte already came (the connection broke after the last): nothing to ask for,
-        // the replay is verified and committed.
+        // Every byte already came (the connection broke after the last, or the layer failed
+        // after its bytes were verified): nothing to ask for, the replay is verified again.
         let resp = if offset > 0 && offset == layer.size {
             tracing::info!(layer = %layer.digest, "the whole layer is already on disk");
             None
@@ -491,10 +494,10 @@ fn unpack_layer_blob(
         Source::Remote { ingest, .. } => Some(*ingest),
         Source::Local(_) => None,
     };
-    let verdict = |ingest: Option<Ingest>| -> Result<(), Error> {
+    let verdict = |ingest: Option<Ingest>| -> Result<Option<Verified>, Error> {
         match ingest {
-            Some(i) => Ok(i.verify()?),
-            None => Ok(()),
+            Some(i) => Ok(Some(i.verify()?)),
+            None => Ok(None),
         }
     };
     match outcome {
@@ -510,8 +513,10 @@ fn unpack_layer_blob(
             // The bytes were read to the end: a wrong digest explains the failure best.
             let is_full = ingest.as_ref().is_none_or(|i| i.written() == layer.size);
             if is_full {
-                verdict(ingest)?;
-                // Verified bytes that are a hostile or broken tar (kept by an older crius).
+                // Verified bytes that are a hostile or broken tar: kept by no one.
+                if let Some(v) = verdict(ingest)? {
+                    v.remove();
+                }
                 let _ = inner.content.remove(&layer.digest);
             } else if let Some(i) = ingest {
                 i.discard();
@@ -524,42 +529,19 @@ fn unpack_layer_blob(
         Ok(Ok((stats, diff_id))) => {
             if diff_id != layer.diff_id {
                 // A wrong blob digest is the more precise complaint, if it applies.
-                verdict(ingest)?;
+                if let Some(v) = verdict(ingest)? {
+                    v.remove();
+                }
                 return Err(Error::DiffIdMismatch {
                     digest: layer.digest.clone(),
                     expected: layer.diff_id.clone(),
                     actual: diff_id,
                 });
             }
-            verdict(ingest)?;
+            // Kept until the snapshot is committed: a failure below costs no download.
+            let verified = verdict(ingest)?;
             let mut stats = stats;
-            if !stats.lower_links.is_empty() {
-                // Hardlinks to files of the layers below: copied up once those are in place.
-                let lowers = match parent.as_ref().map(|p| landed.wait(p, &inner.snapshots)) {
-                    Some(Some(lowers)) => lowers,
-                    Some(None) => {
-                        return Err(Error::Download {
-                            digest: layer.digest.clone(),
-                            message: "a layer below it failed, and it links to that layer's files"
-                                .into(),
-                        });
-                    }
-                    None => Vec::new(),
-                };
-                match copyup::copy_up(&prepared.fs(), &stats.lower_links, &lowers) {
-                    Ok(up) => {
-                        stats.size += up.size;
-                        stats.inodes += up.inodes;
-                    }
-                    Err(e) => {
-                        let _ = inner.content.remove(&layer.digest);
-                        return Err(Error::Unpack {
-                            digest: layer.digest.clone(),
-                            source: e,
-                        });
-                    }
-                }
-            }
+            copy_up_links(inner, layer, parent.as_ref(), &prepared, landed, &mut stats)?;
             let meta = Meta {
                 chain_id: layer.chain_id.clone(),
                 parent,
@@ -568,9 +550,46 @@ fn unpack_layer_blob(
                 inodes: stats.inodes,
             };
             inner.snapshots.commit(prepared, &meta)?;
+            if let Some(v) = verified {
+                v.remove();
+            }
             Ok(())
         }
     }
+}
+
+/// Hardlinks to files of the layers below: copied up once those are in place (see
+/// `snapshot::copyup`), their size and inodes added to the layer's.
+fn copy_up_links(
+    inner: &Inner,
+    layer: &Layer,
+    parent: Option<&Digest>,
+    prepared: &Prepared,
+    landed: &Landed,
+    stats: &mut unpack::UnpackStats,
+) -> Result<(), Error> {
+    if stats.lower_links.is_empty() {
+        return Ok(());
+    }
+    let lowers = match parent.map(|p| landed.wait(p, &inner.snapshots)) {
+        Some(Some(lowers)) => lowers,
+        Some(None) => {
+            return Err(Error::Download {
+                digest: layer.digest.clone(),
+                message: "a layer below it failed, and it links to that layer's files".into(),
+            });
+        }
+        None => Vec::new(),
+    };
+    let up = copyup::copy_up(&prepared.fs(), &stats.lower_links, &lowers).map_err(|source| {
+        Error::Unpack {
+            digest: layer.digest.clone(),
+            source,
+        }
+    })?;
+    stats.size += up.size;
+    stats.inodes += up.inodes;
+    Ok(())
 }
 
 /// Which layers of one pull have landed, for a layer that copies files up from the ones below

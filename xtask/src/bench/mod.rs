@@ -563,8 +563,9 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         if let Some(img) = large.get(round) {
             // The large pulls last in the round, after a pause for the disk (see field notes).
             tokio::time::sleep(Duration::from_secs(if o.smoke { 0 } else { 5 })).await;
-            large::floor_rows(&registry, img, o.large_mb, tmp, &mut res).await?;
             large::pull_rows(&mut rts, &order, img, o.large_mb, &mut res).await?;
+            // After the pulls: its file's delete must not fall on the first runtime's pull.
+            large::floor_rows(&registry, img, o.large_mb, tmp, &mut res).await?;
         }
     }
 
