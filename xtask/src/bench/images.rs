@@ -85,10 +85,26 @@ pub fn busybox_layer(marker: &str) -> Result<Layer> {
     gzip_layer(b.into_inner()?)
 }
 
+/// xorshift64: a cheap stream of bytes that is the same for the same seed.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn new(seed: u64) -> Xorshift {
+        Xorshift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
 /// Deterministic content: 64 KiB blocks, alternately random bytes and text (the seed's parity
 /// picks the first), so a set of files compresses to about half, like real code and data do.
 fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut x = Xorshift::new(seed);
     let words = b"the quick brown fox jumps over the lazy dog while kubelet watches the node ";
     let mut out = Vec::with_capacity(len);
     let mut block = seed & 1;
@@ -96,10 +112,7 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
         let n = (len - out.len()).min(64 << 10);
         if block.is_multiple_of(2) {
             for _ in 0..n {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                out.push(x as u8);
+                out.push(x.next() as u8);
             }
         } else {
             for i in 0..n {
@@ -113,13 +126,10 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
 
 /// Incompressible bytes (xorshift64, a word at a time), like the weights of a model.
 fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut x = Xorshift::new(seed);
     let mut out = vec![0u8; len];
     for word in out.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+        word.copy_from_slice(&x.next().to_le_bytes()[..word.len()]);
     }
     out
 }
@@ -161,7 +171,7 @@ pub fn packages_layer(count: usize, seed: u64) -> Result<Layer> {
             &[][..],
         )?;
     }
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut sizes = Xorshift::new(seed);
     for i in 0..count {
         if i % 100 == 0 {
             b.append_data(
@@ -170,10 +180,10 @@ pub fn packages_layer(count: usize, seed: u64) -> Result<Layer> {
                 &[][..],
             )?;
         }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let data = content(100 + (x % 11_900) as usize, seed * 1_000_000 + i as u64);
+        let data = content(
+            100 + (sizes.next() % 11_900) as usize,
+            seed * 1_000_000 + i as u64,
+        );
         b.append_data(
             &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
             format!("{root}/pkg{}/mod{}.py", i / 100, i % 100),

@@ -166,16 +166,6 @@ pub async fn floor_rows(
     Ok(())
 }
 
-/// Peak resident memory since the last reset, in KiB.
-fn peak_rss_kib(pid: i32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .context("no VmHWM in /proc/PID/status")
-}
-
 /// Bytes the process (and the children it reaped) sent toward the disk, less what truncation
 /// took back before it was written.
 fn written_bytes(pid: i32) -> Result<u64> {
@@ -211,7 +201,9 @@ pub async fn pull_rows(
         std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
         let before = written_bytes(pid)?;
         let (_, ms) = super::timed(rt.pull(&large.reference)).await?;
-        let peak = peak_rss_kib(pid)?;
+        // Peak resident memory since the reset.
+        let peak =
+            super::peers::status_kib(pid, "VmHWM:").context("no VmHWM in /proc/PID/status")?;
         let wrote = written_bytes(pid)?.saturating_sub(before);
         let who = rt.name();
         res.add(&name, "ms", who, ms);

@@ -367,26 +367,26 @@ impl Drop for Peer {
 
 /// Resident memory of a process in KiB.
 pub fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    status_kib(pid, "VmRSS:").unwrap_or(0)
+}
+
+/// A field of `/proc/PID/status` given in kB (`VmRSS:`, `VmHWM:`).
+pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
+    proc_kib(&format!("/proc/{pid}/status"), field)
+}
+
+/// The kB figure of the line starting with `field` in a proc file.
+fn proc_kib(path: &str, field: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+    })
 }
 
 /// Proportional set size of a process in KiB (shared pages divided among their users).
 pub fn pss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Pss:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_kib(&format!("/proc/{pid}/smaps_rollup"), "Pss:").unwrap_or(0)
 }
 
 /// User + system CPU time of a process, in clock ticks.
