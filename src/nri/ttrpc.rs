@@ -285,16 +285,17 @@ impl Trunk {
             let reason = format!("{method}: request of {} bytes is too large", request.len());
             return Err(CallError::Protocol { reason });
         }
-        let (stream_id, answer) = self.register(method)?;
-        let _forget = Forget {
-            shared: &self.shared,
-            stream_id,
-        };
-        let header = Header::new(stream_id, TYPE_REQUEST, FLAG_REMOTE_CLOSED);
-        let frames = mux::encode(self.shared.calls_on, header, &request);
         let exchange = async {
-            let sent = self.shared.out.send(frames).await;
-            sent.map_err(|_| CallError::Closed)?;
+            // A place in the writer's queue first: the id is then taken and the frames queued
+            // under one lock, because the peer refuses an id lower than one it has seen
+            // ("StreamID cannot be re-used and must increment") and calls run concurrently.
+            let slot = self.shared.out.reserve().await;
+            let slot = slot.map_err(|_| CallError::Closed)?;
+            let (stream_id, answer) = self.register(method, slot, &request)?;
+            let _forget = Forget {
+                shared: &self.shared,
+                stream_id,
+            };
             answer.await.map_err(|_| CallError::Closed)?
         };
         let resp = tokio::time::timeout(timeout, exchange)
@@ -315,10 +316,13 @@ impl Trunk {
         }
     }
 
-    /// A stream id for a new call and where its answer will come.
+    /// Takes a stream id for a new call and queues its request in `slot`; where its answer
+    /// will come.
     fn register(
         &self,
         method: &str,
+        slot: mpsc::Permit<'_, Bytes>,
+        request: &[u8],
     ) -> Result<(u32, oneshot::Receiver<Result<wire::Response, CallError>>), CallError> {
         let mut pending = self.shared.pending();
         if !pending.open {
@@ -331,6 +335,8 @@ impl Trunk {
         pending.next_stream += 2;
         let (tx, rx) = oneshot::channel();
         pending.calls.insert(stream_id, tx);
+        let header = Header::new(stream_id, TYPE_REQUEST, FLAG_REMOTE_CLOSED);
+        slot.send(mux::encode(self.shared.calls_on, header, request));
         Ok((stream_id, rx))
     }
 
@@ -676,6 +682,27 @@ mod tests {
         assert_eq!(next_id, 3);
         plugin.answer(next_id, 0, &kv("on time")).await;
         assert_eq!(outcome(call).await.unwrap(), kv("on time"));
+    }
+
+    /// Calls made at once from many threads reach the plugin with increasing stream ids (Go's
+    /// ttrpc server refuses a lower id than one it has seen, failing that call).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_calls_keep_stream_ids_increasing() {
+        const CALLS: usize = 400;
+        let (trunk, mut plugin, _) = pair();
+        let calls: Vec<_> = (0..CALLS)
+            .map(|_| spawn_call(&trunk, "CreateContainer", LONG))
+            .collect();
+        let mut last = 0;
+        for _ in 0..CALLS {
+            let (stream_id, _) = within(plugin.take_call()).await;
+            assert!(stream_id > last, "stream id {stream_id} after {last}");
+            last = stream_id;
+            plugin.answer(stream_id, 0, &kv("done")).await;
+        }
+        for call in calls {
+            assert_eq!(outcome(call).await.unwrap(), kv("done"));
+        }
     }
 
     #[tokio::test]
