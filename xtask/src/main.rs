@@ -4,6 +4,7 @@
 mod bench;
 mod deb;
 mod leftovers;
+mod vm;
 
 use std::process::Command;
 
@@ -106,148 +107,6 @@ fn conformance() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// The test suites the VM tier runs: cgroup v2 limits, swap and noswap tmpfs (which only this
-/// tier can check), the whole runtime suite again, now with every pod in real cgroups, and the
-/// security suite, where the device controller and AppArmor (on in the VM kernel) apply; of the
-/// agent suite, the tests named `cgroup_v2` (QoS limits and swap) and `volumes_env` (secrets on
-/// a `noswap` tmpfs, checked again under the VM's kernel). Filters pick tests by name; none runs
-/// the whole suite. The replays of runc's escapes run in the default boot, where AppArmor is
-/// on, and those whose mechanism bypasses an LSM label again with SELinux. The last field is
-/// how the VM boots (`hack/vm-run`'s flag): the systemd cgroup driver's test with systemd as
-/// PID 1 (`-S`), the SELinux test and the escapes' LSM halves with SELinux instead of
-/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. critest main runs there too
-/// (`VM_CRITEST`), where its OOM, metrics and AppArmor specs must pass (its table is printed, so `--nocapture`). The package's
-/// test installs what `cargo xtask deb` built and runs its unit under systemd. The kubelet
-/// tier runs an upstream kubelet against crius twice: cgroupfs with a shell as PID 1, and the
-/// systemd driver with systemd as PID 1. The crash-anywhere test runs there too, where pods
-/// have cgroups and its cgroup fault points are in reach, and the writable-layer test whose
-/// project quotas need the VM kernel's CONFIG_QUOTA.
-const VM_SUITES: [(&str, &[&str], &[&str]); 17] = [
-    ("cgroups", &["--skip", "systemd_driver"], &[]),
-    ("cgroups", &["systemd_driver"], &["-S"]),
-    ("pods", &[], &[]),
-    ("layer_usage", &[], &[]),
-    ("layers", &["two_hundred_layers"], &["-k", "6.1."]),
-    ("checkpoint", &["--skip", "systemd"], &[]),
-    ("checkpoint", &["systemd"], &["-S"]),
-    ("security", &["--skip", "selinux"], &[]),
-    ("security", &["selinux_labels"], &["-Z"]),
-    ("escapes", &[], &[]),
-    (
-        "escapes",
-        &["cve_2025_52881", "cve_2019_16884", "cve_2023_28642"],
-        &["-Z"],
-    ),
-    ("agent", &["cgroup_v2", "volumes_env"], &[]),
-    ("conformance", &["--nocapture", CONFORMANCE_TEST], &[]),
-    ("package", &["package_unit_keeps_pods"], &["-S"]),
-    ("kubelet", &["--nocapture"], &[]),
-    ("kubelet", &["--nocapture"], &["-S"]),
-    (
-        "chaos",
-        &["--nocapture", "crash_anywhere_with_cgroups"],
-        &[],
-    ),
-];
-
-/// Suites the VM tier runs only when named (none now: the crash-anywhere test joined the
-/// default set after four passing runs in a row).
-const VM_OPT_IN: &[&str] = &[];
-
-/// The kubelet tier: an upstream kubelet driving crius, once per cgroup driver.
-const KUBELET_SUITE: &str = "kubelet";
-
-/// Builds the suites on the host and runs their binaries in the VM (`hack/vm-run`); `only`
-/// picks suites by name (all when empty).
-fn test_vm(only: &[&str]) -> Result<()> {
-    if !is_root() {
-        bail!("the VM tier needs root (qemu shares the host root over 9p)");
-    }
-    let wanted = |s: &str| {
-        if only.is_empty() {
-            !VM_OPT_IN.contains(&s)
-        } else {
-            only.contains(&s)
-        }
-    };
-    let runs: Vec<_> = VM_SUITES.iter().filter(|(s, ..)| wanted(s)).collect();
-    let mut suites: Vec<&str> = runs.iter().map(|(s, ..)| *s).collect();
-    suites.sort();
-    suites.dedup();
-    let built = test_binaries(&suites)?;
-    let mut bins = Vec::new();
-    for (name, exe) in built {
-        for (_, filter, boot) in runs.iter().filter(|(s, ..)| *s == name) {
-            bins.push((name.clone(), exe.clone(), *filter, *boot));
-        }
-    }
-    if bins.len() != runs.len() {
-        bail!("expected {} test runs, found {bins:?}", runs.len());
-    }
-    let mut times = Vec::new();
-    for (name, exe, filter, boot) in bins {
-        eprintln!(
-            "xtask: VM tier: {name} {} (boot: {})",
-            filter.join(" "),
-            boot_name(boot)
-        );
-        let mut cmd = vm_command(boot)?;
-        if name == "conformance" && std::env::var_os("CRITEST_SUITES").is_none() {
-            // The host runs all three critest suites in full; here only the newest, and of it
-            // only the specs that need this tier (the host accepts or skips them).
-            cmd.env("CRITEST_SUITES", VM_CRITEST);
-            if std::env::var_os("CRITEST_FOCUS").is_none() {
-                cmd.env("CRITEST_FOCUS", VM_CRITEST_FOCUS);
-            }
-        }
-        // Tests ignored on the host because they need what only the VM has (cgroup v2,
-        // AppArmor, SELinux, systemd as PID 1, a machine kubelet may change) run here.
-        cmd.args(["--", &exe, "--test-threads=2", "--include-ignored"]);
-        cmd.args(filter);
-        let started = std::time::Instant::now();
-        let result = run(&mut cmd);
-        let took = started.elapsed().as_secs();
-        eprintln!("xtask: VM tier: {name} {} took {took} s", filter.join(" "));
-        times.push(format!("{name} {} ({})", boot_name(boot), took));
-        result?;
-    }
-    eprintln!("xtask: VM tier runs, in seconds: {}", times.join(", "));
-    Ok(())
-}
-
-/// The critest suite the VM tier runs.
-const VM_CRITEST: &str = "main";
-
-/// Its specs that need the VM: AppArmor enforcing, and cgroup v2 memory (the OOM kill and the
-/// pod metrics of a container with limits). Alternatives of plain words (the conformance test
-/// reads them so too).
-const VM_CRITEST_FOCUS: &str = "AppArmor|OOMKilled|metrics";
-
-/// How a VM run boots, for the log: its `hack/vm-run` flags.
-fn boot_name(boot: &[&str]) -> String {
-    if boot.is_empty() {
-        "default".into()
-    } else {
-        boot.join(" ")
-    }
-}
-
-/// `hack/vm-run` (with `boot`'s flags) sharing what host-built tests need, up to the `--`.
-fn vm_command(boot: &[&str]) -> Result<Command> {
-    // The guest has its own /tmp and /run: the workspace (a CI clone may live there) is shared
-    // read-only at its own path.
-    let workspace = std::env::current_dir().context("current directory")?;
-    let mut cmd = Command::new("hack/vm-run");
-    cmd.args(boot);
-    cmd.args(["-t", "1500", "-r"]).arg(&workspace);
-    // The upstream clients beside the checkout (crictl, critest, kubelet), when present.
-    let shared = workspace.join("../shared");
-    if shared.is_dir() {
-        cmd.arg("-r").arg(&shared);
-    }
-    Ok(cmd)
 }
 
 /// Builds the named integration test suites; each suite's name and executable.
@@ -444,13 +303,13 @@ fn main() -> Result<()> {
             clock.time("conformance", conformance)?;
             leftovers::report_strays("the host's tests");
             leftovers::Inventory::take().check_since(&before, "the host's tests")?;
-            clock.time("VM tier", || test_vm(&[]))?;
+            clock.time("VM tier", || vm::test(&[]))?;
             clock.time("bench smoke", || bench(&["--smoke".to_string()]))?;
             leftovers::Inventory::take().check_since(&before, "the VM tier and the benchmark")
         }
         "conformance" => conformance(),
-        "test-vm" => test_vm(&args[1..].iter().map(String::as_str).collect::<Vec<_>>()),
-        "test-kubelet" => test_vm(&[KUBELET_SUITE]),
+        "test-vm" => vm::test(&args[1..].iter().map(String::as_str).collect::<Vec<_>>()),
+        "test-kubelet" => vm::test(&[vm::KUBELET_SUITE]),
         "bench" => bench(&args[1..]),
         "chaos" => chaos(&args[1..]),
         "soak" => soak(&args[1..]),

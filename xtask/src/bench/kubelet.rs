@@ -34,7 +34,7 @@ pub fn pod_start(crius_bin: &Path, pods: usize) -> Result<Option<PodStart>> {
     };
     let bin =
         std::fs::canonicalize(crius_bin).with_context(|| format!("{}", crius_bin.display()))?;
-    let mut cmd = crate::vm_command(&[])?;
+    let mut cmd = crate::vm::command(&[], 1500)?;
     cmd.args(["--", "env"])
         .arg(format!("CRIUS_TEST_BIN={}", bin.display()))
         .arg(format!("CRIUS_BENCH_PODS={pods}"))
