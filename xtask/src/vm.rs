@@ -1,6 +1,7 @@
 //! The VM tier: which integration test suites run in `hack/vm-run`'s VMs, under which boot, and
 //! how the runs of one boot share a VM. Uses the crate's `cargo` and `test_binaries`.
 
+use std::io::Write;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -24,7 +25,7 @@ use anyhow::{Context, Result, bail};
 ///
 /// The runs of one boot share one VM, in this order (a boot costs 9 s, 22 s with systemd, under
 /// TCG); kubelet, which may change the machine, comes last in each.
-const SUITES: [(&str, &[&str], &[&str]); 17] = [
+static SUITES: [(&str, &[&str], &[&str]); 17] = [
     ("cgroups", &["--skip", "systemd_driver"], &[]),
     ("cgroups", &["systemd_driver"], &["-S"]),
     ("pods", &[], &[]),
@@ -76,15 +77,26 @@ const CRITEST_FOCUS: &str = "AppArmor|OOMKilled|metrics";
 const SECONDS_PER_RUN: usize = 300;
 
 /// One test binary's run: its suite, executable and filter.
-struct Run<'a> {
-    suite: &'a str,
+struct Run {
+    suite: &'static str,
     exe: String,
-    filter: &'a [&'a str],
+    filter: &'static [&'static str],
+}
+
+/// The VM tier's runs, built and grouped by boot (each boot's runs in the table's order).
+pub struct Plan {
+    boots: Vec<(&'static [&'static str], Vec<Run>)>,
 }
 
 /// Builds the suites on the host and runs their binaries in VMs (`hack/vm-run`), one VM per
 /// boot; `only` picks suites by name (all when empty).
 pub fn test(only: &[&str]) -> Result<()> {
+    plan(only)?.run(None)
+}
+
+/// Builds the test suites of the runs `only` names (all when empty) and groups the runs by
+/// boot, in the order of each boot's first run.
+pub fn plan(only: &[&str]) -> Result<Plan> {
     if !crate::is_root() {
         bail!("the VM tier needs root (qemu shares the host root over 9p)");
     }
@@ -100,9 +112,8 @@ pub fn test(only: &[&str]) -> Result<()> {
     suites.sort();
     suites.dedup();
     let built = crate::test_binaries(&suites)?;
-    // Boots in the order of their first run; each boot's runs in the table's order.
-    let mut boots: Vec<(&[&str], Vec<Run>)> = Vec::new();
-    for (suite, filter, boot) in &runs {
+    let mut boots: Vec<(&'static [&'static str], Vec<Run>)> = Vec::new();
+    for (suite, filter, boot) in runs {
         let Some((_, exe)) = built.iter().find(|(name, _)| name == suite) else {
             bail!("building the test suites gave no executable for {suite}");
         };
@@ -116,34 +127,69 @@ pub fn test(only: &[&str]) -> Result<()> {
             None => boots.push((boot, vec![run])),
         }
     }
-    let mut times = Vec::new();
-    let mut failed = Vec::new();
-    for (boot, list) in &boots {
-        let labels: Vec<String> = list.iter().map(label).collect();
-        eprintln!(
-            "xtask: VM tier: one VM (boot: {}) for {}",
-            boot_name(boot),
-            labels.join("; ")
-        );
-        let mut cmd = command(boot, SECONDS_PER_RUN * list.len().max(3))?;
-        cmd.args(["--", "bash", "-c", &script(list)]);
-        let started = std::time::Instant::now();
-        let result = crate::run(&mut cmd);
-        let took = started.elapsed().as_secs();
-        times.push(format!("{} ({} runs): {took}", boot_name(boot), list.len()));
-        if let Err(e) = result {
-            eprintln!("xtask: VM tier: the {} boot failed: {e:#}", boot_name(boot));
-            failed.push(boot_name(boot));
+    Ok(Plan { boots })
+}
+
+impl Plan {
+    /// Runs each boot's VM in turn; a failed boot does not stop the rest. With `log`, the VMs'
+    /// output and this tier's own lines go there instead of stderr (CI runs the tier beside the
+    /// host's tests and prints the log after).
+    pub fn run(&self, log: Option<&std::fs::File>) -> Result<()> {
+        let say = |line: String| match log {
+            Some(mut f) => {
+                let _ = writeln!(f, "{line}");
+            }
+            None => eprintln!("{line}"),
+        };
+        let mut times = Vec::new();
+        let mut failed = Vec::new();
+        for (boot, list) in &self.boots {
+            let labels: Vec<String> = list.iter().map(label).collect();
+            say(format!(
+                "xtask: VM tier: one VM (boot: {}) for {}",
+                boot_name(boot),
+                labels.join("; ")
+            ));
+            let mut cmd = command(boot, SECONDS_PER_RUN * list.len().max(3))?;
+            cmd.args(["--", "bash", "-c", &script(list)]);
+            if let Some(f) = log {
+                cmd.stdout(f.try_clone()?).stderr(f.try_clone()?);
+            }
+            say(format!("xtask: running {cmd:?}"));
+            let started = std::time::Instant::now();
+            let result = cmd.status();
+            let took = started.elapsed().as_secs();
+            times.push(format!("{} ({} runs): {took}", boot_name(boot), list.len()));
+            match result {
+                Ok(status) if status.success() => {}
+                Ok(status) => {
+                    say(format!(
+                        "xtask: VM tier: the {} boot failed: {status}",
+                        boot_name(boot)
+                    ));
+                    failed.push(boot_name(boot));
+                }
+                Err(e) => {
+                    say(format!(
+                        "xtask: VM tier: the {} boot did not start: {e}",
+                        boot_name(boot)
+                    ));
+                    failed.push(boot_name(boot));
+                }
+            }
         }
+        say(format!(
+            "xtask: VM tier boots, in seconds: {}",
+            times.join(", ")
+        ));
+        if !failed.is_empty() {
+            bail!(
+                "VM tier: a run failed in the boots {} (each run's exit is printed above)",
+                failed.join(", ")
+            );
+        }
+        Ok(())
     }
-    eprintln!("xtask: VM tier boots, in seconds: {}", times.join(", "));
-    if !failed.is_empty() {
-        bail!(
-            "VM tier: a run failed in the boots {} (each run's exit is printed above)",
-            failed.join(", ")
-        );
-    }
-    Ok(())
 }
 
 fn label(run: &Run) -> String {
