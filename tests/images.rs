@@ -759,14 +759,7 @@ impl Drop for SlowProxy {
 #[tokio::test]
 async fn killed_mid_pull_resumes_after_restart() {
     let reg = Registry::start(None);
-    let big = layer(
-        &[Entry::File("blob.bin".into(), noise(24 << 20, 7), 0o644)],
-        Compress::Gzip,
-    );
-    let img = image(
-        vec![busybox_layer(Compress::Gzip), big.clone()],
-        &ImageOpts::default(),
-    );
+    let (img, big) = busybox_and_blob(24 << 20, 7, Compress::Gzip);
     reg.push_image("big", "1", &img).await.unwrap();
     let proxy = SlowProxy::start(reg.port, 3 << 20);
     let mut d = Daemon::start("");

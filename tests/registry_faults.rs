@@ -100,14 +100,7 @@ impl Drop for FaultyProxy {
 #[tokio::test]
 async fn pulls_wait_for_busy_registries_and_resume_cut_layers() {
     let reg = Registry::start(None);
-    let big = layer(
-        &[Entry::File("blob.bin".into(), noise(8 << 20, 11), 0o644)],
-        Compress::None,
-    );
-    let img = image(
-        vec![busybox_layer(Compress::Gzip), big.clone()],
-        &ImageOpts::default(),
-    );
+    let (img, _) = busybox_and_blob(8 << 20, 11, Compress::None);
     reg.push_image("faulty", "1", &img).await.unwrap();
     let proxy = FaultyProxy::start(reg.port, 2, 5 << 20);
     let d = Daemon::start("");
@@ -512,14 +505,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test]
 async fn a_layer_blob_an_older_crius_kept_is_used_then_collected() {
     let reg = Registry::start(None);
-    let big = layer(
-        &[Entry::File("blob.bin".into(), noise(1 << 20, 3), 0o644)],
-        Compress::Gzip,
-    );
-    let img = image(
-        vec![busybox_layer(Compress::Gzip), big.clone()],
-        &ImageOpts::default(),
-    );
+    let (img, big) = busybox_and_blob(1 << 20, 3, Compress::Gzip);
     reg.push_image("legacy", "1", &img).await.unwrap();
     let other = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
     reg.push_image("other", "1", &other).await.unwrap();

@@ -585,6 +585,24 @@ pub fn image(layers: Vec<TestLayer>, opts: &ImageOpts) -> TestImage {
     }
 }
 
+/// Busybox and a second layer of one file, `blob.bin`: `len` bytes of `wire::noise(len, seed)`.
+/// The image and that layer, for the tests of one large layer's download.
+pub fn busybox_and_blob(len: usize, seed: u64, compress: Compress) -> (TestImage, TestLayer) {
+    let blob = layer(
+        &[Entry::File(
+            "blob.bin".into(),
+            wire::noise(len, seed),
+            0o644,
+        )],
+        compress,
+    );
+    let img = image(
+        vec![busybox_layer(Compress::Gzip), blob.clone()],
+        &ImageOpts::default(),
+    );
+    (img, blob)
+}
+
 /// An index over images of several platforms.
 pub fn index(images: &[(&TestImage, &str)]) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
