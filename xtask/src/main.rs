@@ -308,40 +308,30 @@ fn main() -> Result<()> {
                 vm_plan = Some(vm::plan(&[])?);
                 Ok(())
             })?;
-            // The default boot, the longest, starts with the host's tests; the other boots
-            // start in a second VM when the host's tests end, so the two VMs share what the
-            // host's tests used.
-            let (first, rest) = vm_plan.context("the VM tier's plan")?.split_first();
-            let lane = |plan: vm::Plan, log: &str| -> Result<_> {
-                let path = std::path::PathBuf::from(log);
-                let file = std::fs::File::create(&path)
-                    .with_context(|| format!("creating {}", path.display()))?;
-                let thread = std::thread::spawn(move || plan.run(Some(&file)));
-                Ok((path, thread))
-            };
+            let vm_plan = vm_plan.context("the VM tier's plan")?;
+            let vm_log = std::path::PathBuf::from("target/vm-tier.log");
+            let log = std::fs::File::create(&vm_log)
+                .with_context(|| format!("creating {}", vm_log.display()))?;
             eprintln!(
-                "xtask: the VM tier runs beside the host's tests; its output goes to target/vm-tier-*.log and is printed when it ends"
+                "xtask: the VM tier runs beside the host's tests; its output goes to {} and is printed when it ends",
+                vm_log.display()
             );
             let vm_started = std::time::Instant::now();
-            let first = lane(first, "target/vm-tier-1.log")?;
+            let vm_tier = std::thread::spawn(move || vm_plan.run(Some(&log)));
             let host = clock
                 .time("host tests", integration)
                 .and_then(|()| clock.time("conformance", conformance));
             leftovers::report_strays("the host's tests");
-            let rest = lane(rest, "target/vm-tier-2.log")?;
-            let mut vm_result = Ok(());
-            for (path, thread) in [first, rest] {
-                let result = thread
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("a VM tier thread panicked"))
-                    .and_then(|r| r);
-                eprintln!("xtask: ---- the VM tier's output ({}) ----", path.display());
-                eprint!("{}", std::fs::read_to_string(&path).unwrap_or_default());
-                eprintln!("xtask: ---- end of {} ----", path.display());
-                if vm_result.is_ok() {
-                    vm_result = result;
-                }
-            }
+            let vm_result = vm_tier
+                .join()
+                .map_err(|_| anyhow::anyhow!("the VM tier's thread panicked"))
+                .and_then(|r| r);
+            eprintln!(
+                "xtask: ---- the VM tier's output ({}) ----",
+                vm_log.display()
+            );
+            eprint!("{}", std::fs::read_to_string(&vm_log).unwrap_or_default());
+            eprintln!("xtask: ---- end of the VM tier's output ----");
             clock
                 .0
                 .push(("VM tier (beside them)", vm_started.elapsed().as_secs()));

@@ -131,12 +131,6 @@ pub fn plan(only: &[&str]) -> Result<Plan> {
 }
 
 impl Plan {
-    /// The first boot's runs, and the other boots'.
-    pub fn split_first(mut self) -> (Plan, Plan) {
-        let rest = self.boots.split_off(self.boots.len().min(1));
-        (self, Plan { boots: rest })
-    }
-
     /// Runs each boot's VM in turn; a failed boot does not stop the rest. With `log`, the VMs'
     /// output and this tier's own lines go there instead of stderr (CI runs the tier beside the
     /// host's tests and prints the log after).
@@ -291,29 +285,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn the_first_boot_splits_off_alone() {
-        let run = |suite| Run {
-            suite,
-            exe: String::new(),
-            filter: &[],
-        };
-        let plan = Plan {
-            boots: vec![
-                (&[], vec![run("pods"), run("kubelet")]),
-                (&["-S"], vec![run("cgroups")]),
-                (&["-Z"], vec![run("security")]),
-            ],
-        };
-        let (first, rest) = plan.split_first();
-        assert_eq!(first.boots.len(), 1);
-        assert_eq!(first.boots[0].1.len(), 2);
-        let rest: Vec<&[&str]> = rest.boots.iter().map(|(b, _)| *b).collect();
-        assert_eq!(rest, [&["-S"][..], &["-Z"][..]]);
-        let (none, empty) = Plan { boots: Vec::new() }.split_first();
-        assert!(none.boots.is_empty() && empty.boots.is_empty());
     }
 
     #[test]
