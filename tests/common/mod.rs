@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use crius::cri::v1 as cri;
 use flate2::Compression as GzLevel;
+use futures_util::{StreamExt, TryStreamExt};
 use tonic::transport::Channel;
 
 pub mod agent;
@@ -96,6 +97,9 @@ pub struct Registry {
     pub ca: Option<PathBuf>,
     /// Token auth: the issuer the pusher asks for tokens.
     pub token: Option<TokenIssuer>,
+    /// The pusher's HTTP client, built once: building one reads the system's root certificates,
+    /// about half a second under the VM tier's emulated CPU.
+    client: std::sync::OnceLock<reqwest::Client>,
     child: Child,
 }
 
@@ -242,6 +246,7 @@ impl Registry {
             creds,
             ca,
             token,
+            client: std::sync::OnceLock::new(),
             child,
         };
         wait_for("the registry to listen", Duration::from_secs(20), || {
@@ -255,13 +260,17 @@ impl Registry {
         format!("127.0.0.1:{}", self.port)
     }
 
-    fn client(&self) -> reqwest::Client {
-        let mut b = reqwest::Client::builder();
-        if let Some(ca) = &self.ca {
-            let pem = std::fs::read(ca).expect("ca");
-            b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca pem"));
-        }
-        b.build().expect("client")
+    fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(|| {
+            // No idle connections kept: a pooled one belongs to the runtime of the test that
+            // opened it, and a registry may outlive it.
+            let mut b = reqwest::Client::builder().pool_max_idle_per_host(0);
+            if let Some(ca) = &self.ca {
+                let pem = std::fs::read(ca).expect("ca");
+                b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("ca pem"));
+            }
+            b.build().expect("client")
+        })
     }
 
     fn base(&self) -> String {
@@ -281,7 +290,7 @@ impl Registry {
     /// Uploads a blob (monolithic: POST then PUT with the digest) and returns its digest.
     pub async fn push_blob(&self, repo: &str, data: &[u8]) -> Result<String> {
         let auth = |rb| self.auth(rb, repo);
-        push::blob(&self.client(), &self.base(), repo, data, &auth).await
+        push::blob(self.client(), &self.base(), repo, data, &auth).await
     }
 
     pub async fn push_manifest(
@@ -293,7 +302,7 @@ impl Registry {
     ) -> Result<String> {
         let auth = |rb| self.auth(rb, repo);
         push::manifest(
-            &self.client(),
+            self.client(),
             &self.base(),
             repo,
             reference,
@@ -325,9 +334,12 @@ impl Registry {
 
     /// Pushes every blob of an image and its manifest under `tag`; returns the manifest digest.
     pub async fn push_image(&self, repo: &str, tag: &str, img: &TestImage) -> Result<String> {
-        for l in &img.layers {
-            self.push_blob(repo, &l.blob).await?;
-        }
+        // A few at once: an image of 200 layers took two minutes one blob at a time in the VM.
+        futures_util::stream::iter(&img.layers)
+            .map(|l| self.push_blob(repo, &l.blob))
+            .buffer_unordered(4)
+            .try_collect::<Vec<_>>()
+            .await?;
         self.push_blob(repo, &img.config).await?;
         self.push_manifest(repo, tag, &img.manifest_type, &img.manifest)
             .await
