@@ -4,6 +4,22 @@
 # Run as root on a Debian 12 machine. This is the command CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hack/install-bench-deps.sh
-hack/install-vm-deps.sh
+hack/install-build-deps.sh
+# The first build (xtask, crius's library and every dependency: about ten minutes) needs only the
+# build dependencies, so the tests' parts (minutes of apt on a fresh machine: qemu, two kernels,
+# containerd) install beside it, their output printed after.
+log=$(mktemp)
+(hack/install-bench-deps.sh && hack/install-vm-deps.sh) >"$log" 2>&1 &
+installs=$!
+built=0
+cargo build --quiet --package xtask || built=$?
+installed=0
+wait "$installs" || installed=$?
+cat "$log"
+rm -f "$log"
+if [ "$installed" != 0 ]; then
+    echo "hack/test.sh: installing the tests' parts failed (exit $installed; its output is above)" >&2
+    exit "$installed"
+fi
+[ "$built" = 0 ] || exit "$built"
 exec cargo xtask ci
