@@ -262,7 +262,7 @@ fn soak(args: &[String]) -> Result<()> {
 struct Stages(Vec<(&'static str, u64)>);
 
 impl Stages {
-    fn time(&mut self, stage: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    fn time<T>(&mut self, stage: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let started = std::time::Instant::now();
         let result = f();
         self.0.push((stage, started.elapsed().as_secs()));
@@ -302,13 +302,10 @@ fn main() -> Result<()> {
             // The VM tier runs beside the host's tests: they leave the CPU two-thirds idle
             // (they wait on processes, sockets and timers), and each VM is a machine of its
             // own. Everything both need is built first, so neither waits on cargo's lock.
-            let mut vm_plan = None;
-            clock.time("test build", || {
+            let vm_plan = clock.time("test build", || {
                 run(cargo().args(["test", "--no-run", "--test", "*"]))?;
-                vm_plan = Some(vm::plan(&[])?);
-                Ok(())
+                vm::plan(&[])
             })?;
-            let vm_plan = vm_plan.context("the VM tier's plan")?;
             let vm_log = std::path::PathBuf::from("target/vm-tier.log");
             let log = std::fs::File::create(&vm_log)
                 .with_context(|| format!("creating {}", vm_log.display()))?;
