@@ -673,29 +673,30 @@ async fn kubelet_runs_pods_on_crius() {
     )
     .unwrap();
     for wave in 0..waves {
-        let rounds: Vec<usize> = (wave * per_wave..(wave + 1) * per_wave).collect();
-        for &round in &rounds {
-            let name = format!("hooked-{round}");
+        let pods: Vec<(usize, String)> = (wave * per_wave..(wave + 1) * per_wave)
+            .map(|round| (round, format!("hooked-{round}")))
+            .collect();
+        for (round, name) in &pods {
             k.manifest(
-                &name,
-                &hooked_manifest(&env.image, hooks.path(), &name, round),
+                name,
+                &hooked_manifest(&env.image, hooks.path(), name, *round),
             );
         }
-        for &round in &rounds {
-            wait_pod(&k, &format!("hooked-{round}"), 240, "became Ready", ready);
+        for (_, name) in &pods {
+            wait_pod(&k, name, 240, "became Ready", ready);
         }
-        for &round in &rounds {
-            k.remove_manifest(&format!("hooked-{round}"));
+        for (_, name) in &pods {
+            k.remove_manifest(name);
         }
         // The hook runs before the main container is stopped; its sandbox goes only with
         // kubelet's garbage collection, about once a minute, which is not waited for.
         let t = Instant::now();
-        for &round in &rounds {
+        for (round, name) in &pods {
             let ran = hooks.path().join(format!("prestop-{round}"));
             while !ran.exists() {
                 assert!(
                     t.elapsed().as_secs() < 120,
-                    "pod hooked-{round}: the preStop hook did not run\n{}",
+                    "pod {name}: the preStop hook did not run\n{}",
                     k.log_tail()
                 );
                 tokio::time::sleep(Duration::from_millis(250)).await;
