@@ -91,11 +91,14 @@ pub struct Plan {
 /// Builds the suites on the host and runs their binaries in VMs (`hack/vm-run`), one VM per
 /// boot; `only` picks suites by name (all when empty).
 pub fn test(only: &[&str]) -> Result<()> {
-    plan(only)?.run(None)
+    plan(only)?.run(None, None)
 }
 
+/// The suite that installs the Debian package (`cargo xtask deb`'s, in target/deb).
+const PACKAGE_SUITE: &str = "package";
+
 /// Builds the test suites of the runs `only` names (all when empty) and groups the runs by
-/// boot, in the order of each boot's first run.
+/// boot, in the order of each boot's first run but the package's boot last.
 pub fn plan(only: &[&str]) -> Result<Plan> {
     if !crate::is_root() {
         bail!("the VM tier needs root (qemu shares the host root over 9p)");
@@ -127,14 +130,22 @@ pub fn plan(only: &[&str]) -> Result<Plan> {
             None => boots.push((boot, vec![run])),
         }
     }
+    // A boot that installs the package last: CI builds the package beside the boots before it.
+    boots.sort_by_key(|(_, runs)| runs.iter().any(|r| r.suite == PACKAGE_SUITE));
     Ok(Plan { boots })
 }
 
 impl Plan {
     /// Runs each boot's VM in turn; a failed boot does not stop the rest. With `log`, the VMs'
     /// output and this tier's own lines go there instead of stderr (CI runs the tier beside the
-    /// host's tests and prints the log after).
-    pub fn run(&self, log: Option<&std::fs::File>) -> Result<()> {
+    /// host's tests and prints the log after). With `package`, a boot that installs the package
+    /// first waits for word that it is built (CI builds it beside this tier); a sender dropped
+    /// without a word means it failed, and that boot is not run.
+    pub fn run(
+        &self,
+        log: Option<&std::fs::File>,
+        package: Option<std::sync::mpsc::Receiver<()>>,
+    ) -> Result<()> {
         let say = |line: String| match log {
             Some(mut f) => {
                 let _ = writeln!(f, "{line}");
@@ -143,7 +154,28 @@ impl Plan {
         };
         let mut times = Vec::new();
         let mut failed = Vec::new();
+        // The word, once heard: whether the package built.
+        let mut package = package.map(|word| (word, None::<bool>));
         for (boot, list) in &self.boots {
+            if let Some((word, built)) = &mut package
+                && list.iter().any(|r| r.suite == PACKAGE_SUITE)
+            {
+                let built = *built.get_or_insert_with(|| {
+                    say(format!(
+                        "xtask: VM tier: the {} boot waits for the package",
+                        boot_name(boot)
+                    ));
+                    word.recv().is_ok()
+                });
+                if !built {
+                    say(format!(
+                        "xtask: VM tier: the package did not build; the {} boot is not run",
+                        boot_name(boot)
+                    ));
+                    failed.push(boot_name(boot));
+                    continue;
+                }
+            }
             let labels: Vec<String> = list.iter().map(label).collect();
             say(format!(
                 "xtask: VM tier: one VM (boot: {}) for {}",
