@@ -20,7 +20,26 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // `cargo run` gave this process xtask's own package variables. Build scripts that watch
+    // them (ring's watches CARGO_PKG_NAME and CARGO_MANIFEST_DIR) would run again, and every
+    // crate above them be rebuilt, each time cargo ran from here after cargo run by hand.
+    for (name, _) in std::env::vars_os() {
+        if let Some(name) = name.to_str()
+            && (name.starts_with("CARGO_PKG_")
+                || matches!(
+                    name,
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                ))
+        {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
 }
 
 fn lint() -> Result<()> {
