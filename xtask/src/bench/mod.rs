@@ -367,8 +367,14 @@ pub async fn run(o: Options) -> Result<()> {
             o.crius_bin.display()
         );
     }
-    let tmp = std::env::temp_dir().join(format!("crius-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
+    // A fresh directory of its own (not a name another user could have made first), open to
+    // all as a node's state directories are.
+    let dir = tempfile::Builder::new().prefix("crius-bench-").tempdir()?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let tmp = dir.path().to_path_buf();
     // containerd's CNI code makes /run/netns a shared bind mount of itself and leaves it.
     let netns_was_mount = is_mount(Path::new("/run/netns"));
     let result = run_in(&o, &tmp).await;
@@ -386,7 +392,7 @@ pub async fn run(o: Options) -> Result<()> {
             t = tmp.display()
         ))
         .status();
-    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = dir.close();
     result
 }
 
