@@ -285,9 +285,14 @@ impl Stages {
         let started = std::time::Instant::now();
         let result = f();
         self.0.push((stage, started.elapsed().as_secs()));
-        let said: Vec<String> = self.0.iter().map(|(s, t)| format!("{s} {t} s")).collect();
-        eprintln!("xtask: ci so far: {}", said.join(", "));
+        eprintln!("xtask: ci so far: {}", self.said());
         result
+    }
+
+    /// Each stage with its seconds, in order.
+    fn said(&self) -> String {
+        let said: Vec<String> = self.0.iter().map(|(s, t)| format!("{s} {t} s")).collect();
+        said.join(", ")
     }
 }
 
@@ -360,15 +365,7 @@ fn main() -> Result<()> {
             clock
                 .0
                 .push(("VM tier (beside them)", vm_started.elapsed().as_secs()));
-            eprintln!(
-                "xtask: ci: {}",
-                clock
-                    .0
-                    .iter()
-                    .map(|(s, t)| format!("{s} {t} s"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            eprintln!("xtask: ci: {}", clock.said());
             host?;
             vm_result?;
             leftovers::Inventory::take()

@@ -97,6 +97,11 @@ pub fn test(only: &[&str]) -> Result<()> {
 /// The suite that installs the Debian package (`cargo xtask deb`'s, in target/deb).
 const PACKAGE_SUITE: &str = "package";
 
+/// Whether a boot's runs install the package (so need it built first).
+fn installs_package(runs: &[Run]) -> bool {
+    runs.iter().any(|r| r.suite == PACKAGE_SUITE)
+}
+
 /// Builds the test suites of the runs `only` names (all when empty) and groups the runs by
 /// boot, in the order of each boot's first run but the package's boot last.
 pub fn plan(only: &[&str]) -> Result<Plan> {
@@ -131,7 +136,7 @@ pub fn plan(only: &[&str]) -> Result<Plan> {
         }
     }
     // A boot that installs the package last: CI builds the package beside the boots before it.
-    boots.sort_by_key(|(_, runs)| runs.iter().any(|r| r.suite == PACKAGE_SUITE));
+    boots.sort_by_key(|(_, runs)| installs_package(runs));
     Ok(Plan { boots })
 }
 
@@ -158,7 +163,7 @@ impl Plan {
         let mut package = package.map(|word| (word, None::<bool>));
         for (boot, list) in &self.boots {
             if let Some((word, built)) = &mut package
-                && list.iter().any(|r| r.suite == PACKAGE_SUITE)
+                && installs_package(list)
             {
                 let built = *built.get_or_insert_with(|| {
                     say(format!(
