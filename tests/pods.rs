@@ -1552,9 +1552,7 @@ async fn exec_of_image(pid: impl std::fmt::Display, command: &str) {
 
 #[tokio::test]
 async fn configured_pause_image_holds_the_pods_namespaces() {
-    let reg = Registry::start(None);
-    let busybox = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
-    reg.push_image("busybox", "test", &busybox).await.unwrap();
+    let reg = shared_registry().await;
     // Shaped like registry.k8s.io/pause: a non-root user, and a command that sleeps, reaps and
     // leaves on SIGTERM.
     const PAUSE_CMD: &str = "trap 'exit 0' TERM; while :; do sleep 1; done";
@@ -1686,7 +1684,7 @@ async fn configured_pause_image_holds_the_pods_namespaces() {
     let bad = Daemon::start(&format!("[runtime]\nsandbox_image = \"{host}/nope:1\"\n"));
     let bad_env = PodEnv {
         image: env.image.clone(),
-        reg: Registry::start(None),
+        reg: env.reg,
         d: bad,
         logs: tempfile::tempdir().unwrap(),
     };

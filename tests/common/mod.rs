@@ -134,6 +134,12 @@ impl Registry {
     /// A registry with the given auth, over TLS (a fresh CA and a certificate for 127.0.0.1) when
     /// `tls` is set.
     pub fn start_with(auth_kind: Auth, tls: bool) -> Registry {
+        Self::launch(auth_kind, tls, false)
+    }
+
+    /// `for_the_process`: the registry is never dropped, so a keeper shell stops it and removes
+    /// its storage when this process ends (see `shared_registry`).
+    fn launch(auth_kind: Auth, tls: bool, for_the_process: bool) -> Registry {
         let bin = which("docker-registry")
             .expect("docker-registry is not installed: run hack/install-test-deps.sh");
         let dir = tempfile::tempdir().expect("tempdir");
@@ -233,9 +239,27 @@ impl Registry {
         let cfg_path = dir.path().join("config.yml");
         std::fs::write(&cfg_path, config).expect("write registry config");
         let log = std::fs::File::create(dir.path().join("registry.log")).expect("registry log");
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(&cfg_path)
+        let mut cmd = if for_the_process {
+            // The keeper's stdin is a pipe only this process holds (close-on-exec), so it
+            // reads EOF however the process ends, even when killed, and then cleans up.
+            let mut keeper = Command::new("sh");
+            keeper
+                .args([
+                    "-c",
+                    "trap '' INT TERM HUP; \"$0\" serve \"$1\" & reg=$!; cat >/dev/null; \
+                     kill $reg; wait $reg; rm -rf \"$2\"",
+                ])
+                .arg(&bin)
+                .arg(&cfg_path)
+                .arg(dir.path())
+                .stdin(Stdio::piped());
+            keeper
+        } else {
+            let mut serve = Command::new(&bin);
+            serve.arg("serve").arg(&cfg_path);
+            serve
+        };
+        let child = cmd
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
             .spawn()
@@ -1174,9 +1198,27 @@ pub fn spec(image: &str) -> cri::ImageSpec {
     }
 }
 
-/// A daemon with busybox pulled from a fresh registry: the starting point of pod tests.
+/// This test process's registry, with busybox pushed as `busybox:test`: pod tests share it,
+/// since a registry's start, busybox's layer and its push took 1.8 s a test under the VM tier's
+/// emulated CPU. Tests push other images under their own names. It lives until the process
+/// ends; then its keeper stops it and removes its storage.
+pub async fn shared_registry() -> &'static Registry {
+    static SHARED: tokio::sync::OnceCell<Registry> = tokio::sync::OnceCell::const_new();
+    SHARED
+        .get_or_init(|| async {
+            let reg = Registry::launch(Auth::None, false, true);
+            let img = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
+            reg.push_image("busybox", "test", &img)
+                .await
+                .expect("push busybox");
+            reg
+        })
+        .await
+}
+
+/// A daemon with busybox pulled from this process's registry: the starting point of pod tests.
 pub struct PodEnv {
-    pub reg: Registry,
+    pub reg: &'static Registry,
     pub d: Daemon,
     pub image: String,
     pub logs: tempfile::TempDir,
@@ -1188,11 +1230,7 @@ impl PodEnv {
     }
 
     pub async fn start_with(tables: &str) -> PodEnv {
-        let reg = Registry::start(None);
-        let img = image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default());
-        reg.push_image("busybox", "test", &img)
-            .await
-            .expect("push busybox");
+        let reg = shared_registry().await;
         let d = Daemon::start(tables);
         let image = format!("{}/busybox:test", reg.host());
         d.pull(&image).await.expect("pull busybox");
