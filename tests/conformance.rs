@@ -202,13 +202,12 @@ struct Outcome {
     output: PathBuf,
 }
 
-/// Runs one critest suite against a daemon of its own on `reg`.
+/// Runs one critest suite against a daemon of its own on `reg`, which has critest's images.
 async fn run_suite(
     name: &str,
     critest: &Path,
     work: &Path,
     reg: &Registry,
-    set: &[images::Pushed],
 ) -> (Outcome, Daemon, Option<TestNet>) {
     // Pods get IPs on a bridge of the test's own, with portmap for hostPort (critest's
     // networking specs and port forwarding reach them from the host).
@@ -221,7 +220,7 @@ async fn run_suite(
         )
         .expect("network list");
     }
-    images::publish(reg, &d, set).await;
+    images::point_at(reg, &d);
     let dir = work.join(name);
     std::fs::create_dir_all(&dir).expect("suite dir");
     let shm_before = host_shm_segments();
@@ -361,8 +360,9 @@ async fn critest_passes() {
     let built = Instant::now();
     let set = images::build(work.path());
     let reg = Registry::start(None);
+    images::publish(&reg, &set).await;
     println!(
-        "critest images: {} images under {} names, built in {:.1} s",
+        "critest images: {} images under {} names, built and pushed in {:.1} s",
         set.len(),
         set.iter().map(|p| p.names.len()).sum::<usize>(),
         built.elapsed().as_secs_f64()
@@ -375,7 +375,7 @@ async fn critest_passes() {
             missing(&format!("critest {name} (../shared/bin)"));
             continue;
         };
-        let (outcome, d, net) = run_suite(name, bin, work.path(), &reg, &set).await;
+        let (outcome, d, net) = run_suite(name, bin, work.path(), &reg).await;
         let c = outcome.counts;
         summary.push(format!(
             "critest {name}: {} passed, {} failed, {} accepted failures, {} skipped",
