@@ -5,14 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/install-build-deps.sh
-# The first build (xtask, crius's library and every dependency: about ten minutes) needs only the
-# build dependencies, so the tests' parts (minutes of apt on a fresh machine: qemu, two kernels,
-# containerd) install beside it, their output printed after.
+# The first build (every debug target: xtask, crius, its unit and integration tests and every
+# dependency, in one cargo run so the crates compile side by side; over ten minutes) needs only
+# the build dependencies, so the tests' parts (minutes of apt on a fresh machine: qemu, two
+# kernels, containerd) install beside it, their output printed after. Its test binaries are the
+# ones `cargo xtask ci`'s test stages run (the same units).
 log=$(mktemp)
 (hack/install-bench-deps.sh && hack/install-vm-deps.sh) >"$log" 2>&1 &
 installs=$!
 built=0
-cargo build --quiet --package xtask || built=$?
+cargo build --quiet --workspace --all-targets || built=$?
 installed=0
 wait "$installs" || installed=$?
 cat "$log"
