@@ -100,6 +100,10 @@ pub struct Registry {
     /// The pusher's HTTP client, built once: building one reads the system's root certificates,
     /// about half a second under the VM tier's emulated CPU.
     client: std::sync::OnceLock<reqwest::Client>,
+    /// One image push at a time: docker-registry answered a manifest PUT with
+    /// MANIFEST_BLOB_UNKNOWN when one image went up under three tags of a repository at once
+    /// (the VM tier, 2026-11-29), and pod tests share a registry.
+    pushes: tokio::sync::Mutex<()>,
     child: Child,
 }
 
@@ -246,8 +250,8 @@ impl Registry {
             keeper
                 .args([
                     "-c",
-                    "trap '' INT TERM HUP; \"$0\" serve \"$1\" & reg=$!; cat >/dev/null; \
-                     kill $reg; wait $reg; rm -rf \"$2\"",
+                    "\"$0\" serve \"$1\" & reg=$!; trap '' INT TERM HUP; cat >/dev/null; \
+                     kill -KILL $reg; wait $reg; rm -rf \"$2\"",
                 ])
                 .arg(&bin)
                 .arg(&cfg_path)
@@ -271,6 +275,7 @@ impl Registry {
             ca,
             token,
             client: std::sync::OnceLock::new(),
+            pushes: tokio::sync::Mutex::new(()),
             child,
         };
         wait_for("the registry to listen", Duration::from_secs(20), || {
@@ -358,6 +363,7 @@ impl Registry {
 
     /// Pushes every blob of an image and its manifest under `tag`; returns the manifest digest.
     pub async fn push_image(&self, repo: &str, tag: &str, img: &TestImage) -> Result<String> {
+        let _one = self.pushes.lock().await;
         // A few at once: an image of 200 layers took two minutes one blob at a time in the VM.
         futures_util::stream::iter(&img.layers)
             .map(|l| self.push_blob(repo, &l.blob))
@@ -372,7 +378,14 @@ impl Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // A keeper (a shared registry whose start failed part-way) is told by EOF, so that it
+        // stops the registry and removes the storage; killing it would orphan both.
+        match self.child.stdin.take() {
+            Some(keeper) => drop(keeper),
+            None => {
+                let _ = self.child.kill();
+            }
+        }
         let _ = self.child.wait();
     }
 }

@@ -7,8 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use futures_util::StreamExt;
-
 use crate::common::*;
 
 /// Debian's dynamically linked busybox, unpacked by `hack/install-test-deps.sh`: built without
@@ -327,20 +325,16 @@ pub fn build(work: &Path) -> Vec<Pushed> {
     out
 }
 
-/// Pushes the images under all their names, a few at once (one at a time took about 20 s in
-/// the VM tier).
+/// Pushes the images under all their names, once for all of critest's suites.
 pub async fn publish(reg: &Registry, images: &[Pushed]) {
-    let names = images
-        .iter()
-        .flat_map(|p| p.names.iter().map(move |n| (n, &p.image)));
-    futures_util::stream::iter(names)
-        .for_each_concurrent(4, |(name, image)| async move {
+    for p in images {
+        for name in &p.names {
             let (repo, tag) = name.rsplit_once(':').expect("repo:tag");
-            reg.push_image(repo, tag, image)
+            reg.push_image(repo, tag, &p.image)
                 .await
                 .unwrap_or_else(|e| panic!("pushing {name}: {e:#}"));
-        })
-        .await;
+        }
+    }
 }
 
 /// Points the daemon's hosts.toml for critest's registries at the test registry, as mirror and
