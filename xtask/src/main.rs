@@ -371,9 +371,10 @@ fn main() -> Result<()> {
                 let _ = package_built.send(());
             }
             drop(package_built);
+            // The other host tests run whether or not the package test passed.
             let host = packaged
-                .and(package_tested)
                 .and_then(|()| clock.time("host tests", || host_tests(&[HOST_PACKAGE_TEST])))
+                .and(package_tested)
                 .and_then(|()| clock.time("conformance", conformance));
             leftovers::report_strays("the host's tests");
             let host =
