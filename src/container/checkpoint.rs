@@ -229,6 +229,19 @@ impl ContainerService {
         } else {
             DEFAULT_TIMEOUT
         };
+        // Frozen from before the dump until the rootfs diff is written: running in between,
+        // the container could change a file CRIU recorded (a size), and the restore refuses it.
+        // CRIU, told the cgroup, thaws it while it works and leaves it as it found it.
+        let frozen =
+            match &mon.cgroup {
+                Some(cg) => {
+                    cmd.arg("--freeze-cgroup").arg(cg);
+                    Some(Frozen::freeze(cg).await.map_err(|e| {
+                        failed(id, format!("freezing cgroup {}: {e}", cg.display()))
+                    })?)
+                }
+                None => None,
+            };
         let child = cmd
             .spawn()
             .map_err(|e| failed(id, format!("running {}: {e}", criu.display())))?;
@@ -252,6 +265,16 @@ impl ContainerService {
             return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
         }
 
+        // CRIU (3.17 checked) leaves a cgroup frozen as it found it; one that thawed it would
+        // let the diff below differ from the images, so no archive then.
+        if let Some(f) = &frozen
+            && !f.is_frozen()
+        {
+            return Err(failed(
+                id,
+                "criu left its cgroup thawed: the rootfs cannot be taken as the dump saw it",
+            ));
+        }
         // The writable layer's changes, and what the container was made from.
         let upper = b.layer.join("upper");
         let diff = work.join("rootfs-diff.tar");
@@ -263,6 +286,7 @@ impl ContainerService {
         .await
         .map_err(|e| failed(id, e.to_string()))?
         .map_err(io_err(&upper))?;
+        drop(frozen);
         let meta = r.config.metadata.clone().unwrap_or_default();
         let config = ConfigDump {
             id: r.id.clone(),
@@ -485,4 +509,40 @@ fn masks_of_host_null(spec: &oci_spec::runtime::Spec, pid: i32) -> Vec<String> {
         .filter(|point| masked.iter().any(|m| m == point))
         .map(str::to_string)
         .collect()
+}
+
+/// A container's cgroup frozen (cgroup v2's `cgroup.freeze`) until dropped.
+struct Frozen(PathBuf);
+
+impl Frozen {
+    async fn freeze(cgroup: &Path) -> std::io::Result<Frozen> {
+        std::fs::write(cgroup.join("cgroup.freeze"), "1")?;
+        let frozen = Frozen(cgroup.to_path_buf());
+        let started = std::time::Instant::now();
+        loop {
+            if frozen.is_frozen() {
+                return Ok(frozen);
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(std::io::Error::other("not frozen after 10 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Frozen {
+    /// Whether the kernel says every process of the cgroup is frozen.
+    fn is_frozen(&self) -> bool {
+        std::fs::read_to_string(self.0.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(self.0.join("cgroup.freeze"), "0") {
+            tracing::warn!(cgroup = %self.0.display(), error = %e, "thawing after a checkpoint");
+        }
+    }
 }
