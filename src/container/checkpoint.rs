@@ -529,9 +529,7 @@ impl Frozen {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-}
 
-impl Frozen {
     /// Whether the kernel says every process of the cgroup is frozen.
     fn is_frozen(&self) -> bool {
         std::fs::read_to_string(self.0.join("cgroup.events"))
