@@ -10,8 +10,9 @@
 //! processes into it (CRI-O's convention); the pod may be another one.
 
 use super::{
-    Bundle, ContainerService, ContainerState, Deserialize, Duration, Error, MonitorConfig, Path,
-    PathBuf, ProcessId, Record, Serialize, atomic, invalid, io_err, now_nanos, runtime, state_name,
+    Bundle, Cgroup, ContainerService, ContainerState, Deserialize, Duration, Error, MonitorConfig,
+    Path, PathBuf, ProcessId, Record, Serialize, atomic, invalid, io_err, now_nanos, runtime,
+    state_name,
 };
 
 /// What `crius.json` in an archive holds.
@@ -232,16 +233,15 @@ impl ContainerService {
         // Frozen from before the dump until the rootfs diff is written: running in between,
         // the container could change a file CRIU recorded (a size), and the restore refuses it.
         // CRIU, told the cgroup, thaws it while it works and leaves it as it found it.
-        let frozen =
-            match &mon.cgroup {
-                Some(cg) => {
-                    cmd.arg("--freeze-cgroup").arg(cg);
-                    Some(Frozen::freeze(cg).await.map_err(|e| {
-                        failed(id, format!("freezing cgroup {}: {e}", cg.display()))
-                    })?)
-                }
-                None => None,
-            };
+        let frozen = match &r.cgroup {
+            Some(cg) => {
+                cmd.arg("--freeze-cgroup").arg(&cg.path);
+                Some(Frozen::freeze(cg).await.map_err(|e| {
+                    failed(id, format!("freezing cgroup {}: {e}", cg.path.display()))
+                })?)
+            }
+            None => None,
+        };
         let child = cmd
             .spawn()
             .map_err(|e| failed(id, format!("running {}: {e}", criu.display())))?;
@@ -267,8 +267,8 @@ impl ContainerService {
 
         // CRIU (3.17 checked) leaves a cgroup frozen as it found it; one that thawed it would
         // let the diff below differ from the images, so no archive then.
-        if let Some(f) = &frozen
-            && !f.is_frozen()
+        if let Some(Frozen(cg)) = &frozen
+            && !cg.is_frozen()
         {
             return Err(failed(
                 id,
@@ -512,35 +512,27 @@ fn masks_of_host_null(spec: &oci_spec::runtime::Spec, pid: i32) -> Vec<String> {
 }
 
 /// A container's cgroup frozen (cgroup v2's `cgroup.freeze`) until dropped.
-struct Frozen(PathBuf);
+struct Frozen(Cgroup);
 
 impl Frozen {
-    async fn freeze(cgroup: &Path) -> std::io::Result<Frozen> {
-        std::fs::write(cgroup.join("cgroup.freeze"), "1")?;
-        let frozen = Frozen(cgroup.to_path_buf());
+    async fn freeze(cgroup: &Cgroup) -> std::io::Result<Frozen> {
+        cgroup.freeze(true)?;
+        let frozen = Frozen(cgroup.clone());
         let started = std::time::Instant::now();
-        loop {
-            if frozen.is_frozen() {
-                return Ok(frozen);
-            }
+        while !frozen.0.is_frozen() {
             if started.elapsed() > Duration::from_secs(10) {
                 return Err(std::io::Error::other("not frozen after 10 s"));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    }
-
-    /// Whether the kernel says every process of the cgroup is frozen.
-    fn is_frozen(&self) -> bool {
-        std::fs::read_to_string(self.0.join("cgroup.events"))
-            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+        Ok(frozen)
     }
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::write(self.0.join("cgroup.freeze"), "0") {
-            tracing::warn!(cgroup = %self.0.display(), error = %e, "thawing after a checkpoint");
+        if let Err(e) = self.0.freeze(false) {
+            tracing::warn!(error = %e, "thawing after a checkpoint");
         }
     }
 }

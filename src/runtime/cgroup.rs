@@ -148,6 +148,16 @@ impl Cgroup {
         self.set("cgroup.kill", "1")
     }
 
+    /// Freezes (or thaws) every process in the cgroup and below (`cgroup.freeze`).
+    pub fn freeze(&self, frozen: bool) -> io::Result<()> {
+        self.set("cgroup.freeze", if frozen { "1" } else { "0" })
+    }
+
+    /// Whether the kernel reports every process in the cgroup frozen (`cgroup.events`).
+    pub fn is_frozen(&self) -> bool {
+        self.keyed("cgroup.events").get("frozen") == Some(&1)
+    }
+
     /// Removes the cgroup and any children it has, killing what still runs in them.
     pub fn remove(&self) -> io::Result<()> {
         if !self.path.exists() {
