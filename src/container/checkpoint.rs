@@ -242,28 +242,7 @@ impl ContainerService {
             }
             None => None,
         };
-        let child = cmd
-            .spawn()
-            .map_err(|e| failed(id, format!("running {}: {e}", criu.display())))?;
-        let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
-            Err(_) => {
-                return Err(failed(
-                    id,
-                    format!("criu dump took longer than {} s", limit.as_secs()),
-                ));
-            }
-            Ok(out) => out.map_err(|e| failed(id, format!("criu dump: {e}")))?,
-        };
-        if !out.status.success() {
-            let log = work.join("dump.log");
-            let said = String::from_utf8_lossy(&out.stderr);
-            let errors = if log.exists() {
-                runtime::monitor::criu_errors(&log)
-            } else {
-                said.trim().to_string()
-            };
-            return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
-        }
+        run_dump(&mut cmd, id, criu, work, limit).await?;
 
         // CRIU (3.17 checked) leaves a cgroup frozen as it found it; one that thawed it would
         // let the diff below differ from the images, so no archive then.
@@ -509,6 +488,39 @@ fn masks_of_host_null(spec: &oci_spec::runtime::Spec, pid: i32) -> Vec<String> {
         .filter(|point| masked.iter().any(|m| m == point))
         .map(str::to_string)
         .collect()
+}
+
+/// Runs `criu dump` within `limit`; its errors, from its log when it wrote one.
+async fn run_dump(
+    cmd: &mut tokio::process::Command,
+    id: &str,
+    criu: &Path,
+    work: &Path,
+    limit: Duration,
+) -> Result<(), Error> {
+    let child = cmd
+        .spawn()
+        .map_err(|e| failed(id, format!("running {}: {e}", criu.display())))?;
+    let out = match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Err(_) => {
+            return Err(failed(
+                id,
+                format!("criu dump took longer than {} s", limit.as_secs()),
+            ));
+        }
+        Ok(out) => out.map_err(|e| failed(id, format!("criu dump: {e}")))?,
+    };
+    if !out.status.success() {
+        let log = work.join("dump.log");
+        let said = String::from_utf8_lossy(&out.stderr);
+        let errors = if log.exists() {
+            runtime::monitor::criu_errors(&log)
+        } else {
+            said.trim().to_string()
+        };
+        return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
+    }
+    Ok(())
 }
 
 /// A container's cgroup frozen (cgroup v2's `cgroup.freeze`) until dropped.
