@@ -13,10 +13,16 @@ use std::time::Duration;
 use common::*;
 use crius::cri::v1 as cri;
 
+/// A counter, a web server, a file written and one deleted, and a writer that keeps `/grow` open
+/// read-write and writes to it 100 times a second. CRIU records the size of every open file
+/// (but a write-only append one, a log) and refuses to restore one whose size differs in the
+/// rootfs diff, so a diff taken while the container ran on after the dump (the race the freeze
+/// closes) fails the restore (seen: "File grow has bad size 346 (expect 342)").
 const COUNTER: &[&str] = &[
     "sh",
     "-c",
-    "mkdir -p /www && echo served > /www/index.html && httpd -p 127.0.0.1:8080 -h /www && \
+    "(exec 3<>/grow; while true; do echo x >&3; usleep 10000; done) & \
+     mkdir -p /www && echo served > /www/index.html && httpd -p 127.0.0.1:8080 -h /www && \
      echo kept > /kept && rm /bin/vi && \
      i=0; while true; do i=$((i+1)); echo $i > /count; echo count $i; sleep 0.2; done",
 ];
