@@ -559,13 +559,21 @@ impl Session<'_> {
             registry: self.domain.clone(),
             message: "token response holds no token".into(),
         })?;
-        let lifetime = t
-            .expires_in
-            .map(Duration::from_secs)
-            .unwrap_or(DEFAULT_TOKEN_LIFETIME);
-        Ok((token.to_string(), lifetime))
+        Ok((token.to_string(), token_lifetime(t.expires_in)))
     }
 }
+
+/// How long a token is kept: what its server says (`expires_in`, seconds), at most an hour, so
+/// a server's huge number cannot overflow the clock (the daemon's, by a panic).
+fn token_lifetime(expires_in: Option<u64>) -> Duration {
+    expires_in
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_TOKEN_LIFETIME)
+        .min(MAX_TOKEN_LIFETIME)
+}
+
+/// The longest a token is kept before a new one is asked for.
+const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// How often a request that got no answer, or a busy one, is tried again.
 const RETRIES: u32 = 4;
@@ -677,5 +685,19 @@ async fn error_message(resp: Response) -> String {
             .collect::<Vec<_>>()
             .join("; "),
         _ => status.canonical_reason().unwrap_or("error").to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_lifetime_is_bounded() {
+        assert_eq!(token_lifetime(None), DEFAULT_TOKEN_LIFETIME);
+        assert_eq!(token_lifetime(Some(300)), Duration::from_secs(300));
+        // A server's huge number is an hour, not an overflow of the clock.
+        assert_eq!(token_lifetime(Some(u64::MAX)), MAX_TOKEN_LIFETIME);
+        let _ = Instant::now() + token_lifetime(Some(u64::MAX));
     }
 }
