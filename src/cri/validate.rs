@@ -282,14 +282,19 @@ const NO_LOGS_UNDER: &[&str] = &["proc", "sys", "dev"];
 /// RunPodSandbox's config (or CreateContainer's `sandbox_config`) under `field`.
 pub fn pod(c: &PodConfig, field: &str) -> Result<(), Status> {
     if let Some(m) = &c.metadata {
-        text(&format!("{field}.metadata.name"), &m.name, NAME_MAX, true)?;
-        text(&format!("{field}.metadata.uid"), &m.uid, NAME_MAX, true)?;
-        text(
-            &format!("{field}.metadata.namespace"),
-            &m.namespace,
-            NAME_MAX,
-            true,
-        )?;
+        for (name, v) in [
+            ("name", &m.name),
+            ("uid", &m.uid),
+            ("namespace", &m.namespace),
+        ] {
+            let f = format!("{field}.metadata.{name}");
+            text(&f, v, NAME_MAX, true)?;
+            // They go into the network plugins' CNI_ARGS, whose pairs `;` and `=` separate: a
+            // name holding them could set another key (`IP=`, `K8S_POD_NAMESPACE=`).
+            if v.contains([';', '=']) {
+                return Err(refuse(&f, format!("holds `;` or `=`: {}", quoted(v))));
+            }
+        }
     }
     let host = format!("{field}.hostname");
     text(&host, &c.hostname, HOSTNAME_MAX, true)?;
@@ -301,6 +306,13 @@ pub fn pod(c: &PodConfig, field: &str) -> Result<(), Status> {
     }
     let logs = format!("{field}.log_directory");
     path(&logs, &c.log_directory)?;
+    // A `..` would step past the check below (`/var/../proc/sys/kernel`).
+    if components(&c.log_directory).contains(&"..") {
+        return Err(refuse(
+            &logs,
+            format!("holds a `..` component: {}", quoted(&c.log_directory)),
+        ));
+    }
     if c.log_directory.starts_with('/')
         && components(&c.log_directory)
             .first()
@@ -514,6 +526,36 @@ mod tests {
             &|c| c.log_directory = format!("/{}", "d".repeat(5000)),
             "config.log_directory",
         );
+        // Past the check of its first component to /proc/sys/kernel/core_pattern's directory.
+        refused(
+            &|c| c.log_directory = "/var/../proc/sys/kernel".into(),
+            "config.log_directory",
+        );
+        refused(
+            &|c| c.log_directory = "/var/log/pods/../../../dev".into(),
+            "config.log_directory",
+        );
+        // CNI_ARGS' separators: another key for the plugins.
+        let meta = |name: &str, uid: &str, namespace: &str| {
+            let (name, uid, namespace) = (name.to_string(), uid.to_string(), namespace.to_string());
+            move |c: &mut PodConfig| {
+                c.metadata = Some(crate::sandbox::config::PodMetadata {
+                    name: name.clone(),
+                    uid: uid.clone(),
+                    namespace: namespace.clone(),
+                    attempt: 0,
+                })
+            }
+        };
+        let mut named = ok.clone();
+        meta("web-0", "6a3c5e1e-7d1b-4f0a-9a53-2f0c8b1a0e11", "default")(&mut named);
+        pod(&named, "config").unwrap();
+        refused(&meta("web;IP=10.88.0.1", "u", "n"), "config.metadata.name");
+        refused(
+            &meta("web", "u;K8S_POD_NAMESPACE=kube-system", "n"),
+            "config.metadata.uid",
+        );
+        refused(&meta("web", "u", "a=b"), "config.metadata.namespace");
         refused(
             &|c| {
                 if let Some(d) = c.dns_config.as_mut() {

@@ -63,6 +63,9 @@ pub struct LogWriter {
     pending: [Vec<u8>; 2],
 }
 
+/// Opens the log file: a regular file, not on procfs or sysfs, whatever the directory's path
+/// went through (a `/dev` node or `/proc/sys/kernel/core_pattern` would take the container's
+/// output as writes of the host's). Non-blocking, so a FIFO there fails instead of hanging.
 fn open_log(dir: &Path, rel: &Path) -> io::Result<File> {
     let dirfd: OwnedFd = nix::fcntl::open(
         dir,
@@ -75,7 +78,8 @@ fn open_log(dir: &Path, rel: &Path) -> io::Result<File> {
                 | OFlag::O_APPEND
                 | OFlag::O_CREAT
                 | OFlag::O_CLOEXEC
-                | OFlag::O_NOFOLLOW,
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK,
         )
         .mode(Mode::from_bits_truncate(0o640))
         .resolve(
@@ -83,7 +87,21 @@ fn open_log(dir: &Path, rel: &Path) -> io::Result<File> {
                 | ResolveFlag::RESOLVE_NO_SYMLINKS
                 | ResolveFlag::RESOLVE_NO_MAGICLINKS,
         );
-    Ok(File::from(openat2(dirfd, rel, how)?))
+    let file = File::from(openat2(dirfd, rel, how)?);
+    let refuse = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is {what}, not a log file", dir.join(rel).display()),
+        )
+    };
+    if !file.metadata()?.file_type().is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    let fs = nix::sys::statfs::fstatfs(&file)?.filesystem_type();
+    if fs == nix::sys::statfs::PROC_SUPER_MAGIC || fs == nix::sys::statfs::SYSFS_MAGIC {
+        return Err(refuse("on procfs or sysfs"));
+    }
+    Ok(file)
 }
 
 impl LogWriter {
@@ -199,6 +217,21 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn only_a_regular_file_off_procfs_and_sysfs_is_a_log() {
+        // A device node, a procfs file, a FIFO (no reader: refused, not waited on).
+        assert!(LogWriter::open(Path::new("/dev"), Path::new("null")).is_err());
+        assert!(LogWriter::open(Path::new("/proc/self"), Path::new("comm")).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(
+            &dir.path().join("fifo.log"),
+            Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(LogWriter::open(dir.path(), Path::new("fifo.log")).is_err());
+        assert!(LogWriter::open(dir.path(), Path::new("0.log")).is_ok());
     }
 
     #[test]
