@@ -388,10 +388,7 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         .readonly(ro)
         .build()
         .map_err(|e| invalid("root", e.to_string()))?;
-    let hostname = std::fs::read_to_string(ctx.sandbox_paths.hostname())
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let hostname = pod_hostname(&ctx.sandbox_paths.hostname());
     SpecBuilder::default()
         .version("1.0.2")
         .process(process)
@@ -404,6 +401,30 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
 }
 
 /// The working directory: the container's, else the image's (relative to the root), else `/`.
+/// The pod's hostname, from its `/etc/hostname`: every container of the pod may write that
+/// file (it is bound in read-write), so it is read as hostile, a hostname's 64 bytes at most, and
+/// only as a regular file (not a FIFO to wait on).
+fn pod_hostname(path: &Path) -> String {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let mut bytes = Vec::new();
+    if let Ok(f) = file
+        && f.metadata().is_ok_and(|m| m.is_file())
+    {
+        let _ = f.take(64 + 1).read_to_end(&mut bytes);
+    }
+    let name = String::from_utf8_lossy(&bytes).trim().to_string();
+    // What a container wrote there that no hostname is: none, so the pod's UTS name stays.
+    if name.len() > 64 || name.contains(['\0', '\n']) {
+        return String::new();
+    }
+    name
+}
+
 fn working_dir(config: &ContainerConfig, image: &Image) -> Result<String, Invalid> {
     if !config.working_dir.is_empty() {
         clean_container_path(&config.working_dir, "working_dir")
@@ -516,6 +537,24 @@ fn linux(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_pod_hostname_is_read_as_hostile() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("hostname");
+        std::fs::write(&p, "web-0\n").unwrap();
+        assert_eq!(super::pod_hostname(&p), "web-0");
+        // A sparse file of a container's making: 65 bytes read, no hostname.
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(12 << 30)
+            .unwrap();
+        assert_eq!(super::pod_hostname(&p), "");
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(super::pod_hostname(&p), "");
+        assert_eq!(super::pod_hostname(&dir.path().join("gone")), "");
+    }
+
     use super::*;
     use crate::image::manifest::{ImageConfig, RunConfig};
 

@@ -35,8 +35,12 @@ struct Group {
 fn read_in_root(root: &Path, path: &str) -> String {
     let mut s = String::new();
     if let Ok(fd) = open_in_root(root, path) {
-        // A hostile image could make this huge; a megabyte is plenty for passwd and group.
-        let _ = std::fs::File::from(fd).take(1 << 20).read_to_string(&mut s);
+        let f = std::fs::File::from(fd);
+        // A hostile image could make this huge (a megabyte is plenty for passwd and group),
+        // or a FIFO or a device, which would be waited on or read without end.
+        if f.metadata().is_ok_and(|m| m.is_file()) {
+            let _ = f.take(1 << 20).read_to_string(&mut s);
+        }
     }
     s
 }
@@ -226,6 +230,20 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_fifo_for_etc_passwd_is_not_waited_on() {
+        let r = root();
+        std::fs::remove_file(r.path().join("etc/passwd")).unwrap();
+        nix::unistd::mkfifo(
+            &r.path().join("etc/passwd"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        // No writer ever comes: read as absent, so a name is not found and an ID is taken.
+        assert!(resolve(r.path(), None, "app").is_err());
+        assert_eq!(resolve(r.path(), None, "1000").unwrap().uid, 1000);
     }
 
     #[test]

@@ -636,7 +636,8 @@ pub fn sysctl_path(key: &str) -> Result<String, InitError> {
     Ok(format!("sys/{}", key.replace('.', "/")))
 }
 
-/// Whether a path component walk from the root reaches `path` without symlinks (for checks).
+/// Opens `path` for reading with the rootfs as `/` (its links resolved inside it), without
+/// waiting: a FIFO there opens at once, and the caller checks what it got.
 pub fn open_in_root(root: &Path, path: &str) -> std::io::Result<OwnedFd> {
     let rootfd: OwnedFd = nix::fcntl::open(
         root,
@@ -651,7 +652,7 @@ pub fn open_in_root(root: &Path, path: &str) -> std::io::Result<OwnedFd> {
         rootfd.as_fd(),
         &rel,
         OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
             .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS),
     )?)
 }
