@@ -61,6 +61,11 @@ pub struct LogWriter {
     rel: PathBuf,
     file: Option<File>,
     pending: [Vec<u8>; 2],
+    /// The lines of one `write` or `finish`, written with one call: a line per call made a
+    /// container's flood of short lines cost its monitor a system call each.
+    out: Vec<u8>,
+    /// Their timestamp: the lines of one read arrived together.
+    ts: String,
 }
 
 /// Opens the log file: a regular file, not on procfs or sysfs, whatever the directory's path
@@ -114,6 +119,8 @@ impl LogWriter {
             rel: rel.to_path_buf(),
             file: Some(file),
             pending: [Vec::new(), Vec::new()],
+            out: Vec::new(),
+            ts: String::new(),
         })
     }
 
@@ -131,14 +138,21 @@ impl LogWriter {
     }
 
     /// Adds output; whole lines are written at once, the rest waits for its newline.
-    pub fn write(&mut self, stream: Stream, mut data: &[u8]) -> io::Result<()> {
+    pub fn write(&mut self, stream: Stream, data: &[u8]) -> io::Result<()> {
+        self.ts = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+        self.split_lines(stream, data);
+        self.flush_out()
+    }
+
+    /// The lines of `data` into `out`; the rest waits in `pending` for its newline.
+    fn split_lines(&mut self, stream: Stream, mut data: &[u8]) {
         let slot = Self::slot(stream);
         while !data.is_empty() {
             match data.iter().position(|&b| b == b'\n') {
                 Some(i) => {
                     let mut line = std::mem::take(&mut self.pending[slot]);
                     line.extend_from_slice(&data[..i]);
-                    self.emit_split(stream, &line, true)?;
+                    self.emit_split(stream, &line, true);
                     data = &data[i + 1..];
                 }
                 None => {
@@ -146,14 +160,13 @@ impl LogWriter {
                     if self.pending[slot].len() >= MAX_LINE {
                         let buf = std::mem::take(&mut self.pending[slot]);
                         let cut = buf.len() - buf.len() % MAX_LINE;
-                        self.emit_split(stream, &buf[..cut], false)?;
+                        self.emit_split(stream, &buf[..cut], false);
                         self.pending[slot] = buf[cut..].to_vec();
                     }
                     break;
                 }
             }
         }
-        Ok(())
     }
 
     /// Writes what is left of a stream that ended, as a full line.
@@ -161,40 +174,48 @@ impl LogWriter {
         let slot = Self::slot(stream);
         let rest = std::mem::take(&mut self.pending[slot]);
         if !rest.is_empty() {
-            self.emit_split(stream, &rest, true)?;
+            self.ts = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+            self.emit_split(stream, &rest, true);
         }
-        Ok(())
+        self.flush_out()
     }
 
-    /// Writes `content` as lines of at most MAX_LINE bytes; all but a complete line's last piece
+    /// Adds `content` as lines of at most MAX_LINE bytes; all but a complete line's last piece
     /// are partial.
-    fn emit_split(&mut self, stream: Stream, content: &[u8], complete: bool) -> io::Result<()> {
+    fn emit_split(&mut self, stream: Stream, content: &[u8], complete: bool) {
         let mut chunks = content.chunks(MAX_LINE).peekable();
         if chunks.peek().is_none() {
             return self.emit(stream, b"", complete);
         }
         while let Some(chunk) = chunks.next() {
             let last = chunks.peek().is_none();
-            self.emit(stream, chunk, complete && last)?;
+            self.emit(stream, chunk, complete && last);
         }
-        Ok(())
     }
 
-    fn emit(&mut self, stream: Stream, content: &[u8], full: bool) -> io::Result<()> {
-        let Some(f) = self.file.as_mut() else {
-            return Ok(());
+    fn emit(&mut self, stream: Stream, content: &[u8], full: bool) {
+        let tag = if full { "F" } else { "P" };
+        self.out.reserve(content.len() + 48);
+        self.out.extend_from_slice(self.ts.as_bytes());
+        self.out
+            .extend_from_slice(format!(" {} {tag} ", stream.name()).as_bytes());
+        self.out.extend_from_slice(content);
+        self.out.push(b'\n');
+    }
+
+    /// Writes the lines gathered, with one call; without a file (its reopen failed) they go.
+    fn flush_out(&mut self) -> io::Result<()> {
+        let out = std::mem::take(&mut self.out);
+        let written = match self.file.as_mut() {
+            Some(f) if !out.is_empty() => f.write_all(&out),
+            _ => Ok(()),
         };
-        let ts = humantime::format_rfc3339_nanos(SystemTime::now());
-        let mut line = Vec::with_capacity(content.len() + 48);
-        write!(
-            line,
-            "{ts} {} {} ",
-            stream.name(),
-            if full { "F" } else { "P" }
-        )?;
-        line.extend_from_slice(content);
-        line.push(b'\n');
-        f.write_all(&line)
+        // The buffer is kept for the next lines, empty, unless a flood of short lines grew it.
+        if out.capacity() <= 256 << 10 {
+            self.out = out;
+            self.out.clear();
+        }
+        written
     }
 }
 

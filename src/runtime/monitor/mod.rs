@@ -331,16 +331,20 @@ impl Monitor {
         }
     }
 
-    /// Copies what each ready output holds into the log and to attachers until it would block;
-    /// an output at its end (or failing) is closed and its log stream finished.
+    /// Copies what each ready output holds into the log and to attachers, up to
+    /// `READS_PER_ROUND` reads each: a container that writes without end would otherwise keep
+    /// the monitor here, its signals (a log reopen) and exec connections never served. The rest
+    /// waits for the next poll, which finds it at once. An output at its end (or failing) is
+    /// closed and its log stream finished.
     fn copy_output(&mut self, ready: &[bool], buf: &mut [u8]) {
+        const READS_PER_ROUND: usize = 4;
         let mut closed = Vec::new();
         for (i, is_ready) in ready.iter().enumerate() {
             if !is_ready {
                 continue;
             }
             let (fd, stream) = (&self.outputs[i].0, self.outputs[i].1);
-            loop {
+            for _ in 0..READS_PER_ROUND {
                 match nix::unistd::read(fd, buf) {
                     Ok(0) | Err(Errno::EIO) => {
                         closed.push(i);
