@@ -211,10 +211,31 @@ impl ContainerService {
         let dir = sock.parent().unwrap_or(Path::new("/"));
         let (_dir, short) =
             runtime::short_socket_path(dir, runtime::MONITOR_SOCKET).map_err(io_err(dir))?;
-        let conn = std::os::unix::net::UnixStream::connect(&short)
+        let conn = connect_now(&short)
             .map_err(|e| fail(format!("the container's monitor does not answer ({e})")))?;
         Ok((sock, conn))
     }
+}
+
+/// Connects to a monitor's socket without waiting: a monitor whose queue of connections is full
+/// (it is stopped, or busy) answers EAGAIN at once, where a blocking connect would hold one of
+/// the daemon's few async threads until it takes the connection, however long. The stream is
+/// blocking once connected.
+fn connect_now(path: &Path) -> nix::Result<std::os::unix::net::UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &UnixAddr::new(path)?)?;
+    let conn = std::os::unix::net::UnixStream::from(fd);
+    conn.set_nonblocking(false).map_err(|e| {
+        e.raw_os_error()
+            .map_or(nix::Error::EIO, nix::Error::from_raw)
+    })?;
+    Ok(conn)
 }
 
 /// Sends a request to a monitor with `fds` attached (SCM_RIGHTS; none when empty), ended by a
@@ -243,4 +264,39 @@ pub(super) fn send_request(
     let mut rest = conn;
     rest.write_all(&line[sent..])
         .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_monitor_that_takes_no_connections_is_not_waited_on() {
+        use nix::sys::socket::{
+            AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, listen, socket,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.sock");
+        let l = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&l),
+            &UnixAddr::new(&path).unwrap(),
+        )
+        .unwrap();
+        listen(&l, Backlog::new(1).unwrap()).unwrap();
+        // Never accepted: the queue fills, and then a connect fails at once instead of waiting.
+        let mut held = Vec::new();
+        let refused = (0..64).find_map(|_| match super::connect_now(&path) {
+            Ok(c) => {
+                held.push(c);
+                None
+            }
+            Err(e) => Some(e),
+        });
+        assert_eq!(refused, Some(nix::Error::EAGAIN), "{} held", held.len());
+    }
 }
