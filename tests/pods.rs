@@ -193,6 +193,21 @@ async fn exec_sync_output_exit_codes_and_timeout() {
     );
     let err = env.exec(&c, &["no-such-binary"], 10).await.unwrap_err();
     assert!(err.message().contains("not found"), "{err:?}");
+    // Output past the cap is cut, both streams at once, and the answer still fits a message
+    // (16 MiB each made one too large to send).
+    let (out, err, code) = env
+        .exec(
+            &c,
+            &[
+                "sh",
+                "-c",
+                "head -c 17000000 /dev/zero; head -c 17000000 /dev/zero >&2",
+            ],
+            30,
+        )
+        .await
+        .unwrap();
+    assert_eq!((out.len(), err.len(), code), (4 << 20, 4 << 20, 0));
     // the timeout kills the command and is reported
     let start = Instant::now();
     let err = env.exec(&c, &["sleep", "30"], 1).await.unwrap_err();

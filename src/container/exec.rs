@@ -7,8 +7,10 @@ use super::{
 };
 use tokio::io::AsyncReadExt;
 
-/// Exec output beyond this is dropped (probes read 10 KiB; this protects the daemon).
-const MAX_EXEC_OUTPUT: usize = 16 << 20;
+/// Exec output beyond this, per stream, is dropped (probes read 10 KiB; this protects the
+/// daemon). Both streams together stay well under the answer's limit (16 MiB, the CRI socket's
+/// message size): a 16 MiB cap each made an answer too large to send, not a cut one.
+const MAX_EXEC_OUTPUT: usize = 4 << 20;
 /// How long output is still read after an exec'd command ended.
 const EXEC_DRAIN: Duration = Duration::from_millis(200);
 
