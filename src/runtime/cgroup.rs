@@ -461,7 +461,8 @@ pub fn expand_slice(name: &str) -> Result<String, LimitError> {
 /// A pod's cgroup limits: the sum of its containers' (`resources`) plus the sandbox overhead,
 /// field by field, as kubelet sizes a pod cgroup.
 pub fn pod_limits(resources: &Resources, overhead: &Resources) -> Resources {
-    let add = |a: i64, b: i64| if a > 0 { a + b.max(0) } else { 0 };
+    // Saturating: a client's i64::MAX overhead is no limit, not a wrap to a negative one.
+    let add = |a: i64, b: i64| if a > 0 { a.saturating_add(b.max(0)) } else { 0 };
     Resources {
         cpu_period: resources.cpu_period.max(overhead.cpu_period),
         cpu_quota: add(resources.cpu_quota, overhead.cpu_quota),
@@ -657,6 +658,15 @@ mod tests {
             pod_limits(&Resources::default(), &o).memory_limit,
             0,
             "no limit stays no limit"
+        );
+        let huge = Resources {
+            memory_limit: i64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(
+            pod_limits(&r, &huge).memory_limit,
+            i64::MAX,
+            "saturates, not wraps"
         );
     }
 

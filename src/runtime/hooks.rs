@@ -153,7 +153,7 @@ fn run_one(h: &Hook, state: &State) -> Result<(), HookError> {
     let deadline = h
         .timeout()
         .and_then(|t| u64::try_from(t).ok())
-        .map(|t| Instant::now() + Duration::from_secs(t));
+        .and_then(|t| Instant::now().checked_add(Duration::from_secs(t)));
     let mut err_r = err_r;
     set_nonblocking(&err_r);
     let mut stderr = Vec::new();

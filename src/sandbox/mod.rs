@@ -229,9 +229,10 @@ pub async fn wait_for_exit(pid: ProcessId, timeout: Duration) -> bool {
     let Some(afd) = fd.and_then(|fd| crate::sys::async_fd(fd, tokio::io::Interest::READABLE).ok())
     else {
         // Fall back to polling the identity.
-        let deadline = tokio::time::Instant::now() + timeout;
+        // A client's timeout near i64::MAX seconds: no deadline, not an overflow.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         while !pid.ended() {
-            if tokio::time::Instant::now() >= deadline {
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
