@@ -126,9 +126,18 @@ async fn goes_on_in_another_pod(env: PodEnv) {
         .await;
     // Counted for a while (five a second): a restore that started over would show less.
     let before = count_above(&env, &c, 5).await;
-    checkpoint(&env, &c, archive.to_str().unwrap())
-        .await
-        .unwrap();
+    // A second checkpoint asked for meanwhile is refused (they would share a work directory,
+    // and its end would thaw the first's frozen cgroup), or runs after it.
+    let other = dir.path().join("other.tar");
+    let (first, second) = tokio::join!(checkpoint(&env, &c, archive.to_str().unwrap()), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        checkpoint(&env, &c, other.to_str().unwrap()).await
+    });
+    first.unwrap();
+    if let Err(e) = second {
+        assert!(e.message().contains("being taken"), "{e:?}");
+        assert!(!other.exists());
+    }
     // The archive in the layout CRI-O and containerd write.
     let names: Vec<String> = tar::Archive::new(std::fs::File::open(&archive).unwrap())
         .entries()

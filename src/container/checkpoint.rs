@@ -104,6 +104,7 @@ impl ContainerService {
             (r.clone(), self.bundle(&r.id))
         };
         let id = r.id.as_str();
+        let _one = Checkpointing::start(self, id)?;
         let mon_path = b.dir.join("monitor.json");
         let mon: MonitorConfig = atomic::read_json(&mon_path)
             .ok()
@@ -521,6 +522,34 @@ async fn run_dump(
         return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
     }
     Ok(())
+}
+
+/// A container's checkpoint under way, until dropped.
+struct Checkpointing<'a>(&'a ContainerService, String);
+
+impl<'a> Checkpointing<'a> {
+    fn start(svc: &'a ContainerService, id: &str) -> Result<Checkpointing<'a>, Error> {
+        let mut on = svc
+            .inner
+            .checkpointing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !on.insert(id.to_string()) {
+            return Err(refused(id, "a checkpoint of it is being taken"));
+        }
+        Ok(Checkpointing(svc, id.to_string()))
+    }
+}
+
+impl Drop for Checkpointing<'_> {
+    fn drop(&mut self) {
+        self.0
+            .inner
+            .checkpointing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+    }
 }
 
 /// A container's cgroup frozen (cgroup v2's `cgroup.freeze`) until dropped.

@@ -216,6 +216,9 @@ struct Inner {
     cdi: Option<crate::cdi::Registry>,
     /// NRI plugins; `None` when NRI is turned off.
     nri: Option<crate::nri::Nri>,
+    /// Containers being checkpointed: one dump at a time each (they share a work directory,
+    /// and a second would thaw the first's frozen cgroup).
+    checkpointing: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
@@ -286,6 +289,7 @@ impl ContainerService {
                 filters: sandbox::security::Filters::default(),
                 cdi,
                 nri,
+                checkpointing: Default::default(),
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {

@@ -715,9 +715,14 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
         rpc("CheckpointContainer", async {
             let req = req.into_inner();
-            self.pods
-                .checkpoint_container(&req.container_id, &req.location, req.timeout)
-                .await?;
+            let pods = self.pods.clone();
+            // To its end: a dropped dump would kill criu mid-way and leave its work behind.
+            super::to_the_end(async move {
+                Ok(pods
+                    .checkpoint_container(&req.container_id, &req.location, req.timeout)
+                    .await?)
+            })
+            .await?;
             Ok(cri::CheckpointContainerResponse {})
         })
         .await
