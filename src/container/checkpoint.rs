@@ -259,9 +259,11 @@ impl ContainerService {
         let upper = b.layer.join("upper");
         let diff = work.join("rootfs-diff.tar");
         let (u, d) = (upper.clone(), diff.clone());
+        let room = diff_room(work);
         let deleted = tokio::task::spawn_blocking(move || {
-            std::fs::File::create(&d)
-                .and_then(|f| crate::snapshot::diff::write_diff(&u, std::io::BufWriter::new(f)))
+            std::fs::File::create(&d).and_then(|f| {
+                crate::snapshot::diff::write_diff(&u, std::io::BufWriter::new(f), room)
+            })
         })
         .await
         .map_err(|e| failed(id, e.to_string()))?
@@ -522,6 +524,21 @@ async fn run_dump(
         return Err(failed(id, format!("criu dump ({}): {errors}", out.status)));
     }
     Ok(())
+}
+
+/// How many bytes of the container's files the diff may take: half of what the work directory's
+/// file system has free beyond a twentieth of its size (the archive copies the diff once more),
+/// so a container's sparse or huge files fail the checkpoint instead of filling that disk.
+fn diff_room(work: &Path) -> u64 {
+    match nix::sys::statvfs::statvfs(work) {
+        Ok(st) => {
+            let unit = st.fragment_size();
+            let free = st.blocks_available().saturating_mul(unit);
+            let reserve = st.blocks().saturating_mul(unit) / 20;
+            free.saturating_sub(reserve) / 2
+        }
+        Err(_) => 0,
+    }
 }
 
 /// A container's checkpoint under way, until dropped.

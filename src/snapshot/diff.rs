@@ -3,9 +3,10 @@
 //! character device) as an empty `.wh.NAME`, an opaque directory as `DIR/.wh..wh..opq`. `unpack`
 //! reads it back into a fresh upper directory with the same hostile-input rules as any layer.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::tree::{Dir, Entry};
 use crate::sys;
@@ -14,13 +15,31 @@ use crate::sys;
 /// the container's root), which CRI-O's archive layout lists in `deleted.files`. The container
 /// may still be running: the layer is read by descriptor (see `tree`), so a name it swaps for a
 /// link to a host file or directory adds the link, never the host's file.
-pub fn write_diff<W: Write>(upper: &Path, out: W) -> io::Result<Vec<String>> {
+///
+/// The container's files are hostile in size too: a name linked many times is written once (then
+/// as hard links to it), and the files' bytes may not pass `limit` (a sparse file of terabytes
+/// costs the container nothing, and would fill the disk the diff is written to).
+pub fn write_diff<W: Write>(upper: &Path, out: W, limit: u64) -> io::Result<Vec<String>> {
     let mut tar = tar::Builder::new(out);
     tar.follow_symlinks(false);
-    let mut deleted = Vec::new();
-    add_dir(&mut tar, &Dir::open(upper)?, Path::new(""), 0, &mut deleted)?;
+    let mut w = Walk {
+        deleted: Vec::new(),
+        linked: HashMap::new(),
+        room: limit,
+    };
+    add_dir(&mut tar, &Dir::open(upper)?, Path::new(""), 0, &mut w)?;
     tar.into_inner()?.flush()?;
-    Ok(deleted)
+    Ok(w.deleted)
+}
+
+/// What a diff's walk carries along.
+struct Walk {
+    /// The paths the layer deletes.
+    deleted: Vec<String>,
+    /// Files with more than one name: the first name written, by device and inode.
+    linked: HashMap<(u64, u64), PathBuf>,
+    /// Bytes of file data still allowed.
+    room: u64,
 }
 
 fn header(entry: &Entry) -> tar::Header {
@@ -38,7 +57,7 @@ fn add_dir<W: Write>(
     dir: &Dir,
     rel: &Path,
     depth: usize,
-    deleted: &mut Vec<String>,
+    w: &mut Walk,
 ) -> io::Result<()> {
     if depth > MAX_DEPTH {
         return Err(io::Error::other(format!(
@@ -57,7 +76,7 @@ fn add_dir<W: Write>(
         if kind.is_char_device() && entry.meta.rdev() == 0 {
             let marker = rel.join(format!(".wh.{}", name.to_string_lossy()));
             empty_file(tar, &marker)?;
-            deleted.push(format!("/{}", path.display()));
+            w.deleted.push(format!("/{}", path.display()));
         } else if kind.is_dir() {
             let mut h = header(&entry);
             h.set_size(0);
@@ -66,16 +85,35 @@ fn add_dir<W: Write>(
             if sys::fgetxattr(sub.file()?, b"trusted.overlay.opaque")?.as_deref() == Some(b"y") {
                 empty_file(tar, &path.join(".wh..wh..opq"))?;
             }
-            add_dir(tar, &sub, &path, depth + 1, deleted)?;
+            add_dir(tar, &sub, &path, depth + 1, w)?;
         } else if kind.is_symlink() {
             let mut h = header(&entry);
             h.set_size(0);
             tar.append_link(&mut h, &path, entry.link_target()?)?;
         } else if kind.is_file() {
             let mut h = header(&entry);
+            let key = (entry.meta.dev(), entry.meta.ino());
+            if entry.meta.nlink() > 1 {
+                if let Some(first) = w.linked.get(&key) {
+                    h.set_entry_type(tar::EntryType::Link);
+                    h.set_size(0);
+                    tar.append_link(&mut h, &path, first)?;
+                    continue;
+                }
+                w.linked.insert(key, path.clone());
+            }
             let file = entry.open_file()?;
             // The size the handle has now: a file still being written is cut there.
             let len = file.metadata()?.len();
+            w.room = w.room.checked_sub(len).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!(
+                        "{}: {len} bytes pass the room left for the diff",
+                        path.display()
+                    ),
+                )
+            })?;
             h.set_size(len);
             tar.append_data(&mut h, &path, io::Read::take(file, len))?;
         } else if kind.is_socket() {
@@ -122,7 +160,7 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("secret"), upper.join("out")).unwrap();
         std::os::unix::fs::symlink(outside.path(), upper.join("outdir")).unwrap();
         let mut out = Vec::new();
-        let deleted = write_diff(&upper, &mut out).unwrap();
+        let deleted = write_diff(&upper, &mut out, u64::MAX).unwrap();
         assert!(deleted.is_empty());
         let back = d.path().join("back");
         fs::create_dir(&back).unwrap();
@@ -143,5 +181,34 @@ mod tests {
                 .is_symlink()
         );
         assert!(!String::from_utf8_lossy(&out).contains("host"));
+    }
+
+    #[test]
+    fn a_file_of_many_names_is_written_once_and_room_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let upper = d.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        fs::write(upper.join("big"), vec![7u8; 1 << 20]).unwrap();
+        for i in 0..20 {
+            fs::hard_link(upper.join("big"), upper.join(format!("name{i}"))).unwrap();
+        }
+        let mut out = Vec::new();
+        write_diff(&upper, &mut out, 2 << 20).unwrap();
+        // One copy of the data, not 21.
+        assert!(out.len() < (3 << 20) / 2, "{} bytes", out.len());
+        let back = d.path().join("back");
+        fs::create_dir(&back).unwrap();
+        unpack(&out[..], &back, &UnpackOptions::default()).unwrap();
+        let a = fs::metadata(back.join("big")).unwrap();
+        let b = fs::metadata(back.join("name7")).unwrap();
+        assert_eq!((a.ino(), a.len()), (b.ino(), 1 << 20));
+
+        // A sparse file of a terabyte costs no blocks: refused at the room given, not written.
+        fs::File::create(upper.join("sparse"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let e = write_diff(&upper, io::sink(), 64 << 30).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
     }
 }
