@@ -227,14 +227,22 @@ impl Samples {
 
     /// Bytes and inodes of a directory tree (the writable layer), cached briefly.
     pub fn layer(&self, dir: &Path) -> (u64, u64) {
-        let mut cache = self.layers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, b, i)) = cache.get(dir)
+        if let Some((at, b, i)) = self
+            .layers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(dir)
             && at.elapsed() < LAYER_TTL
         {
             return (*b, *i);
         }
+        // Walked without the cache's lock: one container's large layer must not hold up
+        // every other container's stats.
         let (b, i) = crate::snapshot::usage::walk(dir);
-        cache.insert(dir.to_path_buf(), (Instant::now(), b, i));
+        self.layers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir.to_path_buf(), (Instant::now(), b, i));
         (b, i)
     }
 

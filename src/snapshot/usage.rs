@@ -76,6 +76,13 @@ impl LayerUsage {
     }
 }
 
+/// How deep a walk goes (each level it goes down may hold its parent's descriptor), and how
+/// many entries it counts: a container's comb of a million nested directories or its millions
+/// of names would otherwise hold as many descriptors, or the walk, without end. What lies
+/// beyond is not counted.
+const MAX_DEPTH: usize = 512;
+const MAX_ENTRIES: u64 = 4_000_000;
+
 /// Bytes (allocated blocks) and inodes below `dir`, walked by descriptor (see `tree`): a
 /// running container swapping a directory for a link to a host one sends it nowhere.
 pub fn walk(dir: &Path) -> (u64, u64) {
@@ -85,32 +92,52 @@ pub fn walk(dir: &Path) -> (u64, u64) {
     let Ok(top) = super::tree::Dir::open(dir) else {
         return (0, 0);
     };
-    // Directories still to walk, each by its parent (open while any is left) and name, so the
-    // descriptors held stay few however wide the tree.
-    let mut todo: Vec<(Rc<super::tree::Dir>, std::ffi::OsString)> = Vec::new();
-    let mut next = Some(top);
+    // Directories still to walk, each by its parent (open while any is left), name and depth,
+    // so the descriptors held stay few however wide the tree.
+    type Pending = (Rc<super::tree::Dir>, std::ffi::OsString, usize);
+    let mut todo: Vec<Pending> = Vec::new();
+    let mut next = Some((top, 0));
     loop {
-        if let Some(d) = next.take() {
+        if let Some((d, depth)) = next.take() {
             let d = Rc::new(d);
             for name in d.names().unwrap_or_default() {
+                if inodes >= MAX_ENTRIES {
+                    return (bytes, inodes);
+                }
                 let Ok(Some(e)) = d.entry(&name) else {
                     continue;
                 };
                 inodes += 1;
                 bytes += e.meta.blocks() * 512;
-                if e.meta.is_dir() {
-                    todo.push((d.clone(), name));
+                if e.meta.is_dir() && depth < MAX_DEPTH {
+                    todo.push((d.clone(), name, depth + 1));
                 }
             }
         }
-        let Some((parent, name)) = todo.pop() else {
+        let Some((parent, name, depth)) = todo.pop() else {
             break;
         };
         next = parent
             .entry(&name)
             .ok()
             .flatten()
-            .and_then(|e| e.open_dir().ok());
+            .and_then(|e| e.open_dir().ok())
+            .map(|d| (d, depth));
     }
     (bytes, inodes)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_walk_stops_at_its_depth() {
+        let d = tempfile::tempdir().unwrap();
+        let deep: std::path::PathBuf = std::iter::repeat_n("d", 600).collect();
+        std::fs::create_dir_all(d.path().join(&deep)).unwrap();
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        let (_, inodes) = super::walk(d.path());
+        // The file, and the directories down to the depth walked (their entries counted one
+        // level further).
+        assert_eq!(inodes, 1 + super::MAX_DEPTH as u64 + 1);
+    }
 }
