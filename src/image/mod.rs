@@ -388,6 +388,12 @@ impl ImageService {
         let reference = Reference::parse(image)?;
         let key = reference.to_string();
         let progress = self.inner.progress.start(&key);
+        let mut watched = Watched {
+            board: &self.inner.progress,
+            key: &key,
+            progress: &progress,
+            ended: false,
+        };
         let result = {
             // Until the image is in the catalog: a collection before that would take its blobs.
             // Shared with the pull's unpackers: a cancelled pull's unpacker still running keeps
@@ -403,6 +409,7 @@ impl ImageService {
             &progress,
             result.as_ref().err().map(|e| e.to_string()),
         );
+        watched.ended = true;
         // A pull's buffers (layers in flight, decompressors) are freed by now; without this the
         // daemon would keep them resident.
         crate::sys::trim_heap();
@@ -699,4 +706,21 @@ pub(crate) fn check_digest(what: &'static str, digest: &Digest, data: &[u8]) -> 
         });
     }
     Ok(())
+}
+
+/// A pull's entry on the progress board, ended as abandoned when the pull is dropped before its
+/// end (a cancelled PullImage).
+struct Watched<'a> {
+    board: &'a progress::Board,
+    key: &'a str,
+    progress: &'a Arc<progress::Progress>,
+    ended: bool,
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.board.abandon(self.key, self.progress);
+        }
+    }
 }

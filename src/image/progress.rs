@@ -2,7 +2,7 @@
 //! short while after it ends so a watcher that arrives late still sees the outcome.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ pub struct Progress {
     pub bytes_done: AtomicU64,
     done: AtomicBool,
     error: Mutex<Option<String>>,
+    /// The pulls sharing this entry and not yet ended.
+    pullers: AtomicUsize,
 }
 
 /// A consistent copy of the counters.
@@ -69,16 +71,34 @@ impl Board {
         pulls.retain(|_, (_, ended)| ended.is_none_or(|t| t.elapsed() < LINGER));
         match pulls.get(key) {
             // A concurrent pull of the same image shares the board entry.
-            Some((p, None)) => p.clone(),
+            Some((p, None)) => {
+                p.pullers.fetch_add(1, Ordering::Relaxed);
+                p.clone()
+            }
             _ => {
                 let p = Arc::new(Progress::default());
+                p.pullers.store(1, Ordering::Relaxed);
                 pulls.insert(key.to_string(), (p.clone(), None));
                 p
             }
         }
     }
 
+    /// A pull of `p` that went away before its end (its client cancelled): the entry ends
+    /// with the last of its pulls, so a watcher is not left waiting and the board not holding
+    /// it for good.
+    pub fn abandon(&self, key: &str, p: &Arc<Progress>) {
+        if p.pullers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.end(key, p, Some("the pull was cancelled".into()));
+        }
+    }
+
     pub fn finish(&self, key: &str, p: &Arc<Progress>, error: Option<String>) {
+        p.pullers.fetch_sub(1, Ordering::AcqRel);
+        self.end(key, p, error);
+    }
+
+    fn end(&self, key: &str, p: &Arc<Progress>, error: Option<String>) {
         if let Ok(mut e) = p.error.lock() {
             *e = error;
         }
@@ -92,5 +112,29 @@ impl Board {
 
     pub fn get(&self, key: &str) -> Option<Arc<Progress>> {
         self.pulls().get(key).map(|(p, _)| p.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_pull_ends_its_entry_with_its_last_puller() {
+        let board = Board::default();
+        let a = board.start("img");
+        let b = board.start("img");
+        assert!(Arc::ptr_eq(&a, &b));
+        board.abandon("img", &a);
+        // The other pull goes on.
+        assert!(!b.snapshot().done);
+        board.abandon("img", &b);
+        let s = b.snapshot();
+        assert!(s.done && s.error.is_some_and(|e| e.contains("cancelled")));
+        // A pull after it starts afresh.
+        let c = board.start("img");
+        assert!(!Arc::ptr_eq(&c, &a) && !c.snapshot().done);
+        board.finish("img", &c, None);
+        assert_eq!(c.snapshot().error, None);
     }
 }
