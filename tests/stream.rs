@@ -550,6 +550,43 @@ async fn tokens_idle_streams_and_killed_containers() {
     let (code, _, err) = kubestream(&ks, &["exec", &stale], b"");
     assert_ne!(code, 0);
     assert!(err.contains("unknown or expired streaming token"), "{err}");
+    // At most 1000 URLs wait to be used (each holds its request), as in kubelet's server: the
+    // next is refused until some expire.
+    let mut issued = 0;
+    let refused = loop {
+        let asked = env
+            .d
+            .runtime()
+            .port_forward(cri::PortForwardRequest {
+                pod_sandbox_id: pod.clone(),
+                port: vec![80],
+            })
+            .await;
+        match asked {
+            Ok(_) => issued += 1,
+            Err(e) => break e,
+        }
+        assert!(issued <= 1000, "more than 1000 URLs waiting");
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    port_forward_url(&env, &pod).await;
+    // Nor does one URL hold millions of ports.
+    let many = env
+        .d
+        .runtime()
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod.clone(),
+            port: vec![80; 1025],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(many.code(), tonic::Code::InvalidArgument, "{many:?}");
+    assert!(many.message().starts_with("port:"), "{many:?}");
     // An idle stream (a command that waits on stdin nobody writes) is closed after 6 s.
     // client-go pings every few seconds, and a ping is activity (as in kubelet's server), so
     // the idle client here is a raw one: it upgrades and then says nothing.

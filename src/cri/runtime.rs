@@ -14,6 +14,9 @@ use super::rpc;
 use super::status::ToStatus;
 use crate::pod::PodService;
 
+/// The most ports one PortForward may name.
+const MAX_FORWARDED_PORTS: usize = 1024;
+
 pub const RUNTIME_NAME: &str = "crius";
 pub const CRI_VERSION: &str = "v1";
 
@@ -306,6 +309,13 @@ impl RuntimeService for Runtime {
             let pod = self.pods.pod(&req.pod_sandbox_id).await?;
             if !pod.ready {
                 return Err(crate::sandbox::Error::NotReady { id: pod.id }.into());
+            }
+            // Each URL holds its ports until used: a list of millions is no port-forward.
+            if req.port.len() > MAX_FORWARDED_PORTS {
+                return Err(Status::invalid_argument(format!(
+                    "port: {} ports, more than {MAX_FORWARDED_PORTS}",
+                    req.port.len()
+                )));
             }
             let ports = req
                 .port

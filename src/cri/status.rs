@@ -173,7 +173,10 @@ impl ToStatus for container::events::Ended {
 
 impl ToStatus for crate::stream::Error {
     fn code(&self) -> Code {
-        Code::Internal
+        match self {
+            crate::stream::Error::TooManyWaiting => Code::ResourceExhausted,
+            _ => Code::Internal,
+        }
     }
 }
 

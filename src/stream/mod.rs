@@ -139,7 +139,15 @@ pub enum Error {
     },
     #[error("streaming tokens: {0}")]
     Random(std::io::Error),
+    #[error(
+        "{MAX_TOKENS} streaming URLs are waiting to be used; try again when they are used or expire"
+    )]
+    TooManyWaiting,
 }
+
+/// How many issued URLs may wait to be used (kubelet's streaming server allows as many): each
+/// holds its request (an exec's command, a port-forward's ports) until used or expired.
+pub const MAX_TOKENS: usize = 1000;
 
 /// The server's settings (`[stream]`).
 #[derive(Debug, Clone)]
@@ -226,6 +234,9 @@ impl StreamServer {
         // Expired tokens are dropped whenever one is issued.
         let ttl = self.shared.token_ttl;
         tokens.retain(|_, (_, at)| at.elapsed() < ttl);
+        if tokens.len() >= MAX_TOKENS {
+            return Err(Error::TooManyWaiting);
+        }
         tokens.insert(token.clone(), (req, Instant::now()));
         Ok(format!("{}/{path}/{token}", self.base))
     }
