@@ -320,6 +320,24 @@ async fn update_resources_in_place() {
         st.resources.unwrap().linux.unwrap().memory_limit_in_bytes,
         100 * MIB
     );
+    // One file the kernel refuses (a CPU the node lacks): none of the update holds, not the
+    // CPU limit written before it either, and the status says what the cgroup has.
+    let mut bad = update(200 * MIB);
+    if let Some(l) = bad.linux.as_mut() {
+        l.cpu_quota = 20_000;
+        l.cpuset_cpus = "9999".into();
+    }
+    let err = env
+        .d
+        .runtime()
+        .update_container_resources(bad)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(read(&cg.join("cpu.max")), "50000 100000");
+    assert_eq!(read(&cg.join("memory.max")), (100 * MIB).to_string());
+    let st = env.status(&c).await;
+    assert_eq!(st.resources.unwrap().linux.unwrap().cpu_quota, 50_000);
     env.remove_pod(&pod).await;
 }
 

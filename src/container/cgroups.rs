@@ -259,17 +259,18 @@ impl ContainerService {
                         ),
                     ));
                 }
-                // systemd keeps the limits as unit properties, or a reload would undo them.
+                // All or none, so a refused update leaves the limits the record has.
+                cg.set_all(&files).map_err(|(file, value, e)| {
+                    invalid("linux", format!("{file} = {value}: {e}"))
+                })?;
+                // systemd keeps the limits as unit properties, or a reload would undo them;
+                // after the files, which the kernel checks.
                 if let Some(sd) = self.inner.sandboxes.systemd()
                     && let Some((unit, _)) = crate::systemd::unit_and_slice(&cg.path)
                 {
                     sd.set_limits(&unit, &files)
                         .await
                         .map_err(sandbox::Error::from)?;
-                }
-                for (file, value) in files {
-                    cg.set(&file, &value)
-                        .map_err(|e| invalid("linux", format!("{file} = {value}: {e}")))?;
                 }
             }
         }

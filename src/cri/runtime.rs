@@ -491,9 +491,14 @@ impl RuntimeService for Runtime {
         rpc("UpdateContainerResources", async {
             let req = req.into_inner();
             let linux = req.linux.ok_or_else(|| super::status::missing("linux"))?;
-            self.pods
-                .update_container_resources(&req.container_id, convert::resources(linux))
-                .await?;
+            let pods = self.pods.clone();
+            // To its end: cgroup files, systemd's properties and the record change together.
+            super::to_the_end(async move {
+                Ok(pods
+                    .update_container_resources(&req.container_id, convert::resources(linux))
+                    .await?)
+            })
+            .await?;
             Ok(cri::UpdateContainerResourcesResponse {})
         })
         .await
@@ -707,13 +712,17 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
         rpc("UpdatePodSandboxResources", async {
             let req = req.into_inner();
-            self.pods
-                .update_pod_resources(
-                    &req.pod_sandbox_id,
-                    req.overhead.map(convert::resources),
-                    req.resources.map(convert::resources),
-                )
-                .await?;
+            let pods = self.pods.clone();
+            super::to_the_end(async move {
+                Ok(pods
+                    .update_pod_resources(
+                        &req.pod_sandbox_id,
+                        req.overhead.map(convert::resources),
+                        req.resources.map(convert::resources),
+                    )
+                    .await?)
+            })
+            .await?;
             Ok(cri::UpdatePodSandboxResourcesResponse {})
         })
         .await

@@ -131,6 +131,26 @@ impl Cgroup {
         std::fs::read_to_string(self.file(name))
     }
 
+    /// Writes `files` in order, all or none: when the kernel refuses one (a CPU the node lacks),
+    /// those written before it get their old values back, so a refused update leaves the limits
+    /// as they were (and as the record says). Returns the refused file, its value and why.
+    pub fn set_all(&self, files: &[(String, String)]) -> Result<(), (String, String, io::Error)> {
+        let mut before: Vec<(&str, Option<String>)> = Vec::new();
+        for (file, value) in files {
+            let old = self.read(file).ok();
+            if let Err(e) = self.set(file, value) {
+                for (f, old) in before.into_iter().rev() {
+                    if let Some(old) = old {
+                        let _ = self.set(f, old_value(&old));
+                    }
+                }
+                return Err((file.clone(), value.clone(), e));
+            }
+            before.push((file.as_str(), old));
+        }
+        Ok(())
+    }
+
     /// Moves a process (0: the caller) into the cgroup.
     pub fn add(&self, pid: i32) -> io::Result<()> {
         self.set("cgroup.procs", &pid.to_string())
@@ -458,6 +478,12 @@ pub fn expand_slice(name: &str) -> Result<String, LimitError> {
     Ok(path.join("/"))
 }
 
+/// A limit file's content as read, as it is written back: its first line (`cpu.max` reads
+/// `max 100000`, which writes as is).
+fn old_value(read: &str) -> &str {
+    read.lines().next().unwrap_or("").trim()
+}
+
 /// A pod's cgroup limits: the sum of its containers' (`resources`) plus the sandbox overhead,
 /// field by field, as kubelet sizes a pod cgroup.
 pub fn pod_limits(resources: &Resources, overhead: &Resources) -> Resources {
@@ -632,6 +658,31 @@ mod tests {
         );
         assert!(p.pod_path("/kubepods.slice/burstable/pod1", "abc").is_err());
         assert_eq!(p.own_parent(), "crius.slice");
+    }
+
+    #[test]
+    fn a_refused_limit_puts_back_those_written_before_it() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = Cgroup {
+            root: d.path().to_path_buf(),
+            path: d.path().to_path_buf(),
+        };
+        std::fs::write(cg.file("cpu.max"), "max 100000\n").unwrap();
+        std::fs::write(cg.file("memory.max"), "max\n").unwrap();
+        // A file that cannot be written, as the kernel refuses a CPU the node lacks.
+        std::fs::create_dir(cg.file("cpuset.cpus")).unwrap();
+        let files = [
+            ("cpu.max", "20000 100000"),
+            ("memory.max", "1073741824"),
+            ("cpuset.cpus", "9999"),
+        ]
+        .map(|(f, v)| (f.to_string(), v.to_string()));
+        let (file, value, _) = cg.set_all(&files).unwrap_err();
+        assert_eq!((file.as_str(), value.as_str()), ("cpuset.cpus", "9999"));
+        assert_eq!(cg.read("cpu.max").unwrap(), "max 100000");
+        assert_eq!(cg.read("memory.max").unwrap(), "max");
+        cg.set_all(&files[..2]).unwrap();
+        assert_eq!(cg.read("cpu.max").unwrap(), "20000 100000");
     }
 
     #[test]

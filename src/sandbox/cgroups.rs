@@ -123,19 +123,20 @@ impl SandboxService {
                         format!("{limit} is below the pod's current memory use ({used} bytes)"),
                     ));
                 }
-                // systemd keeps a slice's limits as unit properties, or a reload undoes them;
-                // a slice kubelet made is kubelet's to resize.
+                // All or none, so a refused update leaves the limits the record has.
+                if r.owns_cgroup || self.inner.systemd.is_none() {
+                    pod.set_all(&files).map_err(|(file, value, e)| {
+                        invalid("resources", format!("{file} = {value}: {e}"))
+                    })?;
+                }
+                // systemd keeps a slice's limits as unit properties, or a reload undoes them
+                // (after the files, which the kernel checks); a slice kubelet made is kubelet's
+                // to resize.
                 if let Some(sd) = &self.inner.systemd
                     && r.owns_cgroup
                     && let Some((unit, _)) = crate::systemd::unit_and_slice(&pod.path)
                 {
                     sd.set_limits(&unit, &files).await?;
-                }
-                if r.owns_cgroup || self.inner.systemd.is_none() {
-                    for (file, value) in &files {
-                        pod.set(file, value)
-                            .map_err(|e| invalid("resources", format!("{file} = {value}: {e}")))?;
-                    }
                 }
             }
         }
