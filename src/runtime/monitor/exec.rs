@@ -13,6 +13,45 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 
+/// How long a command may take from its fork to its exec.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// What the command's child reported before its exec (nothing once it has exec'd: its end of
+/// the pipe closes), waited for at most `START_WAIT`. The child is in the container's PID
+/// namespace before it execs, so the container's root can stop it there (SIGSTOP to its PID);
+/// the monitor, which serves the container's output and other commands, must not wait on it
+/// for good. A child that has not exec'd by then is killed.
+fn start_report(err_r: OwnedFd, child: Pid, wait: Duration) -> Result<Vec<u8>, StepError> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let deadline = Instant::now() + wait;
+    let mut f = std::fs::File::from(err_r);
+    let (mut msg, mut buf) = (Vec::new(), [0u8; 4096]);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            return Err(StepError::new(
+                "exec",
+                format!("the command did not start within {} s", wait.as_secs_f32()),
+            ));
+        }
+        let ms = left.as_millis().min(u128::from(u16::MAX)) as u16;
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) | Err(nix::Error::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(step("exec report")(e)),
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(msg),
+            Ok(n) => msg.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(step("exec report")(e)),
+        }
+    }
+}
+
 /// What a command's stdio is made of.
 pub(super) enum ExecStdio<'a> {
     Pipes {
@@ -146,8 +185,7 @@ impl Monitor {
             }
             ForkResult::Parent { child } => {
                 drop(err_w);
-                let mut msg = Vec::new();
-                let _ = std::fs::File::from(err_r).read_to_end(&mut msg);
+                let msg = start_report(err_r, child, START_WAIT)?;
                 if !msg.is_empty() {
                     let _ = waitpid(child, None);
                     return Err(StepError::parse(&String::from_utf8_lossy(&msg)));
@@ -323,4 +361,35 @@ pub(super) fn send_report(conn: &mut UnixStream, r: &ExecReport) {
     let mut line = serde_json::to_vec(r).unwrap_or_default();
     line.push(b'\n');
     let _ = conn.write_all(&line);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_stopped_before_its_exec_is_not_waited_on() {
+        // A child that never closes the pipe nor writes: stopped before its exec, say.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (r, w) = cloexec_pipe().unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        let t = Instant::now();
+        let e = start_report(r, pid, Duration::from_millis(200)).unwrap_err();
+        assert!(e.to_string().contains("did not start"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // Killed, and reaped there (so no longer ours to wait for).
+        assert!(child.try_wait().is_err());
+        drop(w);
+        // One that exec'd: its end closed, nothing said.
+        let (r, w) = cloexec_pipe().unwrap();
+        drop(w);
+        assert!(
+            start_report(r, pid, Duration::from_secs(1))
+                .unwrap()
+                .is_empty()
+        );
+    }
 }
