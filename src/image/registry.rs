@@ -471,7 +471,15 @@ impl Session<'_> {
             }
         };
         let until = Instant::now() + lifetime.saturating_sub(Duration::from_secs(5));
-        lock(&self.registry.tokens).insert(self.token_key(url), (value, until));
+        let mut tokens = lock(&self.registry.tokens);
+        // Expired ones go as new ones come: a key per repository and set of credentials (a
+        // client's own token among them) would otherwise stay for good.
+        let now = Instant::now();
+        tokens.retain(|_, (_, until)| *until > now);
+        if tokens.len() >= MAX_CACHED_TOKENS {
+            tokens.clear();
+        }
+        tokens.insert(self.token_key(url), (value, until));
         Ok(())
     }
 
@@ -571,6 +579,9 @@ fn token_lifetime(expires_in: Option<u64>) -> Duration {
         .unwrap_or(DEFAULT_TOKEN_LIFETIME)
         .min(MAX_TOKEN_LIFETIME)
 }
+
+/// The most tokens kept at once (beyond it they are asked for again).
+const MAX_CACHED_TOKENS: usize = 4096;
 
 /// The longest a token is kept before a new one is asked for.
 const MAX_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
