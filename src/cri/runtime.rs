@@ -458,6 +458,7 @@ impl RuntimeService for Runtime {
                 .map(|n| n.pod_cidr)
                 .unwrap_or_default();
             if !cidr.is_empty() {
+                super::validate::pod_cidr(&cidr)?;
                 tracing::info!(pod_cidr = cidr, "pod CIDR updated");
                 self.pods.set_pod_cidr(&cidr);
             }

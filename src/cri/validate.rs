@@ -273,6 +273,30 @@ pub fn container(c: &ContainerConfig) -> Result<(), Status> {
     Ok(())
 }
 
+/// UpdateRuntimeConfig's pod CIDR: one or two (dual-stack) networks, comma-separated, as
+/// kubelet sends them; anything else would surface only later, as every pod's network failing.
+pub fn pod_cidr(s: &str) -> Result<(), Status> {
+    let field = "runtime_config.network_config.pod_cidr";
+    text(field, s, NAME_MAX, true)?;
+    for cidr in s.split(',').map(str::trim) {
+        let ok = cidr.split_once('/').is_some_and(|(addr, len)| {
+            let max = match addr.parse::<IpAddr>() {
+                Ok(IpAddr::V4(_)) => 32,
+                Ok(IpAddr::V6(_)) => 128,
+                Err(_) => return false,
+            };
+            len.parse::<u8>().is_ok_and(|l| l <= max)
+        });
+        if !ok {
+            return Err(refuse(
+                field,
+                format!("{} is not a network (address/prefix)", quoted(cidr)),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The annotations that ask for CDI devices.
 const CDI_ANNOTATION: &str = "cdi.k8s.io/";
 
@@ -585,6 +609,26 @@ mod tests {
             },
             "config.linux.sysctls",
         );
+    }
+
+    #[test]
+    fn pod_cidrs() {
+        pod_cidr("10.244.1.0/24").unwrap();
+        pod_cidr("10.244.1.0/24,fd00:10:244:1::/64").unwrap();
+        for bad in [
+            "10.244.1.0",
+            "10.244.1.0/33",
+            "fd00::/129",
+            "x/8",
+            "10.0.0.0/8;IP=1",
+            "",
+        ] {
+            let m = message(pod_cidr(bad));
+            assert!(
+                m.starts_with("runtime_config.network_config.pod_cidr"),
+                "{bad}: {m}"
+            );
+        }
     }
 
     #[test]
