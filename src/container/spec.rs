@@ -400,7 +400,6 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
         .map_err(|e| invalid("spec", e.to_string()))
 }
 
-/// The working directory: the container's, else the image's (relative to the root), else `/`.
 /// The pod's hostname, from its `/etc/hostname`: every container of the pod may write that
 /// file (it is bound in read-write), so it is read as hostile, a hostname's 64 bytes at most, and
 /// only as a regular file (not a FIFO to wait on).
@@ -425,6 +424,7 @@ fn pod_hostname(path: &Path) -> String {
     name
 }
 
+/// The working directory: the container's, else the image's (relative to the root), else `/`.
 fn working_dir(config: &ContainerConfig, image: &Image) -> Result<String, Invalid> {
     if !config.working_dir.is_empty() {
         clean_container_path(&config.working_dir, "working_dir")
@@ -537,6 +537,9 @@ fn linux(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::image::manifest::{ImageConfig, RunConfig};
+
     #[test]
     fn a_pod_hostname_is_read_as_hostile() {
         let dir = tempfile::tempdir().unwrap();
@@ -554,9 +557,6 @@ mod tests {
         assert_eq!(super::pod_hostname(&p), "");
         assert_eq!(super::pod_hostname(&dir.path().join("gone")), "");
     }
-
-    use super::*;
-    use crate::image::manifest::{ImageConfig, RunConfig};
 
     fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str]) -> Image {
         let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect::<Vec<_>>());
