@@ -223,3 +223,63 @@ async fn a_full_disk_fails_pulls_cleanly() {
     );
     d.pull(&again).await.unwrap();
 }
+
+/// The daemon's peak resident memory (VmHWM), in KiB.
+fn peak_kib(pid: u32) -> i64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+#[tokio::test]
+async fn a_container_cannot_make_the_daemon_read_its_pods_hostname_file() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("hostile");
+    let pod = env.run_pod(&sb).await.unwrap();
+    // The pod's /etc/hostname is bound into its containers read-write: this one makes it a
+    // sparse 256 MiB file, which costs it nothing (large enough to show the daemon reading it,
+    // small enough not to exhaust a machine where it does: 4 GiB took the daemon to 23 GB).
+    let grower = env
+        .run(
+            &pod,
+            &sb,
+            env.container_config(
+                "grower",
+                &[
+                    "sh",
+                    "-c",
+                    "truncate -s 268435456 /etc/hostname; exec sleep 100000",
+                ],
+            ),
+        )
+        .await;
+    let t = Instant::now();
+    loop {
+        let (out, _, _) = env
+            .exec(&grower, &["stat", "-c", "%s", "/etc/hostname"], 10)
+            .await
+            .unwrap();
+        if out.trim() == "268435456" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{out}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = env.d.pid().unwrap();
+    let before = peak_kib(pid);
+    // The next container of the pod: its spec takes the pod's hostname, which was read from
+    // that file whole.
+    let t = Instant::now();
+    let next = env.run(&pod, &sb, env.container_config("next", LONG)).await;
+    let took = t.elapsed();
+    let grew = peak_kib(pid) - before;
+    assert!(took < Duration::from_secs(10), "create+start took {took:?}");
+    assert!(grew < 64 << 10, "the daemon's peak memory grew {grew} KiB");
+    // It runs, in the pod's UTS namespace with the pod's hostname.
+    let (name, _, _) = env.exec(&next, &["hostname"], 10).await.unwrap();
+    assert_eq!(name.trim(), sb.hostname, "{name}");
+    env.remove_pod(&pod).await;
+}
