@@ -139,7 +139,7 @@ impl LogWriter {
 
     /// Adds output; whole lines are written at once, the rest waits for its newline.
     pub fn write(&mut self, stream: Stream, data: &[u8]) -> io::Result<()> {
-        self.ts = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+        self.stamp();
         self.split_lines(stream, data);
         self.flush_out()
     }
@@ -174,7 +174,7 @@ impl LogWriter {
         let slot = Self::slot(stream);
         let rest = std::mem::take(&mut self.pending[slot]);
         if !rest.is_empty() {
-            self.ts = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+            self.stamp();
             self.emit_split(stream, &rest, true);
         }
         self.flush_out()
@@ -193,28 +193,31 @@ impl LogWriter {
         }
     }
 
+    /// The time the lines added next arrived.
+    fn stamp(&mut self) {
+        self.ts = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+    }
+
+    /// Adds one line; no allocation of its own (a flood adds tens of thousands per read).
     fn emit(&mut self, stream: Stream, content: &[u8], full: bool) {
-        let tag = if full { "F" } else { "P" };
-        self.out.reserve(content.len() + 48);
+        let tag: &[u8] = if full { b" F " } else { b" P " };
         self.out.extend_from_slice(self.ts.as_bytes());
-        self.out
-            .extend_from_slice(format!(" {} {tag} ", stream.name()).as_bytes());
+        self.out.push(b' ');
+        self.out.extend_from_slice(stream.name().as_bytes());
+        self.out.extend_from_slice(tag);
         self.out.extend_from_slice(content);
         self.out.push(b'\n');
     }
 
     /// Writes the lines gathered, with one call; without a file (its reopen failed) they go.
     fn flush_out(&mut self) -> io::Result<()> {
-        let out = std::mem::take(&mut self.out);
         let written = match self.file.as_mut() {
-            Some(f) if !out.is_empty() => f.write_all(&out),
+            Some(f) if !self.out.is_empty() => f.write_all(&self.out),
             _ => Ok(()),
         };
         // The buffer is kept for the next lines, empty, unless a flood of short lines grew it.
-        if out.capacity() <= 256 << 10 {
-            self.out = out;
-            self.out.clear();
-        }
+        self.out.clear();
+        self.out.shrink_to(256 << 10);
         written
     }
 }
