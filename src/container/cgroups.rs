@@ -289,11 +289,9 @@ impl ContainerService {
 
 /// Writes a container's limit files into its cgroup.
 pub(super) fn write_limits(cg: &Cgroup, files: &[(String, String)]) -> Result<(), Error> {
-    for (file, value) in files {
-        cg.set(file, value)
-            .map_err(|e| invalid("config.linux.resources", format!("{file} = {value}: {e}")))?;
-    }
-    Ok(())
+    cg.set_all(files).map_err(|(file, value, e)| {
+        invalid("config.linux.resources", format!("{file} = {value}: {e}"))
+    })
 }
 
 /// Attaches the spec's device rules to the container's cgroup (nothing when every device is

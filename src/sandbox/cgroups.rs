@@ -197,9 +197,7 @@ impl SandboxService {
             }
         }
         if owned || self.inner.systemd.is_none() {
-            for (file, value) in files {
-                pod.set(&file, &value).map_err(cg_err(&pod))?;
-            }
+            pod.set_all(&files).map_err(|(_, _, e)| cg_err(&pod)(e))?;
         }
         Ok((Some(pod), owned, Some(pause)))
     }
