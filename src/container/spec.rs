@@ -404,18 +404,13 @@ pub fn build(ctx: &Context) -> Result<Spec, Invalid> {
 /// file (it is bound in read-write), so it is read as hostile, a hostname's 64 bytes at most, and
 /// only as a regular file (not a FIFO to wait on).
 fn pod_hostname(path: &Path) -> String {
-    use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new()
+    let bytes = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path);
-    let mut bytes = Vec::new();
-    if let Ok(f) = file
-        && f.metadata().is_ok_and(|m| m.is_file())
-    {
-        let _ = f.take(64 + 1).read_to_end(&mut bytes);
-    }
+        .open(path)
+        .map(|f| super::user::read_regular(f, 64 + 1))
+        .unwrap_or_default();
     let name = String::from_utf8_lossy(&bytes).trim().to_string();
     // What a container wrote there that no hostname is: none, so the pod's UTS name stays.
     if name.len() > 64 || name.contains(['\0', '\n']) {

@@ -33,16 +33,22 @@ struct Group {
 }
 
 fn read_in_root(root: &Path, path: &str) -> String {
-    let mut s = String::new();
-    if let Ok(fd) = open_in_root(root, path) {
-        let f = std::fs::File::from(fd);
-        // A hostile image could make this huge (a megabyte is plenty for passwd and group),
-        // or a FIFO or a device, which would be waited on or read without end.
-        if f.metadata().is_ok_and(|m| m.is_file()) {
-            let _ = f.take(1 << 20).read_to_string(&mut s);
-        }
+    // A hostile image could make these huge: a megabyte is plenty for passwd and group.
+    open_in_root(root, path)
+        .map(|fd| read_regular(std::fs::File::from(fd), 1 << 20))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default()
+}
+
+/// At most `max` bytes of `f`, when it is a regular file: a file a container or an image made
+/// may be huge (sparse), or a FIFO or device, which would be waited on or read without end.
+pub(super) fn read_regular(f: std::fs::File, max: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if f.metadata().is_ok_and(|m| m.is_file()) {
+        let _ = f.take(max).read_to_end(&mut bytes);
     }
-    s
+    bytes
 }
 
 fn passwd(root: &Path) -> Vec<Passwd> {

@@ -92,8 +92,8 @@ fn add_dir<W: Write>(
             tar.append_link(&mut h, &path, entry.link_target()?)?;
         } else if kind.is_file() {
             let mut h = header(&entry);
-            let key = (entry.meta.dev(), entry.meta.ino());
             if entry.meta.nlink() > 1 {
+                let key = (entry.meta.dev(), entry.meta.ino());
                 if let Some(first) = w.linked.get(&key) {
                     h.set_entry_type(tar::EntryType::Link);
                     h.set_size(0);
