@@ -224,16 +224,6 @@ async fn a_full_disk_fails_pulls_cleanly() {
     d.pull(&again).await.unwrap();
 }
 
-/// The daemon's peak resident memory (VmHWM), in KiB.
-fn peak_kib(pid: u32) -> i64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM")
-}
-
 #[tokio::test]
 async fn a_container_cannot_make_the_daemon_read_its_pods_hostname_file() {
     let env = PodEnv::start().await;
@@ -269,13 +259,13 @@ async fn a_container_cannot_make_the_daemon_read_its_pods_hostname_file() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pid = env.d.pid().unwrap();
-    let before = peak_kib(pid);
+    let before = status_kib(pid, "VmHWM");
     // The next container of the pod: its spec takes the pod's hostname, which was read from
     // that file whole.
     let t = Instant::now();
     let next = env.run(&pod, &sb, env.container_config("next", LONG)).await;
     let took = t.elapsed();
-    let grew = peak_kib(pid) - before;
+    let grew = status_kib(pid, "VmHWM") - before;
     assert!(took < Duration::from_secs(10), "create+start took {took:?}");
     assert!(grew < 64 << 10, "the daemon's peak memory grew {grew} KiB");
     // It runs, in the pod's UTS namespace with the pod's hostname.

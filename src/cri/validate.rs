@@ -534,31 +534,18 @@ mod tests {
         };
         refused(&|c| c.hostname = "a\nb".into(), "config.hostname");
         refused(&|c| c.hostname = "x".repeat(65), "config.hostname");
-        refused(
-            &|c| c.log_directory = "/proc/self".into(),
-            "config.log_directory",
-        );
-        refused(
-            &|c| c.log_directory = "/dev/null".into(),
-            "config.log_directory",
-        );
-        refused(
-            &|c| c.log_directory = "//sys/x".into(),
-            "config.log_directory",
-        );
-        refused(
-            &|c| c.log_directory = format!("/{}", "d".repeat(5000)),
-            "config.log_directory",
-        );
-        // Past the check of its first component to /proc/sys/kernel/core_pattern's directory.
-        refused(
-            &|c| c.log_directory = "/var/../proc/sys/kernel".into(),
-            "config.log_directory",
-        );
-        refused(
-            &|c| c.log_directory = "/var/log/pods/../../../dev".into(),
-            "config.log_directory",
-        );
+        // Under /proc, /sys or /dev, too long, or past the check of its first component by
+        // `..` (to /proc/sys/kernel/core_pattern's directory).
+        for dir in [
+            "/proc/self".to_string(),
+            "/dev/null".into(),
+            "//sys/x".into(),
+            format!("/{}", "d".repeat(5000)),
+            "/var/../proc/sys/kernel".into(),
+            "/var/log/pods/../../../dev".into(),
+        ] {
+            refused(&|c| c.log_directory = dir.clone(), "config.log_directory");
+        }
         // CNI_ARGS' separators: another key for the plugins.
         let meta = |name: &str, uid: &str, namespace: &str| {
             let (name, uid, namespace) = (name.to_string(), uid.to_string(), namespace.to_string());

@@ -1738,10 +1738,15 @@ pub async fn channel_forward(url: &str, protocol: &str, request: &[u8]) -> Vec<(
 
 /// A process's resident memory, in KiB.
 pub fn rss_kib(pid: u32) -> i64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// A figure in KiB of a process's `/proc/PID/status` (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, key: &str) -> i64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .expect("process status")
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
+        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/status"))
 }
