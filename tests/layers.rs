@@ -203,3 +203,150 @@ async fn layers_from_gnu_tar_and_python() {
     );
     env.remove_pod(&pod).await;
 }
+
+/// The eStargz writer the harness and the benchmark push lazily pulled layers with: every kind
+/// of entry the tests make, a file of three chunks, a long name, an xattr; read back from the
+/// footer, the table of contents and each chunk's own offset. Needs no root.
+#[test]
+fn estargz_writer_round_trips() {
+    use common::estargz;
+    use tar::EntryType as T;
+    let header = |kind: T, mode: u32, size: usize| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(size as u64);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h
+    };
+    let small = b"0123456789".to_vec();
+    let big: Vec<u8> = (0u32..3 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let long = format!("dir/{}", "l".repeat(150));
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(&mut header(T::Directory, 0o755, 0), "dir", &[][..])
+        .unwrap();
+    b.append_data(&mut header(T::Regular, 0o644, 10), "dir/small", &small[..])
+        .unwrap();
+    b.append_data(
+        &mut header(T::Regular, 0o755, big.len()),
+        "dir/big",
+        &big[..],
+    )
+    .unwrap();
+    b.append_data(&mut header(T::Regular, 0o644, 0), "dir/empty", &[][..])
+        .unwrap();
+    b.append_link(&mut header(T::Symlink, 0o777, 0), "dir/link", "/dir/small")
+        .unwrap();
+    b.append_link(&mut header(T::Link, 0o644, 0), "dir/hard", "dir/small")
+        .unwrap();
+    b.append_pax_extensions([("SCHILY.xattr.user.x", &b"v\0\xff"[..])])
+        .unwrap();
+    let mut attr = header(T::Regular, 0o4755, 4);
+    attr.set_uid(1000);
+    attr.set_gid(2000);
+    attr.set_mtime(1_704_164_645);
+    b.append_data(&mut attr, "dir/attr", &b"attr"[..]).unwrap();
+    b.append_data(&mut header(T::Regular, 0o644, 4), &long, &b"long"[..])
+        .unwrap();
+    b.append_data(&mut header(T::Regular, 0o600, 0), ".wh.gone", &[][..])
+        .unwrap();
+    let mut null = header(T::Char, 0o666, 0);
+    null.set_device_major(1).unwrap();
+    null.set_device_minor(3).unwrap();
+    b.append_data(&mut null, "dev/null", &[][..]).unwrap();
+    let tar = b.into_inner().unwrap();
+
+    let layer = estargz::convert(&tar, 1 << 20).unwrap();
+    // Decompression, the footer, the TOC's digest, every chunk from its own offset.
+    let toc = estargz::verify(&layer, &tar).unwrap();
+    println!(
+        "{} tar bytes -> {} blob bytes, TOC {}",
+        tar.len(),
+        layer.blob.len(),
+        layer.toc_digest
+    );
+    let foot = &layer.blob[layer.blob.len() - 51..];
+    let toc_offset = u64::from_str_radix(std::str::from_utf8(&foot[16..32]).unwrap(), 16);
+    assert!(toc_offset.unwrap() < layer.blob.len() as u64);
+    assert_eq!(&foot[32..38], b"STARGZ");
+
+    let entries = toc["entries"].as_array().unwrap();
+    let listed: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("dir", "dir"),
+            ("dir/small", "reg"),
+            ("dir/big", "reg"),
+            ("dir/big", "chunk"),
+            ("dir/big", "chunk"),
+            ("dir/empty", "reg"),
+            ("dir/link", "symlink"),
+            ("dir/hard", "hardlink"),
+            ("dir/attr", "reg"),
+            (long.as_str(), "reg"),
+            (".wh.gone", "reg"),
+            ("dev/null", "char"),
+        ]
+    );
+    let [
+        dir,
+        small_e,
+        big_e,
+        c1,
+        c2,
+        empty,
+        link,
+        hard,
+        attr_e,
+        _,
+        _,
+        null,
+    ] = &entries[..]
+    else {
+        panic!("{entries:?}")
+    };
+    assert_eq!(dir["modtime"], "2023-11-14T22:13:20Z");
+    assert_eq!(dir["mode"], 0o755);
+    assert!(dir.get("uid").is_none() && dir.get("offset").is_none());
+    assert_eq!(small_e["size"], 10);
+    assert!(small_e.get("chunkDigest").is_some() && small_e.get("chunkSize").is_none());
+    assert_eq!(big_e["size"], 3 << 20);
+    assert_eq!(big_e["chunkSize"], 1 << 20);
+    assert_eq!(big_e["digest"], common::sha256(&big));
+    assert!(big_e.get("chunkOffset").is_none());
+    assert_eq!(c1["chunkOffset"], 1 << 20);
+    assert_eq!(c2["chunkOffset"], 2 << 20);
+    assert_eq!(c2["chunkSize"], 1 << 20);
+    assert!(c1["offset"].as_u64() > big_e["offset"].as_u64());
+    assert!(empty.get("offset").is_none() && empty.get("chunkDigest").is_none());
+    assert_eq!(link["linkName"], "/dir/small");
+    assert_eq!(hard["linkName"], "dir/small");
+    assert_eq!(attr_e["mode"], 0o4755);
+    assert_eq!(attr_e["uid"], 1000);
+    assert_eq!(attr_e["gid"], 2000);
+    assert_eq!(
+        (null["devMajor"].as_u64(), null["devMinor"].as_u64()),
+        (Some(1), Some(3))
+    );
+    assert_eq!(attr_e["modtime"], "2024-01-02T03:04:05Z");
+    use base64::Engine;
+    let x = base64::engine::general_purpose::STANDARD.encode(b"v\0\xff");
+    assert_eq!(attr_e["xattrs"], serde_json::json!({ "user.x": x }));
+    assert_eq!(
+        layer.uncompressed_size,
+        (tar.len() - 1024 + 512 + toc_len(&toc) + 1024) as u64
+    );
+}
+
+/// The TOC JSON's length padded to tar blocks.
+fn toc_len(toc: &serde_json::Value) -> usize {
+    serde_json::to_vec(toc).unwrap().len().next_multiple_of(512)
+}

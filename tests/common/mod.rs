@@ -18,6 +18,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use tonic::transport::Channel;
 
 pub mod agent;
+pub mod estargz;
 pub mod kubelet;
 pub mod net;
 pub mod push;
@@ -517,6 +518,11 @@ pub fn layer_from_tar(tar: Vec<u8>, compress: Compress) -> TestLayer {
 
 /// A busybox-static rootfs: /bin/busybox plus a symlink per applet, /etc/passwd and /etc/group.
 pub fn busybox_layer(compress: Compress) -> TestLayer {
+    layer(&busybox_entries(), compress)
+}
+
+/// The entries of `busybox_layer`.
+pub fn busybox_entries() -> Vec<Entry> {
     let bin = std::fs::read("/bin/busybox")
         .expect("/bin/busybox missing: run hack/install-test-deps.sh (busybox-static)");
     let out = Command::new("/bin/busybox")
@@ -544,7 +550,7 @@ pub fn busybox_layer(compress: Compress) -> TestLayer {
             entries.push(Entry::Symlink(format!("bin/{applet}"), "busybox".into()));
         }
     }
-    layer(&entries, compress)
+    entries
 }
 
 /// A built image: layers, config and manifest bytes.
