@@ -284,6 +284,13 @@ pub struct Image {
     /// The signature policy (containers-policy.json format), read at every pull; without the
     /// file every image is accepted.
     pub signature_policy: PathBuf,
+    /// Start containers of eStargz images before their pull ends: each layer is served over
+    /// FUSE from its table of contents, chunks fetched on first read and verified, while the
+    /// whole pull goes on behind.
+    pub lazy_pull: bool,
+    /// How long after a lazy pull its whole pull starts, so it does not slow the first
+    /// container's start on a small node.
+    pub lazy_whole_pull_delay: String,
 }
 
 impl Default for Image {
@@ -291,6 +298,8 @@ impl Default for Image {
         Image {
             allow_device_nodes: false,
             signature_policy: PathBuf::from("/etc/crius/policy.json"),
+            lazy_pull: false,
+            lazy_whole_pull_delay: "5s".into(),
         }
     }
 }
@@ -391,6 +400,10 @@ impl Config {
             (
                 "nri.plugin_request_timeout",
                 &cfg.nri.plugin_request_timeout,
+            ),
+            (
+                "image.lazy_whole_pull_delay",
+                &cfg.image.lazy_whole_pull_delay,
             ),
         ] {
             if humantime::parse_duration(value).is_err() {

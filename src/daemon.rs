@@ -195,15 +195,19 @@ async fn open_images(cfg: &Config) -> Result<ImageService, Error> {
         allow_device_nodes: cfg.image.allow_device_nodes,
         signature_policy: cfg.image.signature_policy.clone(),
         max_concurrent_downloads: cfg.registry.max_concurrent_downloads,
+        lazy_pull: cfg.image.lazy_pull,
+        // Checked when the configuration was read.
+        lazy_whole_pull_delay: humantime::parse_duration(&cfg.image.lazy_whole_pull_delay)
+            .unwrap_or_default(),
     };
-    Ok(
-        tokio::task::spawn_blocking(move || ImageService::open(&opts))
-            .await
-            .map_err(|e| Error::Io {
-                path: cfg.root.clone(),
-                source: io::Error::other(e),
-            })??,
-    )
+    let images = tokio::task::spawn_blocking(move || ImageService::open(&opts))
+        .await
+        .map_err(|e| Error::Io {
+            path: cfg.root.clone(),
+            source: io::Error::other(e),
+        })??;
+    images.recover_lazy();
+    Ok(images)
 }
 
 /// The cgroup policy: the v2 hierarchy if mounted (said in the log either way), the driver,

@@ -353,6 +353,7 @@ fn main() -> ExitCode {
         let helper = match cmd.to_str() {
             Some("monitor") => Some(crius::runtime::monitor::main(std::path::Path::new(&arg))),
             Some("pause") => Some(crius::runtime::pause::main(&arg.to_string_lossy())),
+            Some("lazyfs") => Some(crius::snapshot::lazy::main(std::path::Path::new(&arg))),
             _ => None,
         };
         if let Some(code) = helper {

@@ -375,7 +375,7 @@ impl ContainerService {
     /// for an image without layers.
     fn lower_dirs(&self, new: &NewContainer<'_>) -> Result<Vec<PathBuf>, Error> {
         let mut lowers = match new.image.top_chain() {
-            Some(c) => self.inner.images.lowerdirs(c)?,
+            Some(_) => self.inner.images.lowerdirs(new.image)?,
             None => Vec::new(),
         };
         if lowers.is_empty() {

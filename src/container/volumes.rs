@@ -139,7 +139,7 @@ impl ContainerService {
         let chain = image.top_chain().cloned();
         let dir = b.layer.join("images").join(i.to_string());
         let mut lowers = match &chain {
-            Some(c) => self.inner.images.lowerdirs(c)?,
+            Some(_) => self.inner.images.lowerdirs(&image)?,
             None => Vec::new(),
         };
         if lowers.is_empty() {

@@ -31,6 +31,9 @@ pub struct Descriptor {
     pub size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<Platform>,
+    /// A layer's annotations (an eStargz layer names its table of contents' digest here).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -391,6 +394,7 @@ mod tests {
             digest: Digest::of(&[n]),
             size: 1,
             platform: Some(plat),
+            annotations: Default::default(),
         };
         let index = Index {
             schema_version: 2,
@@ -464,6 +468,7 @@ mod props {
                 digest: Digest::of(&b),
                 size,
                 platform: with_platform.then_some(p),
+                annotations: Default::default(),
             })
     }
 

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod dockercfg;
 pub mod hosts;
+mod lazy;
 pub mod manifest;
 pub mod policy;
 pub mod progress;
@@ -242,6 +243,16 @@ pub(crate) struct Inner {
     pins: Mutex<HashMap<Digest, std::collections::BTreeSet<String>>>,
     progress: progress::Board,
     signature_policy: PathBuf,
+    lazy: lazy::Lazy,
+}
+
+/// How a pull goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pull {
+    /// Lazily where it can be.
+    Any,
+    /// Whole, behind a lazy pull: records the image only if it is still there.
+    Behind,
 }
 
 /// The image service. Cheap to clone.
@@ -274,6 +285,10 @@ pub struct Options {
     pub max_concurrent_downloads: usize,
     /// The signature policy file, read at every pull (absent: no policy).
     pub signature_policy: PathBuf,
+    /// Serve eStargz images before their pull ends (see `lazy`), and start their whole pull
+    /// this long after.
+    pub lazy_pull: bool,
+    pub lazy_whole_pull_delay: std::time::Duration,
 }
 
 impl ImageService {
@@ -303,6 +318,13 @@ impl ImageService {
             pins: Mutex::new(HashMap::new()),
             progress: progress::Board::default(),
             signature_policy: cfg.signature_policy.clone(),
+            lazy: lazy::Lazy::new(
+                &cfg.root,
+                cfg.lazy_pull,
+                cfg.lazy_whole_pull_delay,
+                cfg.config_path.clone(),
+                cfg.auth_file.clone(),
+            ),
         };
         let svc = ImageService {
             inner: Arc::new(inner),
@@ -382,8 +404,76 @@ impl ImageService {
         self.inner.dir.join(format!("{}.json", id.hex()))
     }
 
-    /// Pulls `image` and records it. Concurrent pulls of the same layers share the work.
+    /// Pulls `image` and records it. Concurrent pulls of the same layers share the work. With
+    /// `lazy_pull`, an eStargz image is recorded once its layers are served lazily, and its
+    /// whole pull goes on behind (see `lazy`).
     pub async fn pull(&self, image: &str, creds: Option<Credentials>) -> Result<Arc<Image>, Error> {
+        let (pulled, lazy) = self.pull_as(image, creds.clone(), Pull::Any).await?;
+        if lazy {
+            self.finish_behind(creds, &pulled);
+        }
+        Ok(pulled)
+    }
+
+    /// The whole pull of a lazily pulled image, after the configured delay, by its manifest's
+    /// digest (a tag moved meanwhile does not change what is finished); tried three times. Its
+    /// lazy layers are retired once their snapshots are in, or once no image uses them.
+    fn finish_behind(&self, creds: Option<Credentials>, pulled: &Image) {
+        let keys: Vec<lazy::Key> = pulled
+            .record
+            .layers
+            .iter()
+            .map(|l| (l.chain_id.clone(), l.digest.clone()))
+            .collect();
+        let Some(image) = pulled.record.repo_digests.first().cloned() else {
+            return;
+        };
+        let id = pulled.record.id.clone();
+        let me = self.clone();
+        let delay = self.inner.lazy.delay();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            for attempt in 1..=3u32 {
+                if !read(&me.inner.catalog).images.contains_key(&id) {
+                    break;
+                }
+                match me.pull_as(&image, creds.clone(), Pull::Behind).await {
+                    Ok(_) => {
+                        tracing::info!(image, "lazily pulled image now whole");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(image, attempt, error = %e, "whole pull of a lazily pulled image failed");
+                        tokio::time::sleep(std::time::Duration::from_secs(10 * u64::from(attempt)))
+                            .await;
+                    }
+                }
+            }
+            for k in &keys {
+                if me.inner.snapshots.exists(&k.0) || !me.lazy_in_use(k) {
+                    me.inner.lazy.retire(k);
+                }
+            }
+        });
+    }
+
+    /// Whether an image in the catalog has `key` among its layers and not yet unpacked.
+    fn lazy_in_use(&self, key: &lazy::Key) -> bool {
+        read(&self.inner.catalog).images.values().any(|img| {
+            img.record
+                .layers
+                .iter()
+                .any(|l| l.chain_id == key.0 && l.digest == key.1)
+        }) && !self.inner.snapshots.exists(&key.0)
+    }
+
+    /// One pull; says whether it was served lazily.
+    async fn pull_as(
+        &self,
+        image: &str,
+        creds: Option<Credentials>,
+        how: Pull,
+    ) -> Result<(Arc<Image>, bool), Error> {
         let started = std::time::Instant::now();
         let reference = Reference::parse(image)?;
         let key = reference.to_string();
@@ -399,8 +489,27 @@ impl ImageService {
             // Shared with the pull's unpackers: a cancelled pull's unpacker still running keeps
             // the collection off what it is writing.
             let pulling = Arc::new(self.inner.gc.clone().read_owned().await);
-            match pull::pull(&self.inner, &reference, creds, &progress, &pulling).await {
-                Ok((record, config)) => self.add(record, config),
+            let may_lazy = how == Pull::Any && self.inner.lazy.enabled();
+            match pull::pull(
+                &self.inner,
+                &reference,
+                creds,
+                &progress,
+                &pulling,
+                may_lazy,
+            )
+            .await
+            {
+                // A removal while the whole pull went on behind stands.
+                Ok((record, _, _))
+                    if how == Pull::Behind
+                        && !read(&self.inner.catalog).images.contains_key(&record.id) =>
+                {
+                    Err(Error::NotFound {
+                        image: image.to_string(),
+                    })
+                }
+                Ok((record, config, lazy)) => self.add(record, config).map(|i| (i, lazy)),
                 Err(e) => Err(e),
             }
         };
@@ -534,6 +643,12 @@ impl ImageService {
             catalog.images.remove(&img.record.id);
             catalog.names.retain(|_, id| id != &img.record.id);
         }
+        for l in &img.record.layers {
+            let key = (l.chain_id.clone(), l.digest.clone());
+            if !self.lazy_in_use(&key) {
+                self.inner.lazy.retire(&key);
+            }
+        }
         match self.inner.gc.clone().try_write_owned() {
             Ok(guard) => {
                 let me = self.clone();
@@ -653,8 +768,32 @@ impl ImageService {
     }
 
     /// The overlay lower directories for a rootfs on `chain`, topmost first.
-    pub fn lowerdirs(&self, chain: &Digest) -> Result<Vec<PathBuf>, Error> {
-        Ok(self.inner.snapshots.lowerdirs(chain)?)
+    /// The overlay lower directories for a rootfs of `image`, topmost first. A layer not yet
+    /// unpacked but served lazily gives its mount (found by its blob's digest too: see `lazy`).
+    pub fn lowerdirs(&self, image: &Image) -> Result<Vec<PathBuf>, Error> {
+        let mut out = Vec::new();
+        for l in image.record.layers.iter().rev() {
+            if self.inner.snapshots.exists(&l.chain_id) {
+                out.push(self.inner.snapshots.fs_dir(&l.chain_id));
+            } else if let Some(mnt) = self
+                .inner
+                .lazy
+                .lower(&(l.chain_id.clone(), l.digest.clone()))
+            {
+                out.push(mnt);
+            } else {
+                return Err(snapshot::Error::Missing {
+                    chain_id: l.chain_id.clone(),
+                }
+                .into());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Serves, until their containers end, the lazy layers a previous daemon left.
+    pub fn recover_lazy(&self) {
+        lazy::recover(&self.inner);
     }
 
     /// Bytes and inodes the image store uses (content blobs and unpacked snapshots).

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard};
 
 use super::manifest::Compression;
 use super::progress::Progress;
-use super::pull_manifest::{Chosen, check_top_digest, choose_manifest, fetch_config, layer_list};
+use super::pull_manifest::{Chosen, Resolved, resolve};
 use super::registry::Session;
 use super::{Credentials, Error, ImageConfig, Inner, Layer, Record, Reference};
 use crate::content::{Digest, Ingest, Verified};
@@ -25,34 +25,29 @@ use crate::records::now_nanos;
 use crate::snapshot::{Meta, Prepared, Snapshotter, copyup, unpack};
 
 /// Pulls the image `reference` names: its manifest and config verified, every layer fetched
-/// and unpacked, then its small blobs stored; returns its record and config.
+/// and unpacked (or, `may_lazy`, served lazily: see `lazy`), then its small blobs stored;
+/// returns its record and config, and whether it was served lazily.
 pub(super) async fn pull(
     inner: &Arc<Inner>,
     reference: &Reference,
     creds: Option<Credentials>,
     progress: &Arc<Progress>,
     pulling: &Arc<OwnedRwLockReadGuard<()>>,
-) -> Result<(Record, ImageConfig), Error> {
-    let session = inner.registry.session(reference, creds).await?;
-    let shown = reference.to_string();
-
-    // Manifest (or index), verified against the digest it was requested or resolved by.
-    let fetched = session.manifest(&reference.object()).await?;
-    let top = Digest::of(&fetched.data);
-    check_top_digest(reference, &fetched, &top)?;
-    // The node's policy, read now (an edit applies to the next pull), before any layer.
-    let policy = super::policy::Policy::load(&inner.signature_policy).map_err(|source| {
-        Error::PolicyFile {
-            path: inner.signature_policy.clone(),
-            source,
-        }
-    })?;
-    if let Some(policy) = &policy {
-        super::signature::check(policy, &session, reference, &top).await?;
+    may_lazy: bool,
+) -> Result<(Record, ImageConfig, bool), Error> {
+    let resolved = resolve(inner, reference, creds.clone()).await?;
+    let lazy = may_lazy && super::lazy::serve(inner, &resolved, reference, &creds).await;
+    let Resolved {
+        session,
+        chosen,
+        config_bytes,
+        config,
+        layers,
+    } = resolved;
+    if lazy {
+        let record = store_record(inner, reference, chosen, &config_bytes, layers)?;
+        return Ok((record, config, true));
     }
-    let chosen = choose_manifest(&session, &shown, fetched, top).await?;
-    let (config_bytes, config) = fetch_config(inner, &session, &shown, &chosen).await?;
-    let layers = layer_list(&shown, &chosen, &config)?;
     progress
         .layers_total
         .store(layers.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -70,7 +65,7 @@ pub(super) async fn pull(
     futures_util::future::try_join_all(jobs).await?;
 
     let record = store_record(inner, reference, chosen, &config_bytes, layers)?;
-    Ok((record, config))
+    Ok((record, config, false))
 }
 
 /// Everything verified: stores the small blobs (index, manifest, config) and builds the

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::Credentials;
 use super::manifest::{self, Parsed, Platform};
 use super::registry::{FetchedManifest, Session};
 use super::{Error, ImageConfig, Inner, Layer, Reference, check_digest};
@@ -203,6 +204,50 @@ fn check_blob(what: &'static str, digest: &Digest, size: u64, data: &[u8]) -> Re
         });
     }
     check_digest(what, digest, data)
+}
+
+/// An image resolved to its platform manifest, config and layers, all verified; nothing of
+/// its layers fetched yet.
+pub(super) struct Resolved<'a> {
+    pub(super) session: Session<'a>,
+    pub(super) chosen: Chosen,
+    pub(super) config_bytes: Vec<u8>,
+    pub(super) config: ImageConfig,
+    pub(super) layers: Vec<Layer>,
+}
+
+/// Resolves `reference`: its manifest verified against the digest it was asked or resolved
+/// by, the node's signature policy, the platform's manifest, the config.
+pub(super) async fn resolve<'a>(
+    inner: &'a Arc<Inner>,
+    reference: &Reference,
+    creds: Option<Credentials>,
+) -> Result<Resolved<'a>, Error> {
+    let session = inner.registry.session(reference, creds).await?;
+    let shown = reference.to_string();
+    let fetched = session.manifest(&reference.object()).await?;
+    let top = Digest::of(&fetched.data);
+    check_top_digest(reference, &fetched, &top)?;
+    // The node's policy, read now (an edit applies to the next pull), before any layer.
+    let policy = super::policy::Policy::load(&inner.signature_policy).map_err(|source| {
+        Error::PolicyFile {
+            path: inner.signature_policy.clone(),
+            source,
+        }
+    })?;
+    if let Some(policy) = &policy {
+        super::signature::check(policy, &session, reference, &top).await?;
+    }
+    let chosen = choose_manifest(&session, &shown, fetched, top).await?;
+    let (config_bytes, config) = fetch_config(inner, &session, &shown, &chosen).await?;
+    let layers = layer_list(&shown, &chosen, &config)?;
+    Ok(Resolved {
+        session,
+        chosen,
+        config_bytes,
+        config,
+        layers,
+    })
 }
 
 #[cfg(test)]

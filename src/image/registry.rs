@@ -250,6 +250,48 @@ impl Session<'_> {
         Ok((resp, partial))
     }
 
+    /// Fetches bytes `start..end` of a blob (at most `max`); the registry must answer 206.
+    pub async fn range(
+        &self,
+        digest: &Digest,
+        start: u64,
+        end: u64,
+        max: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let bad = |message: String| Error::Registry {
+            url: format!("{}/{}/blobs/{digest}", self.domain, self.repo),
+            status: 0,
+            message,
+        };
+        if end <= start || end - start > max {
+            return Err(bad(format!(
+                "range {start}..{end} is empty or over {max} bytes"
+            )));
+        }
+        let mut headers = HeaderMap::new();
+        let v = HeaderValue::from_str(&format!("bytes={start}-{}", end - 1))
+            .map_err(|e| bad(e.to_string()))?;
+        headers.insert(RANGE, v);
+        let resp = self
+            .request(Need::Pull, &format!("/blobs/{digest}"), headers)
+            .await?;
+        if resp.status() != StatusCode::PARTIAL_CONTENT {
+            return Err(bad(format!(
+                "answered {} to a range request",
+                resp.status()
+            )));
+        }
+        let data = read_limited(resp, end - start, "range").await?;
+        if data.len() as u64 != end - start {
+            return Err(bad(format!(
+                "{} bytes for a range of {}",
+                data.len(),
+                end - start
+            )));
+        }
+        Ok(data)
+    }
+
     /// Sends GET `<host path>/<repo><suffix>` to each host able to serve it until one answers.
     async fn request(
         &self,

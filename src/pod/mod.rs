@@ -273,7 +273,7 @@ impl PodService {
             self.images.hold(c);
         }
         let lowerdirs = match &chain {
-            Some(c) => self.images.lowerdirs(c),
+            Some(_) => self.images.lowerdirs(&image),
             None => Ok(Vec::new()),
         };
         let result = match lowerdirs {

@@ -9,6 +9,7 @@
 
 pub mod copyup;
 pub mod diff;
+pub mod lazy;
 #[cfg(test)]
 mod props;
 mod tree;

@@ -14,6 +14,9 @@ use anyhow::{Context, Result, bail};
 #[path = "../../../tests/common/push.rs"]
 mod push;
 pub use push::sha256;
+// The tests' eStargz writer.
+#[path = "../../../tests/common/estargz.rs"]
+pub mod estargz;
 
 pub struct Layer {
     pub blob: Vec<u8>,
@@ -34,7 +37,7 @@ fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
     h
 }
 
-fn gzip_layer(tar: Vec<u8>) -> Result<Layer> {
+pub fn gzip_layer(tar: Vec<u8>) -> Result<Layer> {
     let diff_id = sha256(&tar);
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     e.write_all(&tar)?;
@@ -49,6 +52,11 @@ fn gzip_layer(tar: Vec<u8>) -> Result<Layer> {
 
 /// busybox-static with its applet links, plus a marker file that makes the layer unique.
 pub fn busybox_layer(marker: &str) -> Result<Layer> {
+    gzip_layer(busybox_tar(marker)?)
+}
+
+/// The tar of `busybox_layer`.
+pub fn busybox_tar(marker: &str) -> Result<Vec<u8>> {
     let bin = std::fs::read("/bin/busybox")
         .context("/bin/busybox (busybox-static) is missing: run hack/install-bench-deps.sh")?;
     let list = Command::new("/bin/busybox").arg("--list").output()?;
@@ -82,7 +90,7 @@ pub fn busybox_layer(marker: &str) -> Result<Layer> {
             "busybox",
         )?;
     }
-    gzip_layer(b.into_inner()?)
+    Ok(b.into_inner()?)
 }
 
 /// xorshift64: a cheap stream of bytes that is the same for the same seed.
@@ -134,9 +142,9 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A layer holding one file of `mib` MiB of incompressible bytes, like a shard of a model's
-/// weights.
-pub fn weights_layer(mib: usize, seed: u64) -> Result<Layer> {
+/// The tar of a layer holding one file of `mib` MiB of incompressible bytes, like a shard of
+/// a model's weights.
+pub fn weights_tar(mib: usize, seed: u64) -> Result<Vec<u8>> {
     let data = noise(mib << 20, seed);
     let mut b = tar::Builder::new(Vec::with_capacity(data.len() + (1 << 20)));
     b.append_data(
@@ -150,12 +158,12 @@ pub fn weights_layer(mib: usize, seed: u64) -> Result<Layer> {
         &data[..],
     )?;
     drop(data);
-    gzip_layer(b.into_inner()?)
+    Ok(b.into_inner()?)
 }
 
-/// A layer of `count` small files (100 to 12,000 bytes, half random and half text) in
-/// directories of 100, like the packages of a Python environment.
-pub fn packages_layer(count: usize, seed: u64) -> Result<Layer> {
+/// The tar of a layer of `count` small files (100 to 12,000 bytes, half random and half
+/// text) in directories of 100, like the packages of a Python environment.
+pub fn packages_tar(count: usize, seed: u64) -> Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
     let root = "usr/lib/python3/site-packages";
     let mut made = String::new();
@@ -190,7 +198,7 @@ pub fn packages_layer(count: usize, seed: u64) -> Result<Layer> {
             &data[..],
         )?;
     }
-    gzip_layer(b.into_inner()?)
+    Ok(b.into_inner()?)
 }
 
 pub struct Image {
@@ -200,6 +208,16 @@ pub struct Image {
 }
 
 pub fn image(layers: Vec<Layer>, cmd: &[&str]) -> Image {
+    annotated_image(layers, cmd, &[])
+}
+
+/// An image whose layers carry these annotations (an eStargz image's TOC digests), one list
+/// per layer.
+pub fn annotated_image(
+    layers: Vec<Layer>,
+    cmd: &[&str],
+    annotations: &[serde_json::Value],
+) -> Image {
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
@@ -211,9 +229,15 @@ pub fn image(layers: Vec<Layer>, cmd: &[&str]) -> Image {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&config), "size": config.len() },
-        "layers": layers.iter().map(|l| serde_json::json!({
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": l.digest, "size": l.blob.len()
-        })).collect::<Vec<_>>(),
+        "layers": layers.iter().enumerate().map(|(i, l)| {
+            let mut d = serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": l.digest, "size": l.blob.len()
+            });
+            if let Some(a) = annotations.get(i) {
+                d["annotations"] = a.clone();
+            }
+            d
+        }).collect::<Vec<_>>(),
     }))
     .unwrap_or_default();
     Image {

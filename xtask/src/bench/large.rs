@@ -22,6 +22,8 @@ const SHARDS: usize = 4;
 /// One round's image, pushed.
 pub struct Large {
     pub reference: String,
+    /// The same image as eStargz, with a busybox layer to run.
+    pub lazy_reference: String,
     /// The first shard's digest: the blob the floor is measured with.
     probe: String,
     /// Compressed and uncompressed bytes of all layers.
@@ -40,11 +42,12 @@ pub async fn build(registry: &Registry, mib: usize, rounds: usize) -> Result<Vec
     for r in 0..rounds {
         let seed = (r as u64 + 1) * 100;
         let started = Instant::now();
-        let layers = std::thread::scope(|s| -> Result<Vec<images::Layer>> {
+        type Both = (images::Layer, Lazy);
+        let both = std::thread::scope(|s| -> Result<Vec<Both>> {
             let shards: Vec<_> = (0..SHARDS as u64)
-                .map(|l| s.spawn(move || images::weights_layer(mib / SHARDS, seed + l)))
+                .map(|l| s.spawn(move || both(images::weights_tar(mib / SHARDS, seed + l)?)))
                 .collect();
-            let packages = images::packages_layer(SMALL_FILES, seed + 50)?;
+            let packages = both(images::packages_tar(SMALL_FILES, seed + 50)?)?;
             let mut layers = Vec::new();
             for h in shards {
                 layers.push(
@@ -55,6 +58,8 @@ pub async fn build(registry: &Registry, mib: usize, rounds: usize) -> Result<Vec
             layers.push(packages);
             Ok(layers)
         })?;
+        let (layers, lazy): (Vec<_>, Vec<_>) = both.into_iter().unzip();
+        let lazy_reference = push_lazy(registry, r, lazy).await?;
         let uncompressed = layers.iter().map(|l| l.tar_size).sum();
         let img = images::image(layers, &["sh"]);
         let compressed = img.layers.iter().map(|l| l.blob.len() as u64).sum::<u64>();
@@ -69,12 +74,86 @@ pub async fn build(registry: &Registry, mib: usize, rounds: usize) -> Result<Vec
         );
         out.push(Large {
             reference,
+            lazy_reference,
             probe: img.layers[0].digest.clone(),
             compressed,
             uncompressed,
         });
     }
     Ok(out)
+}
+
+/// An eStargz layer and its annotations.
+type Lazy = (images::Layer, serde_json::Value);
+
+/// A layer as gzip and as eStargz (4 MiB chunks, as eStargz tools make them).
+fn both(tar: Vec<u8>) -> Result<(images::Layer, Lazy)> {
+    let e = images::estargz::convert(&tar, 4 << 20)?;
+    let annotations = serde_json::json!({
+        images::estargz::TOC_DIGEST_ANNOTATION: e.toc_digest,
+        images::estargz::UNCOMPRESSED_SIZE_ANNOTATION: e.uncompressed_size.to_string(),
+    });
+    let lazy = images::Layer {
+        digest: images::sha256(&e.blob),
+        tar_size: tar.len() as u64,
+        blob: e.blob,
+        diff_id: e.diff_id,
+    };
+    Ok((images::gzip_layer(tar)?, (lazy, annotations)))
+}
+
+/// The round's image as eStargz, busybox below it to run a command.
+async fn push_lazy(registry: &Registry, r: usize, mut layers: Vec<Lazy>) -> Result<String> {
+    let e = images::estargz::convert(&images::busybox_tar(&format!("large-lazy-{r}"))?, 4 << 20)?;
+    layers.insert(
+        0,
+        (
+            images::Layer {
+                digest: images::sha256(&e.blob),
+                tar_size: e.uncompressed_size,
+                blob: e.blob,
+                diff_id: e.diff_id,
+            },
+            serde_json::json!({ images::estargz::TOC_DIGEST_ANNOTATION: e.toc_digest }),
+        ),
+    );
+    let (layers, annotations): (Vec<_>, Vec<_>) = layers.into_iter().unzip();
+    let img = images::annotated_image(layers, &["sh"], &annotations);
+    registry.push("large-lazy", &format!("r{r}"), &img).await
+}
+
+/// Time to a running container of the round's eStargz image, cold: PullImage, then
+/// CreateContainer and StartContainer of a command that reads the first MiB of each weights
+/// file. crius serves it lazily (`image.lazy_pull`); the containerd peers, without a stargz
+/// snapshotter, pull it whole. The pod is made before the clock starts; the image is removed
+/// after (crius's lazy layers go with it).
+pub async fn lazy_rows(
+    rts: &mut [Rt],
+    order: &[usize],
+    large: &Large,
+    mib: usize,
+    res: &mut Results,
+) -> Result<()> {
+    let name = format!("{}: time to a running container, eStargz image", label(mib));
+    let cmd = [
+        "sh",
+        "-c",
+        "head -c 1048576 /models/* > /dev/null; sleep 3600",
+    ];
+    for &i in order {
+        let rt = &mut rts[i];
+        let (pod, sb) = rt.run_pod().await?;
+        let image = large.lazy_reference.clone();
+        let (_, ms) = super::timed(async {
+            rt.pull(&image).await?;
+            rt.start_container_cmd(&pod, &sb, &image, &cmd).await
+        })
+        .await?;
+        rt.remove_pod(&pod).await?;
+        rt.remove_image(&image).await?;
+        res.add(&name, "ms", rt.name(), ms);
+    }
+    Ok(())
 }
 
 fn mib_per_s(bytes: u64, secs: f64) -> f64 {

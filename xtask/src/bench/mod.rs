@@ -295,6 +295,19 @@ impl Rt {
         Ok(())
     }
 
+    async fn remove_image(&mut self, image: &str) -> Result<()> {
+        self.img
+            .remove_image(cri::RemoveImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .with_context(|| format!("{}: RemoveImage {image}", self.name()))?;
+        Ok(())
+    }
+
     async fn pods(&mut self) -> Result<Vec<String>> {
         Ok(self
             .rt
@@ -570,6 +583,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             // The large pulls last in the round, after a pause for the disk (see field notes).
             tokio::time::sleep(Duration::from_secs(if o.smoke { 0 } else { 5 })).await;
             large::pull_rows(&mut rts, &order, img, o.large_mb, &mut res).await?;
+            large::lazy_rows(&mut rts, &order, img, o.large_mb, &mut res).await?;
             // After the pulls: its file's delete must not fall on the first runtime's pull.
             large::floor_rows(&registry, img, o.large_mb, tmp, &mut res).await?;
         }

@@ -82,7 +82,8 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         format!(
             "[registry]\nconfig_path = \"{}\"\n[network]\nconf_dir = \"{}\"\nbin_dirs = [\"{}\"]\n\
              [metrics]\naddress = \"{metrics}\"\n\
-             [nri]\nsocket_path = \"{nri}/nri.sock\"\nplugin_path = \"{nri}/plugins\"\n",
+             [nri]\nsocket_path = \"{nri}/nri.sock\"\nplugin_path = \"{nri}/plugins\"\n\
+             [image]\nlazy_pull = true\nlazy_whole_pull_delay = \"1h\"\n",
             dir.join("certs.d").display(),
             cni_conf.display(),
             super::cni::PLUGINS,

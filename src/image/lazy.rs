@@ -1,0 +1,565 @@
+//! Lazy pulling (`image.lazy_pull`): an image whose layers are all eStargz is usable once each
+//! layer's table of contents is fetched and verified (its digest is in the manifest, which is
+//! verified), and its whole pull goes on behind. A lazy layer is served by a `crius lazyfs`
+//! helper (see `snapshot::lazy`), which asks this side for chunks: each is fetched with a range
+//! request, checked against the TOC's digest and written to the layer's cache before the helper
+//! reads it. Lazy layers are known by chain ID *and* blob digest: a chain ID comes from the
+//! config's diff IDs, which nothing has verified yet, so another image claiming the same chain
+//! never gets this one's files. Chunks are answered on a runtime thread of their own, with a
+//! registry client of their own: a CRI call blocked reading a lazy file (a user lookup in the
+//! image's `/etc/passwd`) holds a daemon worker, and must not be what the chunk waits for. Once
+//! the whole pull has committed the layer's snapshot, new containers use that; the lazy mount
+//! is detached, and its helper and directory go with the last container on it.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::pull_manifest::Resolved;
+use super::registry::{Registry, Session};
+use super::{Credentials, Error, Inner, Layer, Reference};
+use crate::atomic;
+use crate::content::Digest;
+use crate::runtime::{self, ProcessId};
+use crate::snapshot::lazy::toc::{self, Tree};
+use crate::snapshot::lazy::{LazyDir, Source};
+
+/// How long a helper may take to mount.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often each helper is looked for.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// A chunk's fetch, before the helper (which waits 300 s) is told it failed.
+const FILL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a layer is not served lazily, or a chunk not served.
+#[derive(Debug, thiserror::Error)]
+enum LazyError {
+    #[error(transparent)]
+    Registry(#[from] Error),
+    #[error(transparent)]
+    Toc(#[from] toc::TocError),
+    #[error("TOC digest {got}, the manifest says {want}")]
+    TocDigest { got: Digest, want: Digest },
+    #[error("smaller than an eStargz footer")]
+    Small,
+    #[error("its files take {need} bytes; the store has {free} free (half is the most used)")]
+    Room { need: u64, free: u64 },
+    #[error(transparent)]
+    Chunk(#[from] toc::ChunkError),
+    #[error("no chunk {0}")]
+    NoChunk(usize),
+    #[error("no answer from the registry within {0:?}")]
+    Timeout(Duration),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("lazyfs did not mount: {0:?}")]
+    Helper(String),
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
+fn io_err(path: PathBuf) -> impl FnOnce(std::io::Error) -> LazyError {
+    move |source| LazyError::Io { path, source }
+}
+
+/// A lazy layer: its chain ID and its blob's digest.
+pub(super) type Key = (Digest, Digest);
+
+/// The lazy layers being served.
+pub(super) struct Lazy {
+    root: PathBuf,
+    enabled: bool,
+    delay: Duration,
+    layers: Mutex<HashMap<Key, Arc<Served>>>,
+    /// One image's layers are mounted at a time: a layer is looked for and mounted as one step,
+    /// and one TOC at a time is in memory.
+    mounting: tokio::sync::Mutex<()>,
+    /// The chunk answers' runtime and registry client (see the module's comment).
+    chunks: OnceLockRuntime,
+    registry: Registry,
+    made: AtomicU64,
+}
+
+/// One mounted lazy layer, as this side serves its chunks.
+struct Served {
+    key: Key,
+    dir: LazyDir,
+    source: Source,
+    tree: Tree,
+    cache: std::fs::File,
+    present: Vec<AtomicBool>,
+    creds: Option<Credentials>,
+    server: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A runtime on a thread of its own, started when first needed; it lives as long as the
+/// daemon (the thread never returns, so nothing drops it inside another runtime).
+#[derive(Default)]
+struct OnceLockRuntime(std::sync::OnceLock<tokio::runtime::Handle>);
+
+impl OnceLockRuntime {
+    fn handle(&self) -> Result<&tokio::runtime::Handle, LazyError> {
+        if let Some(h) = self.0.get() {
+            return Ok(h);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("lazy-chunks".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match rt {
+                    Ok(rt) => {
+                        let _ = tx.send(Ok(rt.handle().clone()));
+                        rt.block_on(std::future::pending::<()>());
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(io_err(PathBuf::from("lazy-chunks thread")))?;
+        let handle = rx
+            .recv()
+            .map_err(|e| io_err(PathBuf::from("lazy-chunks runtime"))(std::io::Error::other(e)))?
+            .map_err(io_err(PathBuf::from("lazy-chunks runtime")))?;
+        Ok(self.0.get_or_init(|| handle))
+    }
+}
+
+impl Lazy {
+    pub(super) fn new(
+        root: &Path,
+        enabled: bool,
+        delay: Duration,
+        config_path: PathBuf,
+        auth_file: PathBuf,
+    ) -> Lazy {
+        Lazy {
+            root: root.join("lazy"),
+            enabled,
+            delay,
+            layers: Mutex::new(HashMap::new()),
+            mounting: tokio::sync::Mutex::new(()),
+            chunks: OnceLockRuntime::default(),
+            registry: Registry::new(config_path, auth_file),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub(super) fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// The mount serving the layer `key`, while it is served.
+    pub(super) fn lower(&self, key: &Key) -> Option<PathBuf> {
+        lock(&self.layers).get(key).map(|s| s.dir.mnt())
+    }
+
+    /// Stops offering `key` to new containers: its mount is detached and its mount point
+    /// removed (an overlay being made from the path now fails, rather than stacking an empty
+    /// directory). The helper and directory go once nothing uses the mount.
+    pub(super) fn retire(&self, key: &Key) {
+        let Some(served) = lock(&self.layers).remove(key) else {
+            return;
+        };
+        detach(&served.dir);
+    }
+}
+
+fn detach(dir: &LazyDir) {
+    let _ = nix::mount::umount2(&dir.mnt(), nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(dir.mnt());
+}
+
+/// Serves an image's layers lazily when every layer not yet unpacked is eStargz; says whether
+/// it did. When it cannot (or a layer's TOC fails, logged), the whole pull does it all.
+pub(super) async fn serve(
+    inner: &Arc<Inner>,
+    resolved: &Resolved<'_>,
+    reference: &Reference,
+    creds: &Option<Credentials>,
+) -> bool {
+    let layers = &resolved.layers;
+    let mut wanted = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        if inner.snapshots.exists(&l.chain_id) {
+            continue;
+        }
+        let annotation = resolved.chosen.manifest.layers[i]
+            .annotations
+            .get(toc::TOC_DIGEST_ANNOTATION);
+        let toc_digest = match annotation.map(|a| a.parse::<Digest>()) {
+            Some(Ok(d)) if l.media_type.contains("gzip") => d,
+            _ => return false,
+        };
+        wanted.push((l, toc_digest));
+    }
+    if wanted.is_empty() {
+        return false;
+    }
+    let shown = reference.to_string();
+    let _one = inner.lazy.mounting.lock().await;
+    let mut mounted = Vec::new();
+    for (l, toc_digest) in &wanted {
+        let key = (l.chain_id.clone(), l.digest.clone());
+        if inner.lazy.lower(&key).is_some() {
+            continue;
+        }
+        match mount(inner, &resolved.session, &shown, l, toc_digest, creds).await {
+            Ok(()) => mounted.push(key),
+            Err(e) => {
+                tracing::warn!(image = %shown, layer = %l.digest, error = %e, "lazy pull not possible; pulling it whole");
+                // Only what this pull mounted: another image's lazy layers stay.
+                for k in &mounted {
+                    inner.lazy.retire(k);
+                }
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Fetches and checks one layer's TOC, makes its directory and serves it.
+async fn mount(
+    inner: &Arc<Inner>,
+    session: &Session<'_>,
+    shown: &str,
+    layer: &Layer,
+    toc_digest: &Digest,
+    creds: &Option<Credentials>,
+) -> Result<(), LazyError> {
+    let digest = &layer.digest;
+    let footer_at = layer
+        .size
+        .checked_sub(toc::FOOTER_SIZE)
+        .ok_or(LazyError::Small)?;
+    let footer = session
+        .range(digest, footer_at, layer.size, toc::FOOTER_SIZE)
+        .await?;
+    let toc_offset = toc::toc_offset(&footer)?;
+    let member = session
+        .range(digest, toc_offset, footer_at, toc::MAX_TOC)
+        .await?;
+    let want = toc_digest.clone();
+    let allow_devices = inner.unpack.allow_device_nodes;
+    let (json, tree) = tokio::task::spawn_blocking(move || {
+        let json = toc::toc_json(&member)?;
+        let got = Digest::of(&json);
+        if got != want {
+            return Err(LazyError::TocDigest { got, want });
+        }
+        let tree = Tree::parse(&json, toc_offset, allow_devices)?;
+        Ok((json, tree))
+    })
+    .await??;
+    let source = Source {
+        reference: shown.to_string(),
+        digest: digest.clone(),
+        size: layer.size,
+        toc_offset,
+        chain_id: layer.chain_id.clone(),
+        allow_devices,
+    };
+    let n = inner.lazy.made.fetch_add(1, Ordering::Relaxed);
+    let dir = LazyDir::new(inner.lazy.root.join(format!(
+        "{}-{}-{n}",
+        &digest.hex()[..12],
+        std::process::id()
+    )));
+    let key = (layer.chain_id.clone(), digest.clone());
+    let served = match prepare(&inner.lazy.root, key, &dir, &source, &json, tree, creds) {
+        Ok(s) => Arc::new(s),
+        Err(err) => {
+            let _ = std::fs::remove_dir_all(dir.path());
+            return Err(err);
+        }
+    };
+    start(inner, &served)?;
+    let helper = match spawn_helper(&served.dir).await {
+        Ok(h) => h,
+        Err(err) => {
+            stop(&served);
+            return Err(err);
+        }
+    };
+    lock(&inner.lazy.layers).insert(served.key.clone(), served.clone());
+    tokio::spawn(watch(inner.clone(), served, helper));
+    tracing::info!(layer = %digest, image = shown, "layer served lazily");
+    Ok(())
+}
+
+/// The layer's directory (0700): its TOC, source, an empty cache file (0600) the size of its
+/// files, and `mnt`. The cache may take at most half the store's free room.
+fn prepare(
+    root: &Path,
+    key: Key,
+    dir: &LazyDir,
+    source: &Source,
+    json: &[u8],
+    tree: Tree,
+    creds: &Option<Credentials>,
+) -> Result<Served, LazyError> {
+    let mut private = std::fs::DirBuilder::new();
+    private.mode(0o700).recursive(true);
+    private.create(root).map_err(io_err(root.to_path_buf()))?;
+    let st = nix::sys::statvfs::statvfs(root).map_err(|e| io_err(root.to_path_buf())(e.into()))?;
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    if tree.cache_size > free / 2 {
+        return Err(LazyError::Room {
+            need: tree.cache_size,
+            free,
+        });
+    }
+    private.create(dir.mnt()).map_err(io_err(dir.mnt()))?;
+    atomic::write(&dir.toc(), json, 0o600).map_err(io_err(dir.toc()))?;
+    atomic::write_json(&dir.source(), source).map_err(io_err(dir.source()))?;
+    let cache = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.cache())
+        .map_err(io_err(dir.cache()))?;
+    cache
+        .set_len(tree.cache_size)
+        .map_err(io_err(dir.cache()))?;
+    Ok(served(key, dir, source.clone(), tree, cache, creds.clone()))
+}
+
+fn served(
+    key: Key,
+    dir: &LazyDir,
+    source: Source,
+    tree: Tree,
+    cache: std::fs::File,
+    creds: Option<Credentials>,
+) -> Served {
+    Served {
+        key,
+        dir: dir.clone(),
+        source,
+        present: tree.chunks.iter().map(|_| AtomicBool::new(false)).collect(),
+        tree,
+        cache,
+        creds,
+        server: Mutex::new(None),
+    }
+}
+
+/// Listens for the helper's chunk requests, on the chunks' runtime.
+fn start(inner: &Arc<Inner>, served: &Arc<Served>) -> Result<(), LazyError> {
+    let socket = served.dir.socket();
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(io_err(socket.clone()))?;
+    let rt = inner.lazy.chunks.handle()?;
+    let listener = {
+        let _in = rt.enter();
+        UnixListener::from_std(listener).map_err(io_err(socket))?
+    };
+    let task = rt.spawn(listen(inner.clone(), served.clone(), listener));
+    *lock(&served.server) = Some(task.abort_handle());
+    Ok(())
+}
+
+/// Stops answering and removes the directory (the helper is gone, or never came).
+fn stop(served: &Served) {
+    if let Some(task) = lock(&served.server).take() {
+        task.abort();
+    }
+    detach(&served.dir);
+    let _ = std::fs::remove_dir_all(served.dir.path());
+}
+
+/// Starts `crius lazyfs DIR` in a process group of its own and waits for it to say the mount is
+/// made; records who it is.
+async fn spawn_helper(dir: &LazyDir) -> Result<ProcessId, LazyError> {
+    let mut child = tokio::process::Command::new(runtime::exe::helper())
+        .arg0("crius")
+        .arg("lazyfs")
+        .arg(dir.path())
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(io_err(runtime::exe::helper()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| LazyError::Helper("no stdout".into()))?;
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        READY_TIMEOUT,
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await;
+    let who = child.id().map(|pid| ProcessId::of(pid as i32));
+    if !matches!(read, Ok(Ok(_))) || line.trim() != "ready" {
+        let _ = child.start_kill();
+        return Err(LazyError::Helper(line.trim().to_string()));
+    }
+    let who = match who {
+        Some(Ok(w)) => w,
+        _ => {
+            let _ = child.start_kill();
+            return Err(LazyError::Helper("gone after it said ready".into()));
+        }
+    };
+    // Left to tokio, which reaps it when it ends.
+    drop(child);
+    atomic::write_json(&dir.pid_file(), &who).map_err(io_err(dir.pid_file()))?;
+    Ok(who)
+}
+
+/// Answers each connection of the helper: a chunk index in, one byte out (0: in the cache).
+async fn listen(inner: Arc<Inner>, served: Arc<Served>, listener: UnixListener) {
+    while let Ok((conn, _)) = listener.accept().await {
+        tokio::spawn(answer(inner.clone(), served.clone(), conn));
+    }
+}
+
+async fn answer(inner: Arc<Inner>, served: Arc<Served>, mut conn: UnixStream) {
+    let Ok(reference) = Reference::parse(&served.source.reference) else {
+        return;
+    };
+    let session = match inner
+        .lazy
+        .registry
+        .session(&reference, served.creds.clone())
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "lazy layer: no registry session");
+            return;
+        }
+    };
+    let mut index = [0u8; 4];
+    while conn.read_exact(&mut index).await.is_ok() {
+        let i = u32::from_le_bytes(index) as usize;
+        let filled = tokio::time::timeout(FILL_TIMEOUT, fill(&session, &served, i)).await;
+        let answer = match filled {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => {
+                tracing::warn!(layer = %served.source.digest, chunk = i, error = %e, "lazy chunk not served");
+                1
+            }
+            Err(_) => {
+                let e = LazyError::Timeout(FILL_TIMEOUT);
+                tracing::warn!(layer = %served.source.digest, chunk = i, error = %e, "lazy chunk not served");
+                1
+            }
+        };
+        if conn.write_all(&[answer]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Fetches chunk `i`, checks it and writes it to the cache.
+async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(), LazyError> {
+    let chunk = served
+        .tree
+        .chunks
+        .get(i)
+        .ok_or(LazyError::NoChunk(i))?
+        .clone();
+    if served.present[i].load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let member = session
+        .range(
+            &served.source.digest,
+            chunk.blob_offset,
+            chunk.blob_end,
+            toc::MAX_CHUNK + (1 << 20),
+        )
+        .await?;
+    let s = served.clone();
+    tokio::task::spawn_blocking(move || {
+        let bytes = toc::chunk_bytes(&chunk, &member)?;
+        let at = s.tree.nodes[chunk.node].base + chunk.file_offset;
+        s.cache
+            .write_all_at(&bytes, at)
+            .map_err(io_err(s.dir.cache()))?;
+        s.present[i].store(true, Ordering::Release);
+        Ok::<(), LazyError>(())
+    })
+    .await?
+}
+
+/// Waits for the helper to end (its mount detached and unused, or killed), then drops the
+/// layer and its directory.
+async fn watch(inner: Arc<Inner>, served: Arc<Served>, helper: ProcessId) {
+    while helper.alive() {
+        tokio::time::sleep(WATCH_EVERY).await;
+    }
+    {
+        let mut layers = lock(&inner.lazy.layers);
+        if layers
+            .get(&served.key)
+            .is_some_and(|s| Arc::ptr_eq(s, &served))
+        {
+            tracing::warn!(layer = %served.source.digest, "lazyfs helper ended while its layer was offered");
+            layers.remove(&served.key);
+        }
+    }
+    stop(&served);
+}
+
+/// After a daemon restart: every lazy layer left is retired (the image it came with is pulled
+/// again whole); a helper still serving containers is answered until it ends.
+pub(super) fn recover(inner: &Arc<Inner>) {
+    let Ok(entries) = std::fs::read_dir(&inner.lazy.root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = LazyDir::new(entry.path());
+        let helper = atomic::read_json::<ProcessId>(&dir.pid_file())
+            .ok()
+            .flatten()
+            .filter(ProcessId::alive);
+        let revived = helper.and_then(|h| {
+            let (source, tree) = dir.tree().ok()?;
+            let cache = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open(dir.cache())
+                .ok()?;
+            let key = (source.chain_id.clone(), source.digest.clone());
+            Some((h, Arc::new(served(key, &dir, source, tree, cache, None))))
+        });
+        let Some((helper, served)) = revived else {
+            detach(&dir);
+            let _ = std::fs::remove_dir_all(dir.path());
+            continue;
+        };
+        tracing::info!(dir = %dir.path().display(), "lazy layer from before the restart: serving it until its containers end");
+        detach(&dir);
+        if start(inner, &served).is_ok() {
+            tokio::spawn(watch(inner.clone(), served, helper));
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Lazy pulling (`image.lazy_pull`) of eStargz images from a real registry: a container runs
+//! before the layers are pulled, reading its files through the `lazyfs` helpers; a chunk whose
+//! bytes do not match the TOC is an I/O error, never wrong data; a daemon restart keeps a
+//! running container's files; the whole pull behind takes over, and nothing is left.
+
+#![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::estargz::{self, TOC_DIGEST_ANNOTATION};
+use common::*;
+
+/// An eStargz layer of `entries`, in chunks of 1 MiB.
+fn lazy_layer(entries: &[Entry]) -> TestLayer {
+    let tar = layer(entries, Compress::None).blob;
+    let e = estargz::convert(&tar, 1 << 20).unwrap();
+    TestLayer {
+        digest: sha256(&e.blob),
+        blob: e.blob,
+        diff_id: e.diff_id,
+        media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+    }
+}
+
+/// The image with each layer's TOC digest annotated, as eStargz tools push it.
+fn annotated(layers: Vec<TestLayer>) -> TestImage {
+    let tocs: Vec<String> = layers.iter().map(|l| toc_digest(&l.blob)).collect();
+    let mut img = image(layers, &ImageOpts::default());
+    let mut m: serde_json::Value = serde_json::from_slice(&img.manifest).unwrap();
+    for (l, toc) in m["layers"].as_array_mut().unwrap().iter_mut().zip(&tocs) {
+        l["annotations"] = serde_json::json!({ TOC_DIGEST_ANNOTATION: toc });
+    }
+    img.manifest = serde_json::to_vec(&m).unwrap();
+    img.manifest_digest = sha256(&img.manifest);
+    img
+}
+
+/// A blob's TOC JSON, read from its footer.
+fn toc_json(blob: &[u8]) -> Vec<u8> {
+    let footer = &blob[blob.len() - estargz::FOOTER_SIZE..];
+    let offset = u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap();
+    let gz = flate2::read::GzDecoder::new(&blob[offset as usize..]);
+    let mut tar = tar::Archive::new(gz);
+    let mut entry = tar.entries().unwrap().next().unwrap().unwrap();
+    let mut json = Vec::new();
+    entry.read_to_end(&mut json).unwrap();
+    json
+}
+
+fn toc_digest(blob: &[u8]) -> String {
+    sha256(&toc_json(blob))
+}
+
+/// Where a file's first chunk starts in the blob.
+fn chunk_offset(blob: &[u8], name: &str) -> usize {
+    let toc: serde_json::Value = serde_json::from_slice(&toc_json(blob)).unwrap();
+    let e = toc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap();
+    e["offset"].as_u64().unwrap() as usize
+}
+
+fn lazy_dirs(d: &Daemon) -> Vec<String> {
+    list_names(&d.root.join("lazy"))
+}
+
+fn lazy_mounts(d: &Daemon) -> usize {
+    let root = d.root.join("lazy").display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&root) && l.contains("crius-lazy"))
+        .count()
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !done().await {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sh(env: &PodEnv, id: &str, script: &str) -> (String, String, i32) {
+    env.exec(id, &["sh", "-c", script], 30).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_container_runs_before_its_layers_are_pulled() {
+    let mut env =
+        PodEnv::start_with("[image]\nlazy_pull = true\nlazy_whole_pull_delay = \"1h\"\n").await;
+    let blob = wire::noise(3 << 20, 7);
+    let late = wire::noise(2 << 20, 8);
+    let bad = wire::noise(100 << 10, 9);
+    let base = lazy_layer(&busybox_entries());
+    let top = lazy_layer(&[
+        Entry::Dir("data".into()),
+        Entry::File("data/blob.bin".into(), blob.clone(), 0o644),
+        Entry::File("data/late.bin".into(), late.clone(), 0o644),
+        Entry::File("data/bad.bin".into(), bad, 0o644),
+        Entry::Hardlink("data/again".into(), "data/blob.bin".into()),
+        Entry::File("bin/suid".into(), b"#!/bin/sh\n".to_vec(), 0o4755),
+        Entry::Whiteout("etc/group".into()),
+        Entry::Opaque("home".into()),
+    ]);
+    let bad_at = chunk_offset(&top.blob, "data/bad.bin");
+    // An image claiming the same diff IDs (so the same chain IDs) with a blob of its own: a
+    // chain ID is not verified before the whole pull, so it must not give the image above
+    // its files.
+    let mut evil_top = lazy_layer(&[
+        Entry::Dir("data".into()),
+        Entry::File("data/blob.bin".into(), b"not the blob".to_vec(), 0o644),
+    ]);
+    evil_top.diff_id = top.diff_id.clone();
+    let evil = annotated(vec![base.clone(), evil_top]);
+    env.reg.push_image("evil", "1", &evil).await.unwrap();
+    let img = annotated(vec![base, top.clone()]);
+    env.reg.push_image("lazy", "1", &img).await.unwrap();
+    // A byte of bad.bin's chunk changed in the registry: the TOC still names the right digest.
+    let stored = env.reg.blob_file(&top.digest);
+    let original = std::fs::read(&stored).unwrap();
+    let mut changed = original.clone();
+    changed[bad_at + 40] ^= 0xff;
+    std::fs::write(&stored, &changed).unwrap();
+
+    let name = format!("{}/lazy:1", env.reg.host());
+    let evil_name = format!("{}/evil:1", env.reg.host());
+    let snapshots = env.d.snapshots();
+    env.d.pull(&evil_name).await.expect("lazy pull");
+    env.d.pull(&name).await.expect("lazy pull");
+    assert_eq!(env.d.snapshots(), snapshots, "nothing unpacked yet");
+    assert_eq!(
+        lazy_dirs(&env.d).len(),
+        3,
+        "the base layer is shared, the top is not"
+    );
+    assert_eq!(lazy_mounts(&env.d), 3);
+    for dir in lazy_dirs(&env.d) {
+        let mode = std::fs::metadata(env.d.root.join("lazy").join(dir))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o700,
+            "only root reaches a lazy layer's files"
+        );
+    }
+
+    let sb = env.sandbox_config("lazy");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sleep", "1000"]);
+    cfg.image = Some(spec(&name));
+    let id = env.run(&pod, &sb, cfg).await;
+    let (out, _, code) = sh(
+        &env,
+        &id,
+        "sha256sum /data/blob.bin; stat -c '%a %h' /bin/suid /data/again; readlink /bin/sh",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let want = format!(
+        "{}  /data/blob.bin\n4755 1\n644 2\nbusybox\n",
+        sha256(&blob).trim_start_matches("sha256:")
+    );
+    assert_eq!(out, want);
+    let (out, _, _) = sh(&env, &id, "ls /etc/group /home; echo end").await;
+    assert_eq!(
+        out, "/home:\nend\n",
+        "whiteout and opaque directory hide the lower layer"
+    );
+    let (_, err, code) = sh(&env, &id, "cat /data/bad.bin > /dev/null").await;
+    assert_ne!(
+        code, 0,
+        "a chunk that does not match its digest is not served"
+    );
+    assert!(err.contains("Input/output error"), "{err}");
+
+    // A restart retires the lazy layers (the image is pulled again whole when next asked for);
+    // the helpers go on serving the running container, chunks it has not read included.
+    std::fs::write(&stored, &original).unwrap();
+    env.d.kill9();
+    env.d.spawn();
+    let (out, _, code) = sh(&env, &id, "sha256sum /data/late.bin").await;
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with(sha256(&late).trim_start_matches("sha256:")),
+        "{out}"
+    );
+    assert_eq!(
+        lazy_mounts(&env.d),
+        0,
+        "detached: no new container uses them"
+    );
+    assert!(
+        env.d.image_status(&name).await.is_none(),
+        "an incomplete image is pulled again"
+    );
+
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    let d = &env.d;
+    wait_for(
+        "helpers ending with their container",
+        Duration::from_secs(15),
+        async || lazy_dirs(d).is_empty(),
+    )
+    .await;
+
+    // With no delay, the whole pull follows at once, and its snapshots take over.
+    let cfg_text = std::fs::read_to_string(&env.d.config).unwrap();
+    std::fs::write(&env.d.config, cfg_text.replace("\"1h\"", "\"0s\"")).unwrap();
+    env.d.restart();
+    env.d.pull(&name).await.expect("lazy pull");
+    let d = &env.d;
+    wait_for(
+        "the whole pull taking over",
+        Duration::from_secs(30),
+        async || d.snapshots().len() == snapshots.len() + 2 && lazy_dirs(d).is_empty(),
+    )
+    .await;
+    assert_eq!(lazy_mounts(&env.d), 0);
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sha256sum", "/data/blob.bin"]);
+    cfg.image = Some(spec(&name));
+    let id = env.run(&pod, &sb, cfg).await;
+    env.wait_exit(&id, Duration::from_secs(10)).await;
+    assert!(
+        env.log(&sb, "c")
+            .contains(sha256(&blob).trim_start_matches("sha256:"))
+    );
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    env.d.remove_image(&name).await.unwrap();
+    env.d.remove_image(&evil_name).await.unwrap();
+}
