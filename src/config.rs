@@ -516,7 +516,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 36, "{uncommented}");
+        assert_eq!(keys, 38, "{uncommented}");
     }
 
     use super::*;

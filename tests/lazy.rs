@@ -94,6 +94,10 @@ async fn sh(env: &PodEnv, id: &str, script: &str) -> (String, String, i32) {
 
 #[tokio::test]
 async fn a_container_runs_before_its_layers_are_pulled() {
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "no /dev/fuse: lazy pulling needs FUSE (modprobe fuse)"
+    );
     let mut env =
         PodEnv::start_with("[image]\nlazy_pull = true\nlazy_whole_pull_delay = \"1h\"\n").await;
     let blob = wire::noise(3 << 20, 7);

@@ -21,16 +21,18 @@ use anyhow::{Context, Result, bail};
 /// under systemd. The kubelet tier runs an upstream kubelet against crius twice: cgroupfs with
 /// a shell as PID 1, and the systemd driver with systemd as PID 1. The crash-anywhere test runs
 /// there too, where pods have cgroups and its cgroup fault points are in reach, and the
-/// writable-layer test whose project quotas need the VM kernel's CONFIG_QUOTA.
+/// writable-layer test whose project quotas need the VM kernel's CONFIG_QUOTA. Lazy pulling
+/// (FUSE under overlay) runs on the oldest kernel, 6.1, as well as on the host's.
 ///
 /// The runs of one boot share one VM, in this order (a boot costs 9 s, 22 s with systemd, under
 /// TCG); kubelet, which may change the machine, comes last in each.
-static SUITES: [(&str, &[&str], &[&str]); 17] = [
+static SUITES: [(&str, &[&str], &[&str]); 18] = [
     ("cgroups", &["--skip", "systemd_driver"], &[]),
     ("cgroups", &["systemd_driver"], &["-S"]),
     ("pods", &[], &[]),
     ("layer_usage", &[], &[]),
     ("layers", &["two_hundred_layers"], &["-k", "6.1."]),
+    ("lazy", &[], &["-k", "6.1."]),
     ("checkpoint", &["--skip", "systemd"], &[]),
     ("checkpoint", &["systemd"], &["-S"]),
     ("security", &["--skip", "selinux"], &[]),
