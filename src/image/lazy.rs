@@ -3,18 +3,17 @@
 //! verified), and its whole pull goes on behind. A lazy layer is served by a `crius lazyfs`
 //! helper (see `snapshot::lazy`), which asks this side for chunks: each is fetched with a range
 //! request, checked against the TOC's digest and written to the layer's cache before the helper
-//! reads it. Lazy layers are known by chain ID *and* blob digest: a chain ID comes from the
-//! config's diff IDs, which nothing has verified yet, so another image claiming the same chain
-//! never gets this one's files. Chunks are answered on a runtime thread of their own, with a
-//! registry client of their own: a CRI call blocked reading a lazy file (a user lookup in the
-//! image's `/etc/passwd`) holds a daemon worker, and must not be what the chunk waits for. Once
-//! the whole pull has committed the layer's snapshot, new containers use that; the lazy mount
-//! is detached, and its helper and directory go with the last container on it.
+//! reads it. Lazy layers are known by chain ID, blob digest *and* TOC digest (see `Key`).
+//! Chunks are answered on a runtime thread of their own, with a registry client of their own: a
+//! CRI call blocked reading a lazy file (a user lookup in the image's `/etc/passwd`) holds a
+//! daemon worker, and must not be what the chunk waits for. Once the whole pull has committed
+//! the layer's snapshot, new containers use that; the lazy mount is detached, and its helper
+//! and directory go with the last container on it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,8 +70,16 @@ fn io_err(path: PathBuf) -> impl FnOnce(std::io::Error) -> LazyError {
     move |source| LazyError::Io { path, source }
 }
 
-/// A lazy layer: its chain ID and its blob's digest.
-pub(super) type Key = (Digest, Digest);
+/// A lazy layer: its chain ID, its blob's digest and its TOC's digest. The chain ID comes from
+/// diff IDs nothing has checked yet, and the blob digest from a manifest the registry serving
+/// the TOC may have written; only with the TOC digest of the image's own verified manifest
+/// does a layer served for one image never serve another with other files.
+pub(super) type Key = (Digest, Digest, Digest);
+
+/// A layer's key, when it is an eStargz one.
+pub(super) fn key(l: &Layer) -> Option<Key> {
+    Some((l.chain_id.clone(), l.digest.clone(), l.toc_digest.clone()?))
+}
 
 /// The lazy layers being served.
 pub(super) struct Lazy {
@@ -80,25 +87,42 @@ pub(super) struct Lazy {
     enabled: bool,
     delay: Duration,
     layers: Mutex<HashMap<Key, Arc<Served>>>,
-    /// One image's layers are mounted at a time: a layer is looked for and mounted as one step,
-    /// and one TOC at a time is in memory.
-    mounting: tokio::sync::Mutex<()>,
+    /// One image's layers are mounted, and recorded with its image, at a time (see `Mounted`);
+    /// retiring takes it too, so a layer being given to a new image is not retired meanwhile.
+    mounting: Arc<tokio::sync::Mutex<()>>,
     /// The chunk answers' runtime and registry client (see the module's comment).
-    chunks: OnceLockRuntime,
+    chunks: ChunkRuntime,
     registry: Registry,
-    made: AtomicU64,
 }
 
 /// One mounted lazy layer, as this side serves its chunks.
 struct Served {
     key: Key,
     dir: LazyDir,
+    /// Every chain of the images it serves (see `Lazy::protected`).
+    chains: Mutex<BTreeSet<Digest>>,
     source: Source,
     tree: Tree,
     cache: std::fs::File,
     present: Vec<AtomicBool>,
     creds: Option<Credentials>,
     server: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Served {
+    /// Another image is served by this layer: its chains are kept too (written to its source).
+    fn protect(&self, chains: &[Digest]) {
+        let mut mine = lock(&self.chains);
+        let before = mine.len();
+        mine.extend(chains.iter().cloned());
+        if mine.len() != before {
+            let mut source = self.source.clone();
+            source.image_chains = mine.iter().cloned().collect();
+            if let Err(e) = atomic::write_json(&self.dir.source(), &source) {
+                tracing::warn!(dir = %self.dir.path().display(), error = %e, "lazy layer's source not written");
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -108,13 +132,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A runtime on a thread of its own, started when first needed; it lives as long as the
 /// daemon (the thread never returns, so nothing drops it inside another runtime).
 #[derive(Default)]
-struct OnceLockRuntime(std::sync::OnceLock<tokio::runtime::Handle>);
+struct ChunkRuntime(std::sync::OnceLock<tokio::runtime::Handle>);
 
-impl OnceLockRuntime {
+impl ChunkRuntime {
     fn handle(&self) -> Result<&tokio::runtime::Handle, LazyError> {
         if let Some(h) = self.0.get() {
             return Ok(h);
         }
+        let failed = |e: std::io::Error| io_err(PathBuf::from("lazy-chunks runtime"))(e);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("lazy-chunks".into())
@@ -132,11 +157,11 @@ impl OnceLockRuntime {
                     }
                 }
             })
-            .map_err(io_err(PathBuf::from("lazy-chunks thread")))?;
+            .map_err(failed)?;
         let handle = rx
             .recv()
-            .map_err(|e| io_err(PathBuf::from("lazy-chunks runtime"))(std::io::Error::other(e)))?
-            .map_err(io_err(PathBuf::from("lazy-chunks runtime")))?;
+            .map_err(|e| failed(std::io::Error::other(e)))?
+            .map_err(failed)?;
         Ok(self.0.get_or_init(|| handle))
     }
 }
@@ -154,10 +179,9 @@ impl Lazy {
             enabled,
             delay,
             layers: Mutex::new(HashMap::new()),
-            mounting: tokio::sync::Mutex::new(()),
-            chunks: OnceLockRuntime::default(),
+            mounting: Arc::default(),
+            chunks: ChunkRuntime::default(),
             registry: Registry::new(config_path, auth_file),
-            made: AtomicU64::new(0),
         }
     }
 
@@ -177,11 +201,39 @@ impl Lazy {
     /// Stops offering `key` to new containers: its mount is detached and its mount point
     /// removed (an overlay being made from the path now fails, rather than stacking an empty
     /// directory). The helper and directory go once nothing uses the mount.
-    pub(super) fn retire(&self, key: &Key) {
+    fn retire(&self, key: &Key) {
         let Some(served) = lock(&self.layers).remove(key) else {
             return;
         };
         detach(&served.dir);
+    }
+
+    /// Retires each of `keys` that `keep` does not want, while no lazy pull is being recorded.
+    pub(super) async fn retire_unless(&self, keys: &[Key], keep: impl Fn(&Key) -> bool) {
+        let _one = self.mounting.lock().await;
+        for k in keys {
+            if !keep(k) {
+                self.retire(k);
+            }
+        }
+    }
+
+    /// Chains whose snapshots a running container on a lazy layer may stack (every layer of
+    /// the images it was served for): the collection keeps them while the layer's directory
+    /// is there, which is as long as its helper runs.
+    pub(super) fn protected(&self) -> Vec<Digest> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = LazyDir::new(entry.path());
+            if let Ok(Some(source)) = atomic::read_json::<Source>(&dir.source()) {
+                out.extend(source.image_chains);
+            }
+        }
+        out
     }
 }
 
@@ -190,53 +242,74 @@ fn detach(dir: &LazyDir) {
     let _ = std::fs::remove_dir(dir.mnt());
 }
 
-/// Serves an image's layers lazily when every layer not yet unpacked is eStargz; says whether
-/// it did. When it cannot (or a layer's TOC fails, logged), the whole pull does it all.
+/// The layers one lazy pull mounted, and the mounting lock, until its image is recorded:
+/// dropped unkept (the pull failed or was cancelled), they are retired.
+pub(super) struct Mounted {
+    inner: Arc<Inner>,
+    keys: Vec<Key>,
+    _one: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Mounted {
+    /// The image is recorded: its layers stay.
+    pub(super) fn keep(mut self) {
+        self.keys.clear();
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        for k in &self.keys {
+            self.inner.lazy.retire(k);
+        }
+    }
+}
+
+/// Serves an image's layers lazily when every layer not yet unpacked is eStargz. `None` when it
+/// cannot (or a layer's TOC fails, logged): the whole pull does it all.
 pub(super) async fn serve(
     inner: &Arc<Inner>,
     resolved: &Resolved<'_>,
     reference: &Reference,
     creds: &Option<Credentials>,
-) -> bool {
+) -> Option<Mounted> {
     let layers = &resolved.layers;
     let mut wanted = Vec::new();
-    for (i, l) in layers.iter().enumerate() {
+    for l in layers {
         if inner.snapshots.exists(&l.chain_id) {
             continue;
         }
-        let annotation = resolved.chosen.manifest.layers[i]
-            .annotations
-            .get(toc::TOC_DIGEST_ANNOTATION);
-        let toc_digest = match annotation.map(|a| a.parse::<Digest>()) {
-            Some(Ok(d)) if l.media_type.contains("gzip") => d,
-            _ => return false,
-        };
-        wanted.push((l, toc_digest));
+        match key(l) {
+            Some(k) if l.media_type.contains("gzip") => wanted.push((l, k)),
+            _ => return None,
+        }
     }
     if wanted.is_empty() {
-        return false;
+        return None;
     }
+    let chains: Vec<Digest> = layers.iter().map(|l| l.chain_id.clone()).collect();
     let shown = reference.to_string();
-    let _one = inner.lazy.mounting.lock().await;
-    let mut mounted = Vec::new();
-    for (l, toc_digest) in &wanted {
-        let key = (l.chain_id.clone(), l.digest.clone());
-        if inner.lazy.lower(&key).is_some() {
+    let mut mounted = Mounted {
+        inner: inner.clone(),
+        keys: Vec::new(),
+        _one: inner.lazy.mounting.clone().lock_owned().await,
+    };
+    for (l, key) in wanted {
+        let served = lock(&inner.lazy.layers).get(&key).cloned();
+        if let Some(served) = served {
+            served.protect(&chains);
             continue;
         }
-        match mount(inner, &resolved.session, &shown, l, toc_digest, creds).await {
-            Ok(()) => mounted.push(key),
+        match mount(inner, &resolved.session, &shown, l, &key, &chains, creds).await {
+            Ok(()) => mounted.keys.push(key),
             Err(e) => {
                 tracing::warn!(image = %shown, layer = %l.digest, error = %e, "lazy pull not possible; pulling it whole");
-                // Only what this pull mounted: another image's lazy layers stay.
-                for k in &mounted {
-                    inner.lazy.retire(k);
-                }
-                return false;
+                // `mounted` retires what this pull mounted; another image's lazy layers stay.
+                return None;
             }
         }
     }
-    true
+    Some(mounted)
 }
 
 /// Fetches and checks one layer's TOC, makes its directory and serves it.
@@ -245,7 +318,8 @@ async fn mount(
     session: &Session<'_>,
     shown: &str,
     layer: &Layer,
-    toc_digest: &Digest,
+    key: &Key,
+    image_chains: &[Digest],
     creds: &Option<Credentials>,
 ) -> Result<(), LazyError> {
     let digest = &layer.digest;
@@ -260,7 +334,7 @@ async fn mount(
     let member = session
         .range(digest, toc_offset, footer_at, toc::MAX_TOC)
         .await?;
-    let want = toc_digest.clone();
+    let want = key.2.clone();
     let allow_devices = inner.unpack.allow_device_nodes;
     let (json, tree) = tokio::task::spawn_blocking(move || {
         let json = toc::toc_json(&member)?;
@@ -278,38 +352,58 @@ async fn mount(
         size: layer.size,
         toc_offset,
         chain_id: layer.chain_id.clone(),
+        toc_digest: key.2.clone(),
         allow_devices,
+        image_chains: image_chains.to_vec(),
     };
-    let n = inner.lazy.made.fetch_add(1, Ordering::Relaxed);
+    let mut name = [0u8; 8];
+    getrandom::fill(&mut name).map_err(|e| io_err(inner.lazy.root.clone())(e.into()))?;
     let dir = LazyDir::new(inner.lazy.root.join(format!(
-        "{}-{}-{n}",
+        "{}-{}",
         &digest.hex()[..12],
-        std::process::id()
+        hex::encode(name)
     )));
-    let key = (layer.chain_id.clone(), digest.clone());
-    let served = match prepare(&inner.lazy.root, key, &dir, &source, &json, tree, creds) {
-        Ok(s) => Arc::new(s),
-        Err(err) => {
-            let _ = std::fs::remove_dir_all(dir.path());
-            return Err(err);
-        }
-    };
+    let served = prepare(
+        &inner.lazy.root,
+        key.clone(),
+        &dir,
+        &source,
+        &json,
+        tree,
+        creds,
+    )?;
+    let served = Arc::new(served);
+    // Until its helper is watched, a failure or a cancelled pull takes it all down.
+    let unmade = Unmade(Some(served.clone()));
     start(inner, &served)?;
-    let helper = match spawn_helper(&served.dir).await {
-        Ok(h) => h,
-        Err(err) => {
-            stop(&served);
-            return Err(err);
-        }
-    };
+    let helper = spawn_helper(&served.dir).await?;
+    unmade.made();
     lock(&inner.lazy.layers).insert(served.key.clone(), served.clone());
     tokio::spawn(watch(inner.clone(), served, helper));
     tracing::info!(layer = %digest, image = shown, "layer served lazily");
     Ok(())
 }
 
-/// The layer's directory (0700): its TOC, source, an empty cache file (0600) the size of its
-/// files, and `mnt`. The cache may take at most half the store's free room.
+/// A layer being made: stopped, and its directory removed, if dropped before `made`.
+struct Unmade(Option<Arc<Served>>);
+
+impl Unmade {
+    fn made(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unmade {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            stop(&s);
+        }
+    }
+}
+
+/// The layer's directory (0700, new: its name is random): its TOC, source, an empty cache file
+/// (0600) the size of its files, and `mnt`. The cache may take at most half the store's free
+/// room. On failure, what it made is removed.
 fn prepare(
     root: &Path,
     key: Key,
@@ -330,7 +424,28 @@ fn prepare(
             free,
         });
     }
-    private.create(dir.mnt()).map_err(io_err(dir.mnt()))?;
+    let mut new = std::fs::DirBuilder::new();
+    new.mode(0o700);
+    new.create(dir.path())
+        .map_err(io_err(dir.path().to_path_buf()))?;
+    let made = fill_dir(key, dir, source, json, tree, creds);
+    if made.is_err() {
+        let _ = std::fs::remove_dir_all(dir.path());
+    }
+    made
+}
+
+fn fill_dir(
+    key: Key,
+    dir: &LazyDir,
+    source: &Source,
+    json: &[u8],
+    tree: Tree,
+    creds: &Option<Credentials>,
+) -> Result<Served, LazyError> {
+    let mut new = std::fs::DirBuilder::new();
+    new.mode(0o700);
+    new.create(dir.mnt()).map_err(io_err(dir.mnt()))?;
     atomic::write(&dir.toc(), json, 0o600).map_err(io_err(dir.toc()))?;
     atomic::write_json(&dir.source(), source).map_err(io_err(dir.source()))?;
     let cache = std::fs::File::options()
@@ -357,6 +472,7 @@ fn served(
     Served {
         key,
         dir: dir.clone(),
+        chains: Mutex::new(source.image_chains.iter().cloned().collect()),
         source,
         present: tree.chunks.iter().map(|_| AtomicBool::new(false)).collect(),
         tree,
@@ -405,32 +521,38 @@ async fn spawn_helper(dir: &LazyDir) -> Result<ProcessId, LazyError> {
         .stderr(std::process::Stdio::null())
         .spawn()
         .map_err(io_err(runtime::exe::helper()))?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| LazyError::Helper("no stdout".into()))?;
+    let stdout = child.stdout.take();
+    // Killed unless it says ready, even when this future is dropped.
+    let mut child = Unready(Some(child));
+    let stdout = stdout.ok_or_else(|| LazyError::Helper("no stdout".into()))?;
     let mut line = String::new();
     let read = tokio::time::timeout(
         READY_TIMEOUT,
         tokio::io::BufReader::new(stdout).read_line(&mut line),
     )
     .await;
-    let who = child.id().map(|pid| ProcessId::of(pid as i32));
     if !matches!(read, Ok(Ok(_))) || line.trim() != "ready" {
-        let _ = child.start_kill();
         return Err(LazyError::Helper(line.trim().to_string()));
     }
-    let who = match who {
-        Some(Ok(w)) => w,
-        _ => {
-            let _ = child.start_kill();
-            return Err(LazyError::Helper("gone after it said ready".into()));
-        }
+    let who = match child.0.as_ref().and_then(|c| c.id()) {
+        Some(pid) => ProcessId::of(pid as i32).map_err(io_err(dir.pid_file()))?,
+        None => return Err(LazyError::Helper("gone after it said ready".into())),
     };
-    // Left to tokio, which reaps it when it ends.
-    drop(child);
     atomic::write_json(&dir.pid_file(), &who).map_err(io_err(dir.pid_file()))?;
+    // Left to tokio, which reaps it when it ends.
+    drop(child.0.take());
     Ok(who)
+}
+
+/// A helper not yet ready: killed on drop.
+struct Unready(Option<tokio::process::Child>);
+
+impl Drop for Unready {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.start_kill();
+        }
+    }
 }
 
 /// Answers each connection of the helper: a chunk index in, one byte out (0: in the cache).
@@ -489,11 +611,16 @@ async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(
     if served.present[i].load(Ordering::Acquire) {
         return Ok(());
     }
+    // Only the member's start holds the chunk (later entries' headers may follow in it):
+    // deflate's worst case for its bytes, and the gzip header.
+    let end = chunk
+        .blob_end
+        .min(chunk.blob_offset + chunk.size + chunk.size / 1000 + (64 << 10));
     let member = session
         .range(
             &served.source.digest,
             chunk.blob_offset,
-            chunk.blob_end,
+            end,
             toc::MAX_CHUNK + (1 << 20),
         )
         .await?;
@@ -511,9 +638,10 @@ async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(
 }
 
 /// Waits for the helper to end (its mount detached and unused, or killed), then drops the
-/// layer and its directory.
+/// layer and its directory. `ended`, not `!alive`: a /proc that cannot be read (no descriptors
+/// left) says nothing.
 async fn watch(inner: Arc<Inner>, served: Arc<Served>, helper: ProcessId) {
-    while helper.alive() {
+    while !helper.ended() {
         tokio::time::sleep(WATCH_EVERY).await;
     }
     {
@@ -540,7 +668,7 @@ pub(super) fn recover(inner: &Arc<Inner>) {
         let helper = atomic::read_json::<ProcessId>(&dir.pid_file())
             .ok()
             .flatten()
-            .filter(ProcessId::alive);
+            .filter(|h| !h.ended());
         let revived = helper.and_then(|h| {
             let (source, tree) = dir.tree().ok()?;
             let cache = std::fs::File::options()
@@ -548,7 +676,11 @@ pub(super) fn recover(inner: &Arc<Inner>) {
                 .write(true)
                 .open(dir.cache())
                 .ok()?;
-            let key = (source.chain_id.clone(), source.digest.clone());
+            let key = (
+                source.chain_id.clone(),
+                source.digest.clone(),
+                source.toc_digest.clone(),
+            );
             Some((h, Arc::new(served(key, &dir, source, tree, cache, None))))
         });
         let Some((helper, served)) = revived else {

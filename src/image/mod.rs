@@ -174,6 +174,9 @@ pub struct Layer {
     pub media_type: String,
     pub diff_id: Digest,
     pub chain_id: Digest,
+    /// An eStargz layer's TOC digest (its manifest annotation): a lazy layer is known by it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toc_digest: Option<Digest>,
 }
 
 /// What is persisted per image.
@@ -419,13 +422,9 @@ impl ImageService {
     /// digest (a tag moved meanwhile does not change what is finished); tried three times. Its
     /// lazy layers are retired once their snapshots are in, or once no image uses them.
     fn finish_behind(&self, creds: Option<Credentials>, pulled: &Image) {
-        let keys: Vec<lazy::Key> = pulled
-            .record
-            .layers
-            .iter()
-            .map(|l| (l.chain_id.clone(), l.digest.clone()))
-            .collect();
+        let keys: Vec<lazy::Key> = pulled.record.layers.iter().filter_map(lazy::key).collect();
         let Some(image) = pulled.record.repo_digests.first().cloned() else {
+            tracing::warn!(image = %pulled.record.id, "a lazily pulled image without a digest reference: not pulled whole");
             return;
         };
         let id = pulled.record.id.clone();
@@ -449,11 +448,8 @@ impl ImageService {
                     }
                 }
             }
-            for k in &keys {
-                if me.inner.snapshots.exists(&k.0) || !me.lazy_in_use(k) {
-                    me.inner.lazy.retire(k);
-                }
-            }
+            let keep = |k: &lazy::Key| !me.inner.snapshots.exists(&k.0) && me.lazy_in_use(k);
+            me.inner.lazy.retire_unless(&keys, keep).await;
         });
     }
 
@@ -463,7 +459,7 @@ impl ImageService {
             img.record
                 .layers
                 .iter()
-                .any(|l| l.chain_id == key.0 && l.digest == key.1)
+                .any(|l| lazy::key(l).as_ref() == Some(key))
         }) && !self.inner.snapshots.exists(&key.0)
     }
 
@@ -500,16 +496,15 @@ impl ImageService {
             )
             .await
             {
-                // A removal while the whole pull went on behind stands.
-                Ok((record, _, _))
-                    if how == Pull::Behind
-                        && !read(&self.inner.catalog).images.contains_key(&record.id) =>
-                {
-                    Err(Error::NotFound {
-                        image: image.to_string(),
-                    })
+                Ok((record, config, lazy)) => {
+                    let added = self.add(record, config, how == Pull::Behind);
+                    // Recorded: the layers it mounted stay (dropped on an error, they go).
+                    let served = lazy.is_some();
+                    if let (Ok(_), Some(m)) = (&added, lazy) {
+                        m.keep();
+                    }
+                    added.map(|i| (i, served))
                 }
-                Ok((record, config, lazy)) => self.add(record, config).map(|i| (i, lazy)),
                 Err(e) => Err(e),
             }
         };
@@ -534,8 +529,20 @@ impl ImageService {
 
     /// Records a pulled image, merging names with an existing record of the same ID and moving
     /// tags away from images that held them before.
-    fn add(&self, mut record: Record, config: ImageConfig) -> Result<Arc<Image>, Error> {
+    /// `behind` (the whole pull behind a lazy one) records it only if it is still there, under
+    /// the same lock: a removal meanwhile stands.
+    fn add(
+        &self,
+        mut record: Record,
+        config: ImageConfig,
+        behind: bool,
+    ) -> Result<Arc<Image>, Error> {
         let mut catalog = write(&self.inner.catalog);
+        if behind && !catalog.images.contains_key(&record.id) {
+            return Err(Error::NotFound {
+                image: record.id.to_string(),
+            });
+        }
         if let Some(existing) = catalog.images.get(&record.id) {
             for t in &existing.record.repo_tags {
                 if !record.repo_tags.contains(t) {
@@ -643,12 +650,11 @@ impl ImageService {
             catalog.images.remove(&img.record.id);
             catalog.names.retain(|_, id| id != &img.record.id);
         }
-        for l in &img.record.layers {
-            let key = (l.chain_id.clone(), l.digest.clone());
-            if !self.lazy_in_use(&key) {
-                self.inner.lazy.retire(&key);
-            }
-        }
+        let keys: Vec<lazy::Key> = img.record.layers.iter().filter_map(lazy::key).collect();
+        self.inner
+            .lazy
+            .retire_unless(&keys, |k| self.lazy_in_use(k))
+            .await;
         match self.inner.gc.clone().try_write_owned() {
             Ok(guard) => {
                 let me = self.clone();
@@ -704,8 +710,10 @@ impl ImageService {
             }
             (blobs, chains)
         };
-        // Held chains keep their whole ancestry.
+        // Held chains keep their whole ancestry; a lazy layer still serving a container keeps
+        // every chain of its images (a held lazy chain has no snapshot to follow).
         let mut keep = chains;
+        keep.extend(self.inner.lazy.protected());
         for chain in lock(&self.inner.holds).keys() {
             let mut next = Some(chain.clone());
             while let Some(c) = next {
@@ -775,11 +783,7 @@ impl ImageService {
         for l in image.record.layers.iter().rev() {
             if self.inner.snapshots.exists(&l.chain_id) {
                 out.push(self.inner.snapshots.fs_dir(&l.chain_id));
-            } else if let Some(mnt) = self
-                .inner
-                .lazy
-                .lower(&(l.chain_id.clone(), l.digest.clone()))
-            {
+            } else if let Some(mnt) = lazy::key(l).and_then(|k| self.inner.lazy.lower(&k)) {
                 out.push(mnt);
             } else {
                 return Err(snapshot::Error::Missing {

@@ -34,9 +34,12 @@ pub(super) async fn pull(
     progress: &Arc<Progress>,
     pulling: &Arc<OwnedRwLockReadGuard<()>>,
     may_lazy: bool,
-) -> Result<(Record, ImageConfig, bool), Error> {
+) -> Result<(Record, ImageConfig, Option<super::lazy::Mounted>), Error> {
     let resolved = resolve(inner, reference, creds.clone()).await?;
-    let lazy = may_lazy && super::lazy::serve(inner, &resolved, reference, &creds).await;
+    let lazy = match may_lazy {
+        true => super::lazy::serve(inner, &resolved, reference, &creds).await,
+        false => None,
+    };
     let Resolved {
         session,
         chosen,
@@ -44,9 +47,9 @@ pub(super) async fn pull(
         config,
         layers,
     } = resolved;
-    if lazy {
+    if lazy.is_some() {
         let record = store_record(inner, reference, chosen, &config_bytes, layers)?;
-        return Ok((record, config, true));
+        return Ok((record, config, lazy));
     }
     progress
         .layers_total
@@ -65,7 +68,7 @@ pub(super) async fn pull(
     futures_util::future::try_join_all(jobs).await?;
 
     let record = store_record(inner, reference, chosen, &config_bytes, layers)?;
-    Ok((record, config, false))
+    Ok((record, config, None))
 }
 
 /// Everything verified: stores the small blobs (index, manifest, config) and builds the

@@ -189,6 +189,10 @@ pub(super) fn layer_list(
             media_type: d.media_type.clone(),
             diff_id: diff.clone(),
             chain_id: chain.clone(),
+            toc_digest: d
+                .annotations
+                .get(crate::snapshot::lazy::toc::TOC_DIGEST_ANNOTATION)
+                .and_then(|a| a.parse().ok()),
         })
         .collect())
 }

@@ -41,8 +41,12 @@ pub struct Source {
     pub size: u64,
     pub toc_offset: u64,
     pub chain_id: Digest,
+    pub toc_digest: Digest,
     /// `image.allow_device_nodes` when it was pulled: the helper parses the TOC as it was.
     pub allow_devices: bool,
+    /// Every chain of the images it was served for (their snapshots are kept while it is).
+    #[serde(default)]
+    pub image_chains: Vec<Digest>,
 }
 
 /// One lazy layer's directory.

@@ -515,6 +515,14 @@ impl Builder {
         if self.tree.nodes[t].kind == Kind::Dir {
             return Err(Refusal::LinkDir);
         }
+        if self.tree.nodes[t].whiteout
+            || self
+                .tree
+                .child(parent, OsStr::new(name))
+                .is_some_and(|old| self.tree.nodes[old].whiteout)
+        {
+            return Err(Refusal::Name("a whiteout and an entry of the same name"));
+        }
         self.tree.nodes[t].nlink += 1;
         self.link(parent, name, t, false);
         Ok(())

@@ -121,6 +121,45 @@ fn hostile_tocs_are_refused() {
             serde_json::json!([{"name": "a", "type": "reg", "size": 200000000, "offset": 1, "chunkDigest": d}]),
             "past the file's end",
         ),
+        (
+            serde_json::json!([{"name": "dev/sda", "type": "block", "devMajor": 8}]),
+            "a device node",
+        ),
+        (
+            serde_json::json!([{"name": "a", "type": "reg"}, {"name": ".wh.a", "type": "reg"}]),
+            "a whiteout and an entry",
+        ),
+        (
+            serde_json::json!([{"name": ".wh.a", "type": "reg"}, {"name": "a", "type": "dir"}]),
+            "a whiteout and an entry",
+        ),
+        (
+            serde_json::json!([
+                {"name": "b", "type": "reg"},
+                {"name": ".wh.a", "type": "reg"},
+                {"name": "a", "type": "hardlink", "linkName": "b"},
+            ]),
+            "a whiteout and an entry",
+        ),
+        (
+            serde_json::json!([
+                {"name": "a", "type": "reg", "size": 1, "offset": 5, "chunkDigest": d},
+                {"name": "b", "type": "reg", "size": 1, "offset": 5, "chunkDigest": d},
+            ]),
+            "does not follow",
+        ),
+        (
+            serde_json::json!([{"name": "a", "type": "reg", "size": 1, "offset": 5, "innerOffset": 9, "chunkDigest": d}]),
+            "inside another's member",
+        ),
+        (
+            serde_json::json!([{"name": "a", "type": "dir", "xattrs": {"": "eA=="}}]),
+            "extended attribute",
+        ),
+        (
+            serde_json::Value::Array(vec![serde_json::json!({}); MAX_ENTRIES + 1]),
+            "more than",
+        ),
     ] {
         let err = tree(entries).unwrap_err().to_string();
         assert!(err.contains(why), "{why}: {err}");
