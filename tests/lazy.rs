@@ -7,29 +7,44 @@
 
 mod common;
 
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::estargz::{self, TOC_DIGEST_ANNOTATION};
 use common::*;
 
+/// An eStargz layer as pushed, with its TOC (read back and checked by `estargz::verify`).
+#[derive(Clone)]
+struct LazyLayer {
+    layer: TestLayer,
+    toc_digest: String,
+    toc: serde_json::Value,
+}
+
 /// An eStargz layer of `entries`, in chunks of 1 MiB.
-fn lazy_layer(entries: &[Entry]) -> TestLayer {
+fn lazy_layer(entries: &[Entry]) -> LazyLayer {
     let tar = layer(entries, Compress::None).blob;
     let e = estargz::convert(&tar, 1 << 20).unwrap();
-    TestLayer {
-        digest: sha256(&e.blob),
-        blob: e.blob,
-        diff_id: e.diff_id,
-        media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+    let toc = estargz::verify(&e, &tar).unwrap();
+    LazyLayer {
+        layer: TestLayer {
+            digest: sha256(&e.blob),
+            blob: e.blob,
+            diff_id: e.diff_id,
+            media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
+        },
+        toc_digest: e.toc_digest,
+        toc,
     }
 }
 
 /// The image with each layer's TOC digest annotated, as eStargz tools push it.
-fn annotated(layers: Vec<TestLayer>) -> TestImage {
-    let tocs: Vec<String> = layers.iter().map(|l| toc_digest(&l.blob)).collect();
-    let mut img = image(layers, &ImageOpts::default());
+fn annotated(layers: Vec<LazyLayer>) -> TestImage {
+    let tocs: Vec<String> = layers.iter().map(|l| l.toc_digest.clone()).collect();
+    let mut img = image(
+        layers.into_iter().map(|l| l.layer).collect(),
+        &ImageOpts::default(),
+    );
     let mut m: serde_json::Value = serde_json::from_slice(&img.manifest).unwrap();
     for (l, toc) in m["layers"].as_array_mut().unwrap().iter_mut().zip(&tocs) {
         l["annotations"] = serde_json::json!({ TOC_DIGEST_ANNOTATION: toc });
@@ -39,26 +54,9 @@ fn annotated(layers: Vec<TestLayer>) -> TestImage {
     img
 }
 
-/// A blob's TOC JSON, read from its footer.
-fn toc_json(blob: &[u8]) -> Vec<u8> {
-    let footer = &blob[blob.len() - estargz::FOOTER_SIZE..];
-    let offset = u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap();
-    let gz = flate2::read::GzDecoder::new(&blob[offset as usize..]);
-    let mut tar = tar::Archive::new(gz);
-    let mut entry = tar.entries().unwrap().next().unwrap().unwrap();
-    let mut json = Vec::new();
-    entry.read_to_end(&mut json).unwrap();
-    json
-}
-
-fn toc_digest(blob: &[u8]) -> String {
-    sha256(&toc_json(blob))
-}
-
 /// Where a file's first chunk starts in the blob.
-fn chunk_offset(blob: &[u8], name: &str) -> usize {
-    let toc: serde_json::Value = serde_json::from_slice(&toc_json(blob)).unwrap();
-    let e = toc["entries"]
+fn chunk_offset(l: &LazyLayer, name: &str) -> usize {
+    let e = l.toc["entries"]
         .as_array()
         .unwrap()
         .iter()
@@ -114,7 +112,7 @@ async fn a_container_runs_before_its_layers_are_pulled() {
         Entry::Whiteout("etc/group".into()),
         Entry::Opaque("home".into()),
     ]);
-    let bad_at = chunk_offset(&top.blob, "data/bad.bin");
+    let bad_at = chunk_offset(&top, "data/bad.bin");
     // An image claiming the same diff IDs (so the same chain IDs) with a blob of its own: a
     // chain ID is not verified before the whole pull, so it must not give the image above
     // its files.
@@ -122,13 +120,13 @@ async fn a_container_runs_before_its_layers_are_pulled() {
         Entry::Dir("data".into()),
         Entry::File("data/blob.bin".into(), b"not the blob".to_vec(), 0o644),
     ]);
-    evil_top.diff_id = top.diff_id.clone();
+    evil_top.layer.diff_id = top.layer.diff_id.clone();
     let evil = annotated(vec![base.clone(), evil_top]);
     env.reg.push_image("evil", "1", &evil).await.unwrap();
     let img = annotated(vec![base, top.clone()]);
     env.reg.push_image("lazy", "1", &img).await.unwrap();
     // A byte of bad.bin's chunk changed in the registry: the TOC still names the right digest.
-    let stored = env.reg.blob_file(&top.digest);
+    let stored = env.reg.blob_file(&top.layer.digest);
     let original = std::fs::read(&stored).unwrap();
     let mut changed = original.clone();
     changed[bad_at + 40] ^= 0xff;

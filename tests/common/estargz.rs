@@ -37,10 +37,6 @@ pub struct Estargz {
     pub uncompressed_size: u64,
 }
 
-fn digest_of(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(data)))
-}
-
 /// The blob being written, and what its members decompress to so far.
 struct Blob {
     bytes: Vec<u8>,
@@ -112,7 +108,7 @@ pub fn convert(tar: &[u8], chunk: usize) -> Result<Estargz> {
     blob.bytes.extend_from_slice(&footer(toc_offset)?);
     Ok(Estargz {
         diff_id: format!("sha256:{}", hex::encode(blob.diff.finalize())),
-        toc_digest: digest_of(&toc_json),
+        toc_digest: super::push::sha256(&toc_json),
         uncompressed_size: blob.size,
         blob: blob.bytes,
     })
@@ -147,7 +143,7 @@ fn write_chunks(
         if size > chunk {
             fields.insert("chunkSize".into(), piece.len().into());
         }
-        fields.insert("chunkDigest".into(), digest_of(piece).into());
+        fields.insert("chunkDigest".into(), super::push::sha256(piece).into());
         if i == 0 {
             meta.extend(fields);
         } else {
@@ -351,7 +347,7 @@ pub fn verify(layer: &Estargz, tar: &[u8]) -> Result<Value> {
     let blob = &layer.blob[..];
     let mut stream = Vec::new();
     flate2::read::MultiGzDecoder::new(blob).read_to_end(&mut stream)?;
-    ensure!(digest_of(&stream) == layer.diff_id, "the diff ID");
+    ensure!(super::push::sha256(&stream) == layer.diff_id, "the diff ID");
     ensure!(stream.len() as u64 == layer.uncompressed_size, "the size");
     let foot = &blob[blob.len().checked_sub(FOOTER_SIZE).context("too short")?..];
     let mut empty = Vec::new();
@@ -382,7 +378,10 @@ pub fn verify(layer: &Estargz, tar: &[u8]) -> Result<Value> {
         toc_tar.len() == blocks && toc_tar.ends_with(&[0; 1024]),
         "the TOC tar's end"
     );
-    ensure!(digest_of(&toc_json) == layer.toc_digest, "the TOC digest");
+    ensure!(
+        super::push::sha256(&toc_json) == layer.toc_digest,
+        "the TOC digest"
+    );
     let toc: Value = serde_json::from_slice(&toc_json)?;
     let mut wanted = HashMap::new();
     for entry in tar::Archive::new(tar).entries()? {
@@ -427,7 +426,7 @@ pub fn verify(layer: &Estargz, tar: &[u8]) -> Result<Value> {
             .read_exact(&mut piece)
             .with_context(|| format!("{name}: the chunk at {at}"))?;
         ensure!(
-            digest_of(&piece) == *chunk_digest,
+            super::push::sha256(&piece) == *chunk_digest,
             "{name}: the chunk at {at}"
         );
         file.extend_from_slice(&piece);
@@ -437,7 +436,10 @@ pub fn verify(layer: &Estargz, tar: &[u8]) -> Result<Value> {
         let (_, content) = read.get(name).context("read")?;
         ensure!(Some(content) == wanted.get(name), "{name}: the content");
         if !content.is_empty() {
-            ensure!(digest_of(content) == e["digest"], "{name}: the digest");
+            ensure!(
+                super::push::sha256(content) == e["digest"],
+                "{name}: the digest"
+            );
         }
     }
     Ok(toc)

@@ -88,35 +88,30 @@ type Lazy = (images::Layer, serde_json::Value);
 
 /// A layer as gzip and as eStargz (4 MiB chunks, as eStargz tools make them).
 fn both(tar: Vec<u8>) -> Result<(images::Layer, Lazy)> {
-    let e = images::estargz::convert(&tar, 4 << 20)?;
+    let lazy = lazy_layer(&tar)?;
+    Ok((images::gzip_layer(tar)?, lazy))
+}
+
+/// A layer as eStargz, with the annotations eStargz tools give it.
+fn lazy_layer(tar: &[u8]) -> Result<Lazy> {
+    let e = images::estargz::convert(tar, 4 << 20)?;
     let annotations = serde_json::json!({
         images::estargz::TOC_DIGEST_ANNOTATION: e.toc_digest,
         images::estargz::UNCOMPRESSED_SIZE_ANNOTATION: e.uncompressed_size.to_string(),
     });
-    let lazy = images::Layer {
+    let layer = images::Layer {
         digest: images::sha256(&e.blob),
         tar_size: tar.len() as u64,
         blob: e.blob,
         diff_id: e.diff_id,
     };
-    Ok((images::gzip_layer(tar)?, (lazy, annotations)))
+    Ok((layer, annotations))
 }
 
 /// The round's image as eStargz, busybox below it to run a command.
 async fn push_lazy(registry: &Registry, r: usize, mut layers: Vec<Lazy>) -> Result<String> {
-    let e = images::estargz::convert(&images::busybox_tar(&format!("large-lazy-{r}"))?, 4 << 20)?;
-    layers.insert(
-        0,
-        (
-            images::Layer {
-                digest: images::sha256(&e.blob),
-                tar_size: e.uncompressed_size,
-                blob: e.blob,
-                diff_id: e.diff_id,
-            },
-            serde_json::json!({ images::estargz::TOC_DIGEST_ANNOTATION: e.toc_digest }),
-        ),
-    );
+    let busybox = images::busybox_tar(&format!("large-lazy-{r}"))?;
+    layers.insert(0, lazy_layer(&busybox)?);
     let (layers, annotations): (Vec<_>, Vec<_>) = layers.into_iter().unzip();
     let img = images::annotated_image(layers, &["sh"], &annotations);
     registry.push("large-lazy", &format!("r{r}"), &img).await
