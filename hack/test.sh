@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs every tier: lint, unit tests, root integration tests on
-# the host, the cgroup v2 tier in a qemu VM, and a smoke run of the benchmark against containerd.
+# the host, critest, the cgroup v2 tier in a qemu VM (the kubelet tier among it), and a smoke run
+# of the benchmark against containerd.
 # Run as root on a Debian 12 machine. This is the command CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,4 +28,8 @@ if [ "$installed" != 0 ]; then
     exit "$installed"
 fi
 [ "$built" = 0 ] || exit "$built"
+# The upstream parts the tiers drive (critest, crictl, kubelet, containerd, the CNI plugins,
+# crius's own client-go and NRI programs), each from its module at its pinned version; a warm
+# cache builds none. After the build: both want the two cores.
+hack/install-upstream.sh
 exec cargo xtask ci

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Builds the upstream parts crius's tests and bench drive, each with the Go toolchain from its
+# published module at the version in hack/upstream.versions, into a cache keyed by part and
+# version: /opt/crius-test/upstream/<part>-<version>/ (CRIUS_UPSTREAM moves it). A part already
+# there is reused. One line per part says which, and how long it took.
+#
+#   hack/install-upstream.sh [ROLE...]   the roles named (default: every part but go, which
+#                                        hack/install-build-deps.sh installs)
+#   hack/install-upstream.sh --path ROLE the directory a role's part is (or would be) in
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+versions=$here/upstream.versions
+cache=${CRIUS_UPSTREAM:-/opt/crius-test/upstream}
+
+# The line of ROLE: "part version module [extra]".
+line() {
+    local l
+    l=$(awk -v r="$1" '$1 == r { $1 = ""; print substr($0, 2); exit }' "$versions")
+    [ -n "$l" ] || { echo "install-upstream: no role $1 in $versions" >&2; exit 2; }
+    echo "$l"
+}
+
+# The version of crius's own programs: a digest of their sources, each file's path and
+# content in path order (tests/common computes the same to find them).
+sources_digest() {
+    (cd "$here/clients" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) |
+        LC_ALL=C sort | while read -r f; do printf '%s\n' "$f"; cat "$f"; done) |
+        sha256sum | cut -c1-16
+}
+
+dir_of() {
+    local part version _
+    read -r part version _ <<<"$(line "$1")"
+    [ "$version" = source ] && version=src-$(sources_digest)
+    echo "$cache/$part-$version"
+}
+
+if [ "${1:-}" = --path ]; then
+    dir_of "$2"
+    exit 0
+fi
+
+# The Go toolchain: the proxy's toolchain module, checked against the digest pinned above.
+install_go() {
+    local dir zip version module want
+    dir=$(dir_of go)
+    [ -x "$dir/bin/go" ] && return 0
+    read -r _ version module want <<<"$(line go)"
+    zip=$(mktemp)
+    curl -fsSL --retry 3 -o "$zip" \
+        "${GOPROXY_URL:-https://proxy.golang.org}/$module/@v/v0.0.1-go$version.linux-amd64.zip"
+    if [ "sha256:$(sha256sum "$zip" | cut -d' ' -f1)" != "$want" ]; then
+        echo "install-upstream: the Go toolchain $version does not match $want" >&2
+        rm -f "$zip"
+        exit 1
+    fi
+    rm -rf "$dir.new"
+    mkdir -p "$dir.new"
+    unzip -q "$zip" -d "$dir.new"
+    rm -f "$zip"
+    # A module zip keeps no file modes: the executables are made so again.
+    mv "$dir.new/$module@v0.0.1-go$version.linux-amd64" "$dir.new/go"
+    chmod -R a+rX "$dir.new/go"
+    chmod a+x "$dir.new/go/bin/"* "$dir.new/go/pkg/tool/"*/*
+    mv "$dir.new/go" "$dir"
+    rm -rf "$dir.new"
+}
+
+# A module of the script's own that requires MODULE at VERSION, where the part's packages are
+# built: every other module at the version MODULE's go.mod requires. k8s.io/kubernetes
+# requires its staging modules at v0.0.0: each is replaced by its release of the same minor.
+wrapper() {
+    local work=$1 module=$2 version=$3 gomod staging
+    rm -rf "$work"
+    mkdir -p "$work"
+    printf 'module crius.test/upstream\n\ngo 1.26\n\nrequire %s %s\n' "$module" "$version" >"$work/go.mod"
+    if [ "$module" = k8s.io/kubernetes ]; then
+        gomod=$(cd "$work" && go mod download -json "$module@$version" | awk -F'"' '/"GoMod"/ { print $4 }')
+        staging=v0.${version#v1.}
+        awk '/^require \(/ { r = 1; next } r && /^\)/ { r = 0 } r && $2 == "v0.0.0" { print $1 }' "$gomod" |
+            while read -r m; do echo "replace $m => $m $staging"; done >>"$work/go.mod"
+    fi
+}
+
+# Builds ROLE's part into its directory with CMD (run in the wrapper module with $out set),
+# unless it is there.
+part() {
+    local role=$1 build=$2 dir part version module started
+    dir=$(dir_of "$role")
+    read -r part version module _ <<<"$(line "$role")"
+    version=${dir##*/"$part"-}
+    if [ -f "$dir/.built" ]; then
+        echo "install-upstream: $role ($part $version): reused, 0 s"
+        return 0
+    fi
+    started=$(date +%s)
+    rm -rf "$dir.new"
+    mkdir -p "$dir.new"
+    local work=$cache/build/$part-$version
+    if [ "$module" = hack/clients ]; then
+        rm -rf "$work"
+        mkdir -p "$(dirname "$work")"
+        cp -r "$here/clients" "$work"
+    else
+        wrapper "$work" "$module" "$version"
+    fi
+    if ! (cd "$work" && out=$dir.new version=$version module=$module "$build") >"$cache/build/$role.log" 2>&1; then
+        echo "install-upstream: $role ($part $version): build failed:" >&2
+        tail -40 "$cache/build/$role.log" >&2
+        exit 1
+    fi
+    touch "$dir.new/.built"
+    rm -rf "$dir"
+    mv "$dir.new" "$dir"
+    rm -rf "$work"
+    echo "install-upstream: $role ($part $version): built, $(($(date +%s) - started)) s"
+}
+
+build_cri_tools() {
+    local ld="-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$version"
+    go build -ldflags "$ld" -o "$out/crictl" sigs.k8s.io/cri-tools/cmd/crictl
+    # critest is the suite's test binary.
+    go test -c -ldflags "$ld" -o "$out/critest" sigs.k8s.io/cri-tools/cmd/critest
+}
+
+build_kubernetes() {
+    local minor=${version#v1.} ld="-s -w" pkg
+    minor=${minor%%.*}
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    go build -ldflags "$ld" -o "$out/kubelet" k8s.io/kubernetes/cmd/kubelet
+}
+
+build_containerd() {
+    local ld="-s -w -X $module/version.Version=$version"
+    go build -tags "urfave_cli_no_docs no_btrfs" -ldflags "$ld" -o "$out/containerd" "$module/cmd/containerd"
+    go build -tags "urfave_cli_no_docs no_grpc" -ldflags "$ld" -o "$out/containerd-shim-runc-v2" \
+        "$module/cmd/containerd-shim-runc-v2"
+}
+
+build_cni_plugins() {
+    local ld="-s -w -X $module/pkg/utils/buildversion.BuildVersion=$version" p
+    for p in main/bridge main/loopback ipam/host-local meta/portmap meta/firewall meta/bandwidth meta/tuning; do
+        go build -ldflags "$ld" -o "$out/${p#*/}" "$module/plugins/$p"
+    done
+}
+
+build_clients() {
+    go build -ldflags "-s -w" -o "$out/" ./...
+}
+
+install_go
+PATH=$(dir_of go)/bin:$PATH
+export PATH
+export GOTOOLCHAIN=local GOPROXY=${GOPROXY:-https://proxy.golang.org} CGO_ENABLED=0
+export GOFLAGS="-mod=mod -trimpath -buildvcs=false"
+mkdir -p "$cache/build"
+
+roles=("$@")
+[ ${#roles[@]} -gt 0 ] || roles=(cri-tools cri-tools-oldest kubernetes kubernetes-oldest containerd containerd-lts cni-plugins clients)
+for role in "${roles[@]}"; do
+    case $role in
+    go) ;;
+    cri-tools*) part "$role" build_cri_tools ;;
+    kubernetes*) part "$role" build_kubernetes ;;
+    containerd*) part "$role" build_containerd ;;
+    cni-plugins) part "$role" build_cni_plugins ;;
+    clients) part "$role" build_clients ;;
+    *) echo "install-upstream: no part is built for role $role" >&2; exit 2 ;;
+    esac
+done
