@@ -440,6 +440,8 @@ impl RuntimeService for Runtime {
                     supplemental_groups_policy: true,
                     // A pod with its own user namespace on the host's network is refused.
                     user_namespaces_host_network: false,
+                    // Bind-mount options (Mount.mount_options) are refused.
+                    mount_options: false,
                 }),
             })
         })
@@ -746,5 +748,25 @@ impl RuntimeService for Runtime {
             Ok(cri::CheckpointContainerResponse {})
         })
         .await
+    }
+
+    // Pod-level checkpoint and restore (CRI v0.37) are not served yet: Unimplemented, which
+    // kubelet takes as "the runtime does not support it", as it does from containerd 2.3.
+    async fn checkpoint_pod(
+        &self,
+        _req: Request<cri::CheckpointPodRequest>,
+    ) -> Result<Response<cri::CheckpointPodResponse>, Status> {
+        Err(Status::unimplemented(
+            "CheckpointPod is not supported by this runtime; CheckpointContainer is",
+        ))
+    }
+
+    async fn restore_pod(
+        &self,
+        _req: Request<cri::RestorePodRequest>,
+    ) -> Result<Response<cri::RestorePodResponse>, Status> {
+        Err(Status::unimplemented(
+            "RestorePod is not supported by this runtime; restore through CreateContainer is",
+        ))
     }
 }

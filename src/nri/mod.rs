@@ -7,7 +7,8 @@
 //! convert theirs and apply the answers. Uses tokio, `sys` (a launched plugin's socket) and the
 //! generated NRI messages.
 
-/// NRI's messages, generated from the vendored `proto/nri/api.proto` (see its README).
+/// NRI's messages, generated from `github.com/containerd/nri`'s `pkg/api/api.proto` at the
+/// version `hack/upstream.versions` pins, read from its Go module by `build.rs`.
 #[allow(clippy::all, missing_docs)]
 pub mod api {
     include!(concat!(env!("OUT_DIR"), "/nri.pkg.api.v1alpha1.rs"));

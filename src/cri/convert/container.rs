@@ -43,7 +43,9 @@ fn signal(n: i32, field: &str) -> Result<String, Status> {
     if s == cri::Signal::RuntimeDefault {
         return Ok(String::new());
     }
+    // CRI's enum names are `SIGNAL_SIGTERM` since v0.37 (`SIGTERM` before; the numbers stand).
     let name = s.as_str_name();
+    let name = name.strip_prefix("SIGNAL_").unwrap_or(name);
     Ok(if let Some(k) = name.strip_prefix("SIGRTMINPLUS") {
         format!("SIGRTMIN+{k}")
     } else if let Some(k) = name.strip_prefix("SIGRTMAXMINUS") {
@@ -56,11 +58,11 @@ fn signal(n: i32, field: &str) -> Result<String, Status> {
 /// A signal's name as CRI's enum has it (the runtime's default for a name it lacks).
 fn cri_signal(name: &str) -> i32 {
     let cri_name = if let Some(k) = name.strip_prefix("SIGRTMIN+") {
-        format!("SIGRTMINPLUS{k}")
+        format!("SIGNAL_SIGRTMINPLUS{k}")
     } else if let Some(k) = name.strip_prefix("SIGRTMAX-") {
-        format!("SIGRTMAXMINUS{k}")
+        format!("SIGNAL_SIGRTMAXMINUS{k}")
     } else {
-        name.to_string()
+        format!("SIGNAL_{name}")
     };
     cri::Signal::from_str_name(&cri_name).map_or(0, |s| s as i32)
 }
@@ -73,6 +75,14 @@ fn cri_metadata(m: &ContainerMetadata) -> cri::ContainerMetadata {
 }
 
 fn mount(m: cri::Mount, field: &str) -> Result<Mount, Status> {
+    // Not advertised (RuntimeFeatures.mount_options): a mount that asks for options is refused
+    // rather than made without them.
+    if let Some(o) = m.mount_options.first() {
+        return Err(Status::invalid_argument(format!(
+            "{field}.mount_options: bind-mount options ({}) are not supported by this runtime",
+            crate::cri::validate::quoted(o)
+        )));
+    }
     Ok(Mount {
         container_path: m.container_path,
         host_path: m.host_path,
@@ -98,6 +108,7 @@ fn cri_mount(m: &Mount) -> cri::Mount {
         gid_mappings: m.gid_mappings.iter().map(super::cri_id_mapping).collect(),
         recursive_read_only: m.recursive_read_only,
         image: m.image.as_ref().map(cri_image_spec),
+        mount_options: Vec::new(),
         image_sub_path: m.image_sub_path.clone(),
     }
 }
@@ -295,5 +306,45 @@ pub fn cri_event(e: ContainerEvent) -> cri::ContainerEventResponse {
         created_at: e.created_at,
         pod_sandbox_status: e.pod.as_ref().map(cri_pod_status),
         containers_statuses: e.containers.iter().map(cri_container_status).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CRI's signal numbers become crius's names and back, whatever CRI's enum calls them.
+    #[test]
+    fn signals_by_name_both_ways() {
+        for (number, name) in [
+            (cri::Signal::Sigterm, "SIGTERM"),
+            (cri::Signal::Sigrtminplus3, "SIGRTMIN+3"),
+            (cri::Signal::Sigrtmaxminus1, "SIGRTMAX-1"),
+        ] {
+            assert_eq!(signal(number as i32, "f").unwrap(), name);
+            assert_eq!(cri_signal(name), number as i32);
+        }
+        assert_eq!(signal(0, "f").unwrap(), "");
+        assert_eq!(cri_signal("SIGNOPE"), 0);
+    }
+
+    /// Bind-mount options are not advertised, so a mount that asks for them is refused,
+    /// naming the field and the option, instead of being made without them.
+    #[test]
+    fn mount_options_refused() {
+        let m = cri::Mount {
+            container_path: "/data".into(),
+            host_path: "/srv".into(),
+            mount_options: vec!["noexec".into()],
+            ..Default::default()
+        };
+        let err = mount(m, "config.mounts[0]").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message()
+                .starts_with("config.mounts[0].mount_options: "),
+            "{err:?}"
+        );
+        assert!(err.message().contains("noexec"), "{err:?}");
     }
 }

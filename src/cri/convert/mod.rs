@@ -183,7 +183,13 @@ mod tests {
         fn walk(v: &mut serde_json::Value) {
             match v {
                 serde_json::Value::Object(m) => {
-                    for gone in ["image_ref", "image_sub_path", "stop_signal", "windows"] {
+                    for gone in [
+                        "image_ref",
+                        "image_sub_path",
+                        "mount_options",
+                        "stop_signal",
+                        "windows",
+                    ] {
                         m.remove(gone);
                     }
                     let env = m.get("key").is_some_and(|k| k.is_string());
