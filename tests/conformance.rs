@@ -1,13 +1,13 @@
-//! Conformance: the CRI validation suites (upstream `critest`, unmodified: v1.32, v1.36.0 and
-//! cri-tools main of August 2026) against crius. The test starts a registry holding critest's
+//! Conformance: the CRI validation suites (upstream `critest`, unmodified, from the `cri-tools`
+//! and `cri-tools-oldest` releases of `hack/upstream.versions`) against crius. The test starts a registry holding critest's
 //! image set (built here, served under critest's registry names through hosts.toml mirrors),
 //! and for each suite a daemon: it runs critest against the daemon's socket with a JSON report,
 //! prints every spec's result, and fails on any failure that is not accepted below; then
 //! upstream crictl's smoke run (`conformance/crictl.rs`) on the last daemon.
 //! `CRITEST_FOCUS=REGEX` runs only the matching specs, `CRITEST_SKIP=REGEX` leaves some out
-//! (printed); `CRITEST_SUITES=v1.32,main` runs only those suites. The newer suites come
-//! xz-compressed in `../shared/bin` and are unpacked into the test's directory. Without a suite's
-//! binary it prints "skipped: missing ...", or fails under `CRIUS_REQUIRE_ALL=1` (CI).
+//! (printed); `CRITEST_SUITES=v1.37.0` (or `cri-tools`, the role) runs only those suites. Without a
+//! suite's binary (`hack/install-upstream.sh` builds them) it prints "skipped: missing ...", or
+//! fails under `CRIUS_REQUIRE_ALL=1` (CI); `CRITEST` runs another binary as the newest suite.
 
 mod common;
 #[path = "conformance/crictl.rs"]
@@ -48,18 +48,6 @@ fn sudo_shim(dir: &Path) -> Option<PathBuf> {
     std::fs::write(&sudo, "#!/bin/sh\nexec \"$@\"\n").expect("sudo shim");
     std::fs::set_permissions(&sudo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     Some(bin)
-}
-
-/// Where critest is: `$CRITEST`, else the project's shared binaries beside the checkout.
-fn critest() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CRITEST") {
-        return Some(PathBuf::from(p));
-    }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/critest");
-    [beside, PathBuf::from("/work/shared/bin/critest")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .or_else(|| which("critest"))
 }
 
 fn cgroup_v2_memory() -> bool {
@@ -156,41 +144,30 @@ fn host_shm_segments() -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The suites to run: (name, binary); v1.32 is `critest()`'s, the newer ones are unpacked from
-/// `../shared/bin/critest-*.xz` into `work`.
-fn suites(work: &Path) -> Vec<(String, Option<PathBuf>)> {
+/// The suites to run: (name, binary, whether it has NRI specs), the newest first; each named by
+/// its version.
+fn suites() -> Vec<(String, Option<PathBuf>, bool)> {
     let wanted = std::env::var("CRITEST_SUITES").ok();
-    let want = |name: &str| {
-        wanted
-            .as_deref()
-            .is_none_or(|w| w.split(',').any(|x| x.trim() == name))
-    };
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin");
     let mut out = Vec::new();
-    if want("v1.32") {
-        out.push(("v1.32".to_string(), critest()));
-    }
-    for (name, file) in [
-        ("v1.36.0", "critest-v1.36.0.xz"),
-        ("main", "critest-main.xz"),
-    ] {
-        if !want(name) {
+    for (role, nri) in [("cri-tools", true), ("cri-tools-oldest", false)] {
+        let dir = upstream::dir(role);
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("cri-tools-"))
+            .unwrap_or(role)
+            .to_string();
+        if wanted
+            .as_deref()
+            .is_some_and(|w| !w.split(',').any(|x| x.trim() == name || x.trim() == role))
+        {
             continue;
         }
-        let xz = shared.join(file);
-        let bin = work.join(format!("critest-{name}"));
-        let unpacked = xz.is_file()
-            && Command::new("sh")
-                .arg("-c")
-                .arg(format!(
-                    "xz -dc '{}' > '{}' && chmod +x '{}'",
-                    xz.display(),
-                    bin.display(),
-                    bin.display()
-                ))
-                .status()
-                .is_ok_and(|s| s.success());
-        out.push((name.to_string(), unpacked.then_some(bin)));
+        let bin = match std::env::var_os("CRITEST") {
+            Some(p) if role == "cri-tools" => Some(PathBuf::from(p)),
+            _ => upstream::need(role, "critest"),
+        };
+        out.push((name, bin, nri));
     }
     out
 }
@@ -206,6 +183,7 @@ struct Outcome {
 async fn run_suite(
     name: &str,
     critest: &Path,
+    nri: bool,
     work: &Path,
     reg: &Registry,
 ) -> (Outcome, Daemon, Option<TestNet>) {
@@ -250,8 +228,8 @@ async fn run_suite(
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", bin.display()));
     }
-    // cri-tools main has NRI specs: its stub plugin connects to the daemon's socket.
-    if name == "main" {
+    // Suites with NRI specs: their stub plugin connects to the daemon's socket.
+    if nri {
         cmd.arg("-nri-socket").arg(d.nri_socket());
     }
     let status = cmd
@@ -352,9 +330,8 @@ async fn critest_passes() {
         .prefix("crius-conformance")
         .tempdir()
         .expect("tempdir");
-    let suites = suites(work.path());
-    if suites.iter().all(|(_, b)| b.is_none()) {
-        missing("critest (set CRITEST or install ../shared/bin/critest)");
+    let suites = suites();
+    if suites.iter().all(|(_, b, _)| b.is_none()) {
         return;
     }
     let built = Instant::now();
@@ -370,12 +347,11 @@ async fn critest_passes() {
     let mut summary = Vec::new();
     let mut failed = Vec::new();
     let mut last = None;
-    for (name, bin) in &suites {
+    for (name, bin, nri) in &suites {
         let Some(bin) = bin else {
-            missing(&format!("critest {name} (../shared/bin)"));
             continue;
         };
-        let (outcome, d, net) = run_suite(name, bin, work.path(), &reg).await;
+        let (outcome, d, net) = run_suite(name, bin, *nri, work.path(), &reg).await;
         let c = outcome.counts;
         summary.push(format!(
             "critest {name}: {} passed, {} failed, {} accepted failures, {} skipped",

@@ -1,4 +1,5 @@
-//! The kubelet tier: an upstream kubelet (v1.32, standalone: static pods, no API server) drives
+//! The kubelet tier: an upstream kubelet (the newest release and the oldest supported minor of
+//! `hack/upstream.versions`, standalone: static pods, no API server) drives
 //! a crius daemon over its CRI socket, as on a real node, with pods on a CNI bridge of the
 //! test's own. It checks what a cluster would see: pods Running and Ready through HTTP, TCP,
 //! exec and gRPC probes on the pod IP, no sandbox churn, QoS cgroups and limits as kubelet sets them,
@@ -183,8 +184,19 @@ spec:
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "kubelet changes the machine it runs on: cargo xtask test-kubelet runs it in a VM"]
 async fn kubelet_runs_pods_on_crius() {
-    let (Some(kubelet), Some(ks)) = (upstream("kubelet"), upstream("kubestream")) else {
-        missing("kubelet or kubestream (../shared/bin)");
+    kubelet_tier("kubernetes").await;
+}
+
+/// The same with the oldest supported minor's kubelet.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "kubelet changes the machine it runs on: cargo xtask test-kubelet runs it in a VM"]
+async fn oldest_supported_kubelet_runs_pods_on_crius() {
+    kubelet_tier("kubernetes-oldest").await;
+}
+
+/// The tier with the kubelet of `role` (of `hack/upstream.versions`).
+async fn kubelet_tier(role: &str) {
+    let (Some(kubelet), Some(ks)) = (kubelet(role), upstream::need("clients", "kubestream")) else {
         return;
     };
     if !in_vm() && std::env::var_os("CRIUS_KUBELET_ON_HOST").is_none() {

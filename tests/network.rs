@@ -262,10 +262,11 @@ async fn nothing_leaks_over_cycles_and_a_kill_mid_add() {
     };
     let rules_before = iptables_rules();
     // A plugin that takes its time before the real portmap: the daemon is killed meanwhile.
+    let plugin_dir = plugins().display().to_string();
     script_plugin(
         &net,
         "slow-portmap",
-        &format!("sleep 3\nexec {PLUGINS}/portmap\n"),
+        &format!("sleep 3\nexec {plugin_dir}/portmap\n"),
     );
     let mut env = PodEnv::start_with(&net.tables()).await;
     let list = env.d.net_dir().join("10-test.conflist");
@@ -359,6 +360,7 @@ async fn pods_start_side_by_side_with_the_firewall_plugin() {
     let marks = tempfile::tempdir().unwrap();
     let m = marks.path().display();
     // The real firewall plugin, but the first ADD after one went through fails as a lost race.
+    let plugin_dir = plugins().display().to_string();
     script_plugin(
         &net,
         "racy-firewall",
@@ -368,7 +370,7 @@ async fn pods_start_side_by_side_with_the_firewall_plugin() {
              echo '{{\"cniVersion\":\"1.0.0\",\"code\":999,\"msg\":\"CHAIN_USER_ADD failed (File exists)\"}}'\n\
              exit 1\nfi\n\
              [ \"$CNI_COMMAND\" = ADD ] && touch {m}/warm\n\
-             exec {PLUGINS}/firewall\n"
+             exec {plugin_dir}/firewall\n"
         ),
     );
     let env = PodEnv::start_with(&net.tables()).await;
@@ -460,10 +462,11 @@ async fn a_teardown_its_client_gave_up_on_still_finishes() {
         return;
     };
     let rules_before = iptables_rules();
+    let plugin_dir = plugins().display().to_string();
     script_plugin(
         &net,
         "slow-portmap",
-        &format!("[ \"$CNI_COMMAND\" = DEL ] && sleep 1\nexec {PLUGINS}/portmap\n"),
+        &format!("[ \"$CNI_COMMAND\" = DEL ] && sleep 1\nexec {plugin_dir}/portmap\n"),
     );
     let env = PodEnv::start_with(&net.tables()).await;
     std::fs::write(
@@ -549,12 +552,13 @@ async fn del_uses_the_recorded_list_and_is_retried() {
     // portmap, except that DEL fails while the marker exists (a fault the real plugin cannot
     // be made to produce).
     let marker = net.bin.path().join("fail-del");
+    let plugin_dir = plugins().display().to_string();
     script_plugin(
         &net,
         "flaky-portmap",
         &format!(
             "if [ \"$CNI_COMMAND\" = DEL ] && [ -e {} ]; then\n\
-             echo '{{\"code\":11,\"msg\":\"flaky DEL\"}}'; exit 1\nfi\nexec {PLUGINS}/portmap\n",
+             echo '{{\"code\":11,\"msg\":\"flaky DEL\"}}'; exit 1\nfi\nexec {plugin_dir}/portmap\n",
             marker.display()
         ),
     );

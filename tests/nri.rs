@@ -1,5 +1,6 @@
-//! NRI with upstream's own sample plugins (`../shared/bin/nri/*.xz`, built from
-//! containerd/nri): the logger sees a pod's life in order and its environment adjustment
+//! NRI with crius's own test plugins (`hack/clients`: a logger, an ulimit adjuster and a device
+//! injector on NRI's published stub, as upstream's samples are; the proxy does not serve those
+//! samples' module): the logger sees a pod's life in order and its environment adjustment
 //! reaches the container; the ulimit adjuster changes `ulimit -n`; the device injector puts a
 //! device node and a mount into a container; a plugin that is killed or stopped (SIGSTOP)
 //! leaves CRI calls working; a pre-installed plugin is started from the plugin directory with
@@ -19,26 +20,12 @@ use crius::cri::v1 as cri;
 
 const LONG: &[&str] = &["sleep", "100000"];
 
-/// Unpacks one of upstream's NRI sample plugins into `dir`; None (after the skip line) when
-/// it is not here.
+/// One of the NRI test plugins, copied into `dir` (a pre-installed plugin is started from a
+/// directory of the test's own); None (after the skip line) when it is not built.
 fn plugin(name: &str, dir: &Path) -> Option<PathBuf> {
-    let xz = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../shared/bin/nri/{name}.xz"));
-    if !xz.is_file() {
-        missing(&format!("{} (upstream's NRI sample plugin)", xz.display()));
-        return None;
-    }
+    let built = upstream::need("clients", name)?;
     let bin = dir.join(name);
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "xz -dc '{}' > '{}' && chmod 755 '{}'",
-            xz.display(),
-            bin.display(),
-            bin.display()
-        ))
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "unpacking {}", xz.display());
+    std::fs::copy(&built, &bin).unwrap();
     Some(bin)
 }
 
@@ -52,19 +39,14 @@ impl Drop for Running {
     }
 }
 
-/// Starts a plugin on `socket`; the sample plugins name that flag differently.
+/// Starts a plugin on `socket`.
 fn start_plugin(bin: &Path, socket: &Path, idx: &str, args: &[&str], log: &Path) -> Running {
-    let flag = if bin.ends_with("nri-ulimit-adjuster") {
-        "-socket"
-    } else {
-        "-socket-path"
-    };
     let out = std::fs::File::create(log).unwrap();
     Running(
         Command::new(bin)
             .arg("-idx")
             .arg(idx)
-            .arg(flag)
+            .arg("-socket-path")
             .arg(socket)
             .args(args)
             .stdin(Stdio::null())

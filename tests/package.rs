@@ -133,16 +133,10 @@ async fn package_unit_keeps_pods() {
         assert!(start.elapsed() < Duration::from_secs(60), "no socket");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let crictl = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/crictl");
     let endpoint = format!("unix://{}", socket.display());
-    if crictl.exists() {
+    if let Some(crictl) = upstream::need("cri-tools", "crictl") {
         let v = run(Command::new(&crictl).args(["--runtime-endpoint", &endpoint, "version"]));
         assert!(v.contains("RuntimeName:  crius"), "{v}");
-    } else {
-        println!(
-            "crictl not found at {}: its check is skipped",
-            crictl.display()
-        );
     }
 
     // A pod from a local registry through the packaged daemon's default configuration.

@@ -101,8 +101,7 @@ async fn pod_start_latency() {
         not_here("a measurement; cargo xtask bench sets CRIUS_BENCH_PODS");
         return;
     };
-    let Some(kubelet) = upstream("kubelet") else {
-        missing("kubelet (../shared/bin)");
+    let Some(kubelet) = kubelet("") else {
         return;
     };
     assert!(

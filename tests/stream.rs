@@ -17,15 +17,11 @@ use crius::cri::v1 as cri;
 
 const LONG: &[&str] = &["sleep", "100000"];
 
+/// An upstream client: kubestream (crius's own client-go program) or crictl.
 fn client(name: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/bin")
-        .join(name);
-    if p.exists() {
-        Some(p)
-    } else {
-        missing(&format!("{name} (../shared/bin)"));
-        None
+    match name {
+        "crictl" => upstream::need("cri-tools", "crictl"),
+        _ => upstream::need("clients", name),
     }
 }
 

@@ -1,6 +1,6 @@
-//! An upstream kubelet (`../shared/bin/kubelet`, standalone: static pods, no API server) over a
-//! crius daemon's CRI socket, and what its servers show: for the kubelet tier and the pod-start
-//! measurement.
+//! An upstream kubelet (built from `k8s.io/kubernetes` by `hack/install-upstream.sh`,
+//! standalone: static pods, no API server) over a crius daemon's CRI socket, and what its servers
+//! show: for the kubelet tier and the pod-start measurement.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -13,11 +13,19 @@ use super::PodEnv;
 
 pub const NODE: &str = "node1";
 
-pub fn upstream(name: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/bin")
-        .join(name);
-    p.exists().then_some(p)
+/// The kubelet of `role` (`kubernetes`, the newest release, or `kubernetes-oldest`, the oldest
+/// supported minor); `CRIUS_KUBELET_ROLE` picks when `role` is empty (the newest by default).
+pub fn kubelet(role: &str) -> Option<PathBuf> {
+    let role = match role {
+        "" => std::env::var("CRIUS_KUBELET_ROLE").unwrap_or_else(|_| "kubernetes".into()),
+        r => r.to_string(),
+    };
+    super::upstream::need(&role, "kubelet")
+}
+
+/// Whether the host's cgroups are v2 alone (the VM tier's), not the v1 hierarchies.
+pub fn cgroup_v2() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
 
 /// Whether this runs in the VM tier (`hack/vm-run` mounts its control directory there).
@@ -109,9 +117,17 @@ impl Kubelet {
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              failSwapOn: false\nmemorySwap:\n  swapBehavior: LimitedSwap\n\
-             featureGates:\n  NodeSwap: true\n",
+             featureGates:\n  NodeSwap: true\n{}",
+                // Since 1.35 kubelet refuses a cgroup v1 host unless told otherwise.
+                if cgroup_v2() {
+                    ""
+                } else {
+                    "failCgroupV1: false\n"
+                }
+            ),
         )
         .expect("kubelet config");
         // kubelet offers swap only when its own cgroup has a swap controller, which the root

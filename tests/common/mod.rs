@@ -22,6 +22,7 @@ pub mod estargz;
 pub mod kubelet;
 pub mod net;
 pub mod push;
+pub mod upstream;
 pub mod wire;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";

@@ -1,21 +1,41 @@
-//! A pod network of a test's own for the CNI tests: Debian's plugins behind a private bin
-//! directory, a unique bridge and /24 with host-local IPAM in a temp dir, no masquerade and no
+//! A pod network of a test's own for the CNI tests: the CNI plugins (the newest release, or
+//! Debian's with `CRIUS_CNI=debian`) behind a private bin directory, a unique bridge and /24 with host-local IPAM in a temp dir, no masquerade and no
 //! route out; what portmap adds to iptables for the test's pods is removed when it drops.
 
 #![allow(clippy::unwrap_used)] // test scaffolding: a failure here is the test's failure
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub const PLUGINS: &str = "/usr/lib/cni";
+/// Debian's CNI plugins (1.1.1 in Debian 12: what `hack/run.sh` gives a node).
+pub const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
+
+/// Whether the tests use Debian's plugins (`CRIUS_CNI=debian`) rather than the newest release.
+pub fn debian_plugins() -> bool {
+    std::env::var("CRIUS_CNI").is_ok_and(|v| v == "debian")
+}
+
+/// Where the CNI plugins the tests use are: the newest release (`cni-plugins` of
+/// `hack/upstream.versions`), or Debian's with `CRIUS_CNI=debian`.
+pub fn plugins() -> PathBuf {
+    if debian_plugins() {
+        PathBuf::from(DEBIAN_PLUGINS)
+    } else {
+        super::upstream::dir("cni-plugins")
+    }
+}
 
 pub fn plugins_present() -> bool {
-    if Path::new(PLUGINS).join("bridge").exists() {
+    let dir = plugins();
+    if dir.join("bridge").exists() {
         return true;
     }
-    super::missing(&format!(
-        "the CNI plugins in {PLUGINS} (hack/install-test-deps.sh installs them)"
-    ));
+    let how = if debian_plugins() {
+        "hack/install-test-deps.sh installs them"
+    } else {
+        "hack/install-upstream.sh cni-plugins builds them"
+    };
+    super::missing(&format!("the CNI plugins in {} ({how})", dir.display()));
     false
 }
 
@@ -65,7 +85,7 @@ impl TestNet {
         let bridge = format!("crt{}", hex::encode(b));
         let prefix = format!("10.{}.{}", 200 + b[0] % 50, b[1]);
         let bin = tempfile::tempdir().unwrap();
-        for e in std::fs::read_dir(PLUGINS).unwrap().flatten() {
+        for e in std::fs::read_dir(plugins()).unwrap().flatten() {
             std::os::unix::fs::symlink(e.path(), bin.path().join(e.file_name())).unwrap();
         }
         TestNet {

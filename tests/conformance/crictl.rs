@@ -1,4 +1,5 @@
-//! crictl smoke: upstream `crictl` (v1.32) drives a pod's whole life against the daemon, the
+//! crictl smoke: upstream `crictl` (the newest release, `cri-tools` in
+//! `hack/upstream.versions`; `CRICTL` names another) drives a pod's whole life against the daemon, the
 //! way an operator would by hand: version and info, pull and inspect an image, run a pod,
 //! create and start a container, list, exec (sync and streaming), logs, stats, then stop and
 //! remove all, the image last. Every step's result and time is printed as a table; a failed
@@ -12,8 +13,7 @@ pub fn crictl() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("CRICTL") {
         return Some(PathBuf::from(p));
     }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/crictl");
-    beside.is_file().then_some(beside)
+    crate::common::upstream::need("cri-tools", "crictl")
 }
 
 struct Smoke {
@@ -56,7 +56,6 @@ impl Smoke {
 /// configs and the pod's logs; `pod_ip` says whether the pod must get an IP (a CNI network).
 pub fn smoke(socket: &Path, image: &str, work: &Path, pod_ip: bool) -> Result<(), String> {
     let Some(bin) = crictl() else {
-        crate::common::missing("crictl (set CRICTL or install ../shared/bin/crictl)");
         return Ok(());
     };
     let endpoint = format!("unix://{}", socket.display());

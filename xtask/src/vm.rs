@@ -15,18 +15,19 @@ use anyhow::{Context, Result, bail};
 /// on, and those whose mechanism bypasses an LSM label again with SELinux. The last field is
 /// how the VM boots (`hack/vm-run`'s flag): the systemd cgroup driver's test with systemd as
 /// PID 1 (`-S`), the SELinux test and the escapes' LSM halves with SELinux instead of
-/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. critest main runs there too
+/// AppArmor (`-Z`), the rest with a shell as PID 1 and AppArmor. The newest critest runs there too
 /// (`CRITEST`), where its OOM, metrics and AppArmor specs must pass (its table is printed, so
 /// `--nocapture`). The package's test installs what `cargo xtask deb` built and runs its unit
-/// under systemd. The kubelet tier runs an upstream kubelet against crius twice: cgroupfs with
-/// a shell as PID 1, and the systemd driver with systemd as PID 1. The crash-anywhere test runs
+/// under systemd. The kubelet tier runs the newest upstream kubelet against crius twice: cgroupfs
+/// with a shell as PID 1, and the systemd driver with systemd as PID 1; the oldest supported
+/// minor's kubelet runs once, with cgroupfs. The crash-anywhere test runs
 /// there too, where pods have cgroups and its cgroup fault points are in reach, and the
 /// writable-layer test whose project quotas need the VM kernel's CONFIG_QUOTA. Lazy pulling
 /// (FUSE under overlay) runs on the oldest kernel, 6.1, as well as on the host's.
 ///
 /// The runs of one boot share one VM, in this order (a boot costs 9 s, 22 s with systemd, under
 /// TCG); kubelet, which may change the machine, comes last in each.
-static SUITES: [(&str, &[&str], &[&str]); 18] = [
+static SUITES: [(&str, &[&str], &[&str]); 19] = [
     ("cgroups", &["--skip", "systemd_driver"], &[]),
     ("cgroups", &["systemd_driver"], &["-S"]),
     ("pods", &[], &[]),
@@ -55,19 +56,29 @@ static SUITES: [(&str, &[&str], &[&str]); 18] = [
         &["--nocapture", "crash_anywhere_with_cgroups"],
         &[],
     ),
-    ("kubelet", &["--nocapture"], &[]),
-    ("kubelet", &["--nocapture"], &["-S"]),
+    ("kubelet", &["--nocapture", "--exact", KUBELET_NEWEST], &[]),
+    ("kubelet", &["--nocapture", "--exact", KUBELET_OLDEST], &[]),
+    (
+        "kubelet",
+        &["--nocapture", "--exact", KUBELET_NEWEST],
+        &["-S"],
+    ),
 ];
+
+/// The kubelet tier's test with the newest kubelet, and with the oldest supported minor's.
+const KUBELET_NEWEST: &str = "kubelet_runs_pods_on_crius";
+const KUBELET_OLDEST: &str = "oldest_supported_kubelet_runs_pods_on_crius";
 
 /// Suites the VM tier runs only when named (none now: the crash-anywhere test joined the
 /// default set after four passing runs in a row).
 const OPT_IN: &[&str] = &[];
 
-/// The kubelet tier: an upstream kubelet driving crius, once per cgroup driver.
+/// The kubelet tier: upstream kubelets driving crius.
 pub const KUBELET_SUITE: &str = "kubelet";
 
-/// The critest suite the VM tier runs.
-const CRITEST: &str = "main";
+/// The critest suite the VM tier runs: the newest release's (its role in
+/// `hack/upstream.versions`).
+const CRITEST: &str = "cri-tools";
 
 /// Its specs that need the VM: AppArmor enforcing, and cgroup v2 memory (the OOM kill and the
 /// pod metrics of a container with limits). Alternatives of plain words (the conformance test
@@ -299,11 +310,6 @@ pub fn command(boot: &[&str], seconds: usize) -> Result<Command> {
     cmd.args(boot);
     cmd.arg("-t").arg(seconds.to_string());
     cmd.arg("-r").arg(&workspace);
-    // The upstream clients beside the checkout (crictl, critest, kubelet), when present.
-    let shared = workspace.join("../shared");
-    if shared.is_dir() {
-        cmd.arg("-r").arg(&shared);
-    }
     Ok(cmd)
 }
 

@@ -10,8 +10,18 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-/// Where Debian's containernetworking-plugins are.
-pub const PLUGINS: &str = "/usr/lib/cni";
+/// Where the CNI plugins every runtime uses are: the release `hack/install-upstream.sh`
+/// builds (role `cni-plugins`).
+pub fn plugins() -> Result<PathBuf> {
+    let dir = crate::upstream::dir("cni-plugins")?;
+    if !dir.join("bridge").exists() {
+        bail!(
+            "no CNI plugins in {}: run hack/install-upstream.sh cni-plugins",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
 
 pub struct BenchNet {
     pub bridge: String,
@@ -55,9 +65,7 @@ fn chains() -> Vec<String> {
 
 impl BenchNet {
     pub fn new(dir: &Path) -> Result<BenchNet> {
-        if !Path::new(PLUGINS).join("bridge").exists() {
-            bail!("no CNI plugins in {PLUGINS}: run hack/install-bench-deps.sh");
-        }
+        plugins()?;
         let ipam = dir.join("cni-ipam");
         std::fs::create_dir_all(&ipam)?;
         Ok(BenchNet {
@@ -145,12 +153,13 @@ impl BenchNet {
             conf["runtimeConfig"] = serde_json::json!({"portMappings": []});
         }
         let kind = plugin["type"].as_str().context("plugin type")?;
-        let mut child = Command::new(Path::new(PLUGINS).join(kind))
+        let plugins = plugins()?;
+        let mut child = Command::new(plugins.join(kind))
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", id)
             .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", PLUGINS)
+            .env("CNI_PATH", &plugins)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

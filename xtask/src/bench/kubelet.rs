@@ -1,6 +1,6 @@
 //! Pod start under an upstream kubelet, with its relisting PLEG and with EventedPLEG (crius's
 //! GetContainerEvents): `tests/pod_start.rs` run in the VM (kubelet changes the machine it runs
-//! on), against the benchmark's crius binary. crius only: containerd 1.6 has no container events.
+//! on), against the benchmark's crius binary. crius only, for now.
 
 use std::path::Path;
 
@@ -14,8 +14,10 @@ pub struct PodStart {
 /// `pods` pods started one after another in each mode; None (with a line saying why) where
 /// there is no kubelet or no VM.
 pub fn pod_start(crius_bin: &Path, pods: usize) -> Result<Option<PodStart>> {
-    if !Path::new("../shared/bin/kubelet").exists() {
-        eprintln!("bench: skipped: pod start under kubelet: no ../shared/bin/kubelet");
+    if crate::upstream::find("kubernetes", "kubelet")?.is_none() {
+        eprintln!(
+            "bench: skipped: pod start under kubelet: run hack/install-upstream.sh kubernetes"
+        );
         return Ok(None);
     }
     let qemu = std::process::Command::new("sh")

@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: crius, Debian's containerd 1.6 and containerd 2.3 side by side, on this
+//! `cargo xtask bench`: crius, the newest containerd and its LTS line's newest side by side, on this
 //! machine, in one run, driven by the same CRI client code. Each round runs every operation on
 //! every runtime, each going first in turn; the report (`report`) gives median, p90 and spread
 //! per operation and runtime, and crius's ratio to each peer.
@@ -25,6 +25,15 @@ use tonic::transport::Channel;
 
 use peers::Peer;
 use report::{Results, report, stats};
+
+/// The upstream parts the bench drives (`hack/install-upstream.sh` builds what is missing).
+pub const UPSTREAM: &[&str] = &[
+    "containerd",
+    "containerd-lts",
+    "cni-plugins",
+    "clients",
+    "kubernetes",
+];
 
 pub struct Options {
     pub rounds: usize,
@@ -435,7 +444,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         .await?;
     let mut small = Vec::new();
     for r in 0..o.rounds {
-        for rt in ["crius", "containerd", "containerd2"] {
+        for rt in ["crius", "containerd", "containerd-lts"] {
             let img = images::image(
                 vec![images::busybox_layer(&format!("small-{r}-{rt}"))?],
                 &["sh"],
@@ -449,7 +458,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         Vec::new()
     };
 
-    eprintln!("bench: starting crius, containerd 1.6 and containerd 2.3");
+    eprintln!("bench: starting crius and the containerd peers");
     // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
     let run = tmp.join("run");
     std::fs::create_dir_all(&run)?;
@@ -461,18 +470,17 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         bail!("mounting a tmpfs for runtime state");
     }
     let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"), &run)?;
-    let containerd =
-        peers::start_containerd(&tmp.join("containerd"), &run, &registry.host(), &pause)?;
-    let mut rts = vec![
-        Rt::new(crius, tmp.join("logs/crius")),
-        Rt::new(containerd, tmp.join("logs/containerd")),
-    ];
-    match peers::start_containerd2(&tmp.join("containerd2"), &run, &registry.host(), &pause)? {
-        Some(p) => rts.push(Rt::new(p, tmp.join("logs/containerd2"))),
-        None => eprintln!(
-            "bench: skipped containerd 2.3: {} is missing",
-            peers::CONTAINERD2
-        ),
+    let mut rts = vec![Rt::new(crius, tmp.join("logs/crius"))];
+    for kind in [peers::Kind::Containerd, peers::Kind::ContainerdLts] {
+        let dir = tmp.join(kind.name());
+        match peers::start_containerd(kind, &dir, &run, &registry.host(), &pause)? {
+            Some(p) => rts.push(Rt::new(p, tmp.join("logs").join(kind.name()))),
+            None => bail!(
+                "{} is not installed: run hack/install-upstream.sh {}",
+                kind.name(),
+                kind.role()
+            ),
+        }
     }
     let others: Vec<&'static str> = rts[1..].iter().map(|r| r.name()).collect();
     for rt in rts.iter_mut() {
@@ -485,7 +493,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
         res.add("daemon RSS idle (MiB)", "MiB", rt.name(), rss);
     }
 
-    let logger = nri::unpack_logger(&tmp.join("nri"))?;
+    let logger = nri::logger()?;
     for round in 0..o.rounds {
         eprintln!("bench: round {}/{}", round + 1, o.rounds);
         let order = turns(round, rts.len());
@@ -569,13 +577,9 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             rt.remove_all_pods().await?;
         }
         if let Some(logger) = &logger {
-            // crius and containerd 2.3, each with the logger connected to its own socket.
+            // Every runtime, each with the logger connected to its own socket.
             for &i in &order {
-                let socket = match rts[i].name() {
-                    "crius" => tmp.join("crius/nri/nri.sock"),
-                    "containerd2" => tmp.join("containerd2/nri/nri.sock"),
-                    _ => continue,
-                };
+                let socket = tmp.join(rts[i].name()).join("nri/nri.sock");
                 nri::logger_rows(&mut rts[i], logger, &socket, &busybox, &mut res).await?;
             }
         }

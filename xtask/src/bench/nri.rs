@@ -1,7 +1,7 @@
-//! crius's container start with upstream's `nri-logger` connected (it is told of every event
-//! and validates every adjustment), beside the same operation with no plugin, in the same
-//! run: what a plugin costs a container start. Skipped, with a line, when the plugin is not in
-//! `../shared/bin/nri/`.
+//! A container start with an NRI logger connected (crius's own test plugin on NRI's published
+//! stub, `hack/clients/nri-logger`: it is told of every event and validates every adjustment),
+//! beside the same operation with no plugin, in the same run: what a plugin costs a container
+//! start, for every runtime. Skipped, with a line, when the plugin is not built.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -12,28 +12,13 @@ use anyhow::{Context, Result, bail};
 use super::report::Results;
 use super::{Rt, timed};
 
-const LOGGER: &str = "../shared/bin/nri/nri-logger.xz";
-
-/// Unpacks the logger into `dir`; None when it is not here.
-pub fn unpack_logger(dir: &Path) -> Result<Option<std::path::PathBuf>> {
-    if !Path::new(LOGGER).is_file() {
-        eprintln!("bench: skipped the nri-logger rows: {LOGGER} is missing");
-        return Ok(None);
+/// The logger (crius's own NRI test plugin, `hack/clients`), or None when it is not built.
+pub fn logger() -> Result<Option<std::path::PathBuf>> {
+    let found = crate::upstream::find("clients", "nri-logger")?;
+    if found.is_none() {
+        eprintln!("bench: skipped the nri-logger rows: run hack/install-upstream.sh clients");
     }
-    std::fs::create_dir_all(dir)?;
-    let bin = dir.join("nri-logger");
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "xz -dc {LOGGER} > '{0}' && chmod 755 '{0}'",
-            bin.display()
-        ))
-        .status()?
-        .success();
-    if !ok {
-        bail!("unpacking {LOGGER}");
-    }
-    Ok(Some(bin))
+    Ok(found)
 }
 
 /// Five container starts in a ready pod with the logger connected to `socket`.
@@ -44,7 +29,7 @@ pub async fn logger_rows(
     busybox: &str,
     res: &mut Results,
 ) -> Result<()> {
-    let log = logger.with_extension("log");
+    let log = socket.with_file_name("nri-logger.log");
     let _ = std::fs::remove_file(&log);
     let mut child = Command::new(logger)
         .args(["-idx", "10", "-socket-path"])

@@ -1,7 +1,7 @@
 //! The runtimes under test, each with private state under the benchmark's directory and its own
-//! socket: crius (the release binary), Debian's containerd 1.6 with its CRI plugin and runc, and
-//! containerd 2.3.4 with its runc shim (from `../shared/bin/containerd2`, unpacked into the
-//! benchmark's directory, on Debian's runc; NRI off, so it leaves no socket behind).
+//! socket: crius (the release binary), and the newest containerd and the LTS line's newest, each
+//! with its runc shim (built from their module by `hack/install-upstream.sh`, roles `containerd`
+//! and `containerd-lts`), on Debian's runc.
 //! containerd needs `restrict_oom_score_adj` on these machines, a pause image (built from
 //! busybox here) and a CNI result with an address: it gets Debian's `loopback` plugin plus a
 //! no-op plugin that reports one, so both runtimes give pods a loopback-only network, until the
@@ -18,8 +18,10 @@ use tonic::transport::Channel;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Crius,
+    /// The newest containerd release.
     Containerd,
-    Containerd2,
+    /// The newest of containerd's LTS line.
+    ContainerdLts,
 }
 
 impl Kind {
@@ -27,7 +29,16 @@ impl Kind {
         match self {
             Kind::Crius => "crius",
             Kind::Containerd => "containerd",
-            Kind::Containerd2 => "containerd2",
+            Kind::ContainerdLts => "containerd-lts",
+        }
+    }
+
+    /// The peer's role in `hack/upstream.versions` (none for crius).
+    pub fn role(self) -> &'static str {
+        match self {
+            Kind::Crius => "",
+            Kind::Containerd => "containerd",
+            Kind::ContainerdLts => "containerd-lts",
         }
     }
 }
@@ -86,7 +97,7 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
              [image]\nlazy_pull = true\nlazy_whole_pull_delay = \"1h\"\n",
             dir.join("certs.d").display(),
             cni_conf.display(),
-            super::cni::PLUGINS,
+            super::cni::plugins()?.display(),
             nri = dir.join("nri").display(),
         ),
     )?;
@@ -136,7 +147,7 @@ fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, Pat
     std::fs::create_dir_all(&cni_conf)?;
     std::fs::create_dir_all(&cni_bin)?;
     for plugin in ["loopback", "bridge", "host-local", "portmap"] {
-        let from = Path::new(super::cni::PLUGINS).join(plugin);
+        let from = super::cni::plugins()?.join(plugin);
         std::os::unix::fs::symlink(from, cni_bin.join(plugin)).ok();
     }
     // A plugin that does nothing but report an address on eth0: containerd insists on one.
@@ -159,44 +170,6 @@ fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, Pat
         ),
     )?;
     Ok((socket, cni_conf, cni_bin))
-}
-
-pub fn start_containerd(dir: &Path, run: &Path, registry: &str, pause: &str) -> Result<Peer> {
-    let (socket, cni_conf, cni_bin) = containerd_files(dir, registry)?;
-    let cfg = dir.join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"{header}[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
-    conf_dir = "{cni_conf}"
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{certs}"
-"#,
-            header = containerd_header(2, dir, &run.join("containerd"), &socket),
-            pause = pause,
-            cni_bin = cni_bin.display(),
-            cni_conf = cni_conf.display(),
-            certs = dir.join("certs.d").display(),
-        ),
-    )?;
-    spawn_containerd(
-        Kind::Containerd,
-        Command::new("containerd"),
-        dir,
-        &cfg,
-        socket,
-        cni_conf,
-    )
-    .context("starting containerd (run hack/install-bench-deps.sh)")
 }
 
 /// The start of a containerd config of `version`: its directories, sockets and log level.
@@ -248,37 +221,23 @@ fn spawn_containerd(
     })
 }
 
-/// Where containerd 2.3 and its shim are kept, xz-compressed.
-pub const CONTAINERD2: &str = "../shared/bin/containerd2";
-
-/// containerd 2.3 with config version 3, its shim first on its PATH; none when its binaries
-/// are not here.
-pub fn start_containerd2(
+/// A containerd of `kind` with config version 3, its shim first on its PATH; none when it is not
+/// installed.
+pub fn start_containerd(
+    kind: Kind,
     dir: &Path,
     run: &Path,
     registry: &str,
     pause: &str,
 ) -> Result<Option<Peer>> {
-    let from = Path::new(CONTAINERD2);
-    if !from.join("containerd.xz").is_file() {
+    let Some(daemon) = crate::upstream::find(kind.role(), "containerd")? else {
         return Ok(None);
-    }
+    };
+    let bin = daemon
+        .parent()
+        .context("containerd's directory")?
+        .to_path_buf();
     let (socket, cni_conf, cni_bin) = containerd_files(dir, registry)?;
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin)?;
-    for name in ["containerd", "containerd-shim-runc-v2"] {
-        let out = std::fs::File::create(bin.join(name))?;
-        let ok = Command::new("xz")
-            .args(["-dc"])
-            .arg(from.join(format!("{name}.xz")))
-            .stdout(out)
-            .status()?
-            .success();
-        if !ok {
-            bail!("unpacking {name}.xz from {}", from.display());
-        }
-        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))?;
-    }
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
@@ -305,7 +264,7 @@ pub fn start_containerd2(
     bin_dirs = ["{cni_bin}"]
     conf_dir = "{cni_conf}"
 "#,
-            header = containerd_header(3, dir, &run.join("containerd2"), &socket),
+            header = containerd_header(3, dir, &run.join(kind.name()), &socket),
             // On, as containerd 2 ships it: the nri-logger rows connect a plugin to it.
             nri = dir.join("nri").display(),
             certs = dir.join("certs.d").display(),
@@ -313,12 +272,12 @@ pub fn start_containerd2(
             cni_conf = cni_conf.display(),
         ),
     )?;
-    let mut cmd = Command::new(bin.join("containerd"));
+    let mut cmd = Command::new(&daemon);
     let path = std::env::var("PATH").unwrap_or_default();
     cmd.env("PATH", format!("{}:{path}", bin.display()));
-    spawn_containerd(Kind::Containerd2, cmd, dir, &cfg, socket, cni_conf)
+    spawn_containerd(kind, cmd, dir, &cfg, socket, cni_conf)
         .map(Some)
-        .context("starting containerd 2.3")
+        .with_context(|| format!("starting {}", daemon.display()))
 }
 
 impl Peer {
@@ -452,7 +411,7 @@ pub fn helper_pids(peer: &Peer) -> (Vec<i32>, Vec<i32>) {
                 .collect();
             (monitors, pauses)
         }
-        Kind::Containerd | Kind::Containerd2 => {
+        Kind::Containerd | Kind::ContainerdLts => {
             let addr = peer.socket.display().to_string();
             let shims: Vec<i32> = procs
                 .iter()

@@ -61,6 +61,19 @@ pub fn stats(v: &[f64]) -> Stats {
 
 /// Prints the table (crius, then each peer in `peers` with crius's ratio to it) and writes the
 /// JSON.
+/// Which release each containerd peer is, from its directory's name (`containerd-v2.4.2`).
+fn peer_versions() -> String {
+    let said: Vec<String> = ["containerd", "containerd-lts"]
+        .iter()
+        .map(|role| {
+            let dir = crate::upstream::dir(role).unwrap_or_default();
+            let name = dir.file_name().unwrap_or_default().to_string_lossy();
+            format!("{role} is {}", name.replace("containerd-v", ""))
+        })
+        .collect();
+    said.join(", ")
+}
+
 pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> {
     let mut head = vec![
         "operation".to_string(),
@@ -134,9 +147,10 @@ pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> 
         .map(|o| o.status.success())
         .unwrap_or(false);
     println!(
-        "\nrounds: {}, peers: {} (containerd is Debian's 1.6, containerd2 is 2.3.4; both with runc), unpigz on PATH: {unpigz}",
+        "\nrounds: {}, peers: {} ({}; both with runc), unpigz on PATH: {unpigz}",
         o.rounds,
-        peers.join(", ")
+        peers.join(", "),
+        peer_versions()
     );
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;
