@@ -2,7 +2,6 @@
 //! standalone: static pods, no API server) over a crius daemon's CRI socket, and what its servers
 //! show: for the kubelet tier and the pod-start measurement.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -113,14 +112,17 @@ impl Kubelet {
         let endpoint = format!("unix://{}", socket.display());
         let root = dir.path().join("root");
         // Settings without a flag: swap for Burstable pods in proportion to their memory
-        // requests (LimitedSwap).
+        // requests (LimitedSwap). No API server: anonymous requests, always allowed (1.37
+        // refuses to start with its default webhook authentication and no client).
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
             format!(
                 "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              failSwapOn: false\nmemorySwap:\n  swapBehavior: LimitedSwap\n\
-             featureGates:\n  NodeSwap: true\n{}",
+             featureGates:\n  NodeSwap: true\n\
+             authentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\n\
+             authorization:\n  mode: AlwaysAllow\n{}",
                 // Since 1.35 kubelet refuses a cgroup v1 host unless told otherwise.
                 if cgroup_v2() {
                     ""
@@ -169,11 +171,6 @@ impl Kubelet {
             .args(["--fail-swap-on=false", "--cgroup-driver", driver])
             .args(["--cgroups-per-qos=true", "--enforce-node-allocatable=pods"])
             .args([
-                "--anonymous-auth=true",
-                "--authorization-mode",
-                "AlwaysAllow",
-            ])
-            .args([
                 "--enable-server=true",
                 "--read-only-port",
                 "10255",
@@ -216,6 +213,14 @@ impl Kubelet {
         }
     }
 
+    /// Fails the test, with kubelet's log, if kubelet has ended (it refused its configuration,
+    /// say): waiting for its pods would only time out.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("kubelet ended ({status}):\n{}", self.log_tail());
+        }
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -254,31 +259,28 @@ impl Drop for Kubelet {
     }
 }
 
+/// A request to kubelet's `port` (`method`, no body): the whole answer, status line first, or
+/// nothing when kubelet does not answer. Its authenticated port, 10250, is https with a
+/// certificate of its own, which is not verified; the read-only port is plain http.
+fn request(method: &str, port: u16, path: &str, seconds: u32) -> String {
+    let scheme = if port == 10250 { "https" } else { "http" };
+    let out = Command::new("curl")
+        .args(["-s", "-k", "-i", "--http1.1", "-X", method])
+        .args(["-m", &seconds.to_string()])
+        .arg(format!("{scheme}://127.0.0.1:{port}{path}"))
+        .output()
+        .expect("running curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A GET of kubelet's: the whole answer, status line first.
 pub fn get_raw(port: u16, path: &str) -> String {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    let mut all = String::new();
-    let _ = s.read_to_string(&mut all);
-    all
+    request("GET", port, path, 30)
 }
 
 /// A POST of kubelet's with no body: the whole answer, status line first.
 pub fn post_raw(port: u16, path: &str) -> String {
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(150)));
-    let _ = write!(
-        s,
-        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
-    );
-    let mut all = String::new();
-    let _ = s.read_to_string(&mut all);
-    all
+    request("POST", port, path, 150)
 }
 
 pub fn body_if_ok(all: String) -> Option<String> {

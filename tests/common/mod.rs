@@ -1682,11 +1682,17 @@ pub async fn grpc_health_in(
 /// `request` on port 0's data channel and collects every (channel, payload) until the server
 /// closes.
 pub async fn channel_forward(url: &str, protocol: &str, request: &[u8]) -> Vec<(u8, Vec<u8>)> {
-    use base64::Engine;
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let ws_url = url.replacen("http://", "ws://", 1);
+    // kubelet's server is https (a certificate of its own, not verified here); crius's
+    // streaming server is http unless asked otherwise.
+    let (tls, rest) = match url.strip_prefix("https://") {
+        Some(rest) => (true, rest),
+        None => (
+            false,
+            url.strip_prefix("http://").expect("channel port forward"),
+        ),
+    };
+    let ws_url = format!("{}{rest}", if tls { "wss://" } else { "ws://" });
     let mut req = ws_url
         .as_str()
         .into_client_request()
@@ -1697,16 +1703,40 @@ pub async fn channel_forward(url: &str, protocol: &str, request: &[u8]) -> Vec<(
             protocol.parse().expect("channel port forward"),
         );
     }
-    let addr = url
-        .strip_prefix("http://")
-        .expect("channel port forward")
-        .split('/')
-        .next()
-        .expect("channel port forward");
+    let addr = rest.split('/').next().expect("channel port forward");
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .expect("channel port forward");
-    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp)
+    if tls {
+        let config = crius::tls::unverified_client().expect("a TLS client");
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string();
+        let name = rustls::pki_types::ServerName::try_from(host).expect("a server name");
+        let stream = connector
+            .connect(name, tcp)
+            .await
+            .expect("channel port forward: TLS");
+        channel_session(req, stream, protocol, request).await
+    } else {
+        channel_session(req, tcp, protocol, request).await
+    }
+}
+
+/// One WebSocket port-forward session over `stream`: `request` on the data channel, then
+/// every frame until the server closes.
+async fn channel_session<S>(
+    req: tokio_tungstenite::tungstenite::handshake::client::Request,
+    stream: S,
+    protocol: &str,
+    request: &[u8],
+) -> Vec<(u8, Vec<u8>)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use base64::Engine;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut ws, _) = tokio_tungstenite::client_async(req, stream)
         .await
         .expect("channel port forward");
     let b64 = protocol.contains("base64");
