@@ -275,7 +275,7 @@ async fn open_pods(
         cfg.network.conf_dir.clone(),
         cfg.network.bin_dirs.clone(),
     ));
-    let readiness = network.readiness();
+    let readiness = network.configured();
     if readiness.ready {
         tracing::info!(
             network = readiness.message,

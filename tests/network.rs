@@ -680,3 +680,142 @@ async fn a_pod_cut_short_before_its_add_is_not_left_ready() {
     env.remove_pod(&pod).await;
     assert_eq!((net.veths(), net.allocations().len()), (0, 0));
 }
+
+/// An address host-local holds in the test network's data directory for an attachment crius never made,
+/// as a reboot leaves them (the records are on `/run`, host-local's files are not): host-local
+/// run alone, as its bridge would run it, in `netns` (not the caller's own, which plugins
+/// refuse; host-local does nothing in it). The address.
+fn stray_allocation(list: &str, id: &str, netns: &str) -> String {
+    use std::io::Write as _;
+    let list: serde_json::Value = serde_json::from_str(list).unwrap();
+    let mut conf = list["plugins"][0].clone();
+    conf["name"] = list["name"].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    let mut child = std::process::Command::new(plugins().join("host-local"))
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", plugins())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ip = result["ips"][0]["address"].as_str().unwrap();
+    ip.split('/').next().unwrap().to_string()
+}
+
+/// Whether host-local holds `ip` in `net`'s data directory.
+fn holds(net: &TestNet, ip: &str) -> bool {
+    net.allocations()
+        .iter()
+        .any(|a| a.rsplit('/').next() == Some(ip))
+}
+
+/// CNI 1.1 (the newest plugins): NetworkReady follows the plugins' STATUS answers, and at start
+/// GC hands them the attachments crius holds, so an address host-local kept for an attachment
+/// crius has no record of goes while a running pod's stays. A list of an earlier version gets
+/// neither verb.
+#[tokio::test]
+async fn cni_1_1_status_and_gc() {
+    if debian_plugins() {
+        not_here("CNI 1.1's STATUS and GC: Debian's 1.1.1 plugins do not know them");
+        return;
+    }
+    let Some((_host, net)) = host_net().await else {
+        return;
+    };
+    let list = net
+        .conflist("")
+        .replace(r#""cniVersion":"1.0.0""#, r#""cniVersion":"1.1.0""#);
+    assert!(list.contains(r#""cniVersion":"1.1.0""#), "{list}");
+    let mut env = PodEnv::start_with(&net.tables()).await;
+    let file = env.d.net_dir().join("10-test.conflist");
+    std::fs::write(&file, &list).unwrap();
+    assert!(network_ready(&env).await.status);
+    let sb = env.sandbox_config("kept");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let kept = pod_ip(&env, &pod).await;
+    assert!(!kept.is_empty());
+    let info = env.d.pod_info(&pod).await;
+    let netns = info["netNamespacePath"].as_str().unwrap().to_string();
+
+    // A plugin that answers STATUS with the spec's "not available" error: not ready, named.
+    let plugin_dir = plugins().display().to_string();
+    script_plugin(
+        &net,
+        "picky-bridge",
+        &format!(
+            "if [ \"$CNI_COMMAND\" = STATUS ]; then\n\
+             echo '{{\"cniVersion\":\"1.1.0\",\"code\":50,\"msg\":\"no uplink yet\"}}'; exit 1\nfi\n\
+             exec {plugin_dir}/bridge\n"
+        ),
+    );
+    std::fs::write(
+        &file,
+        list.replace(r#""type":"bridge""#, r#""type":"picky-bridge""#),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ready = network_ready(&env).await;
+    assert!(!ready.status, "{ready:?}");
+    assert_eq!(ready.reason, "NetworkPluginNotReady");
+    assert!(ready.message.contains("no uplink yet"), "{ready:?}");
+    std::fs::write(&file, &list).unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(network_ready(&env).await.status);
+
+    // An address no record owns, then a daemon start: GC drops it, keeps the pod's.
+    let stray = stray_allocation(&list, "a-pod-a-reboot-forgot", &netns);
+    assert!(holds(&net, &stray));
+    env.d.restart();
+    let t = Instant::now();
+    while holds(&net, &stray) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "GC left {stray}: {:?}",
+            net.allocations()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        holds(&net, &kept),
+        "GC dropped the running pod's {kept}: {:?}",
+        net.allocations()
+    );
+    assert_eq!(pod_ip(&env, &pod).await, kept);
+
+    // A 1.0.0 list: no GC, so a stray address stays (the plugins would refuse the verb).
+    std::fs::write(&file, net.conflist("")).unwrap();
+    let stray = stray_allocation(&net.conflist(""), "another-forgotten-pod", &netns);
+    env.d.restart();
+    assert!(network_ready(&env).await.status);
+    assert!(holds(&net, &stray));
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    // The stray one is this test's own to release.
+    std::fs::write(&file, &list).unwrap();
+    env.d.restart();
+    let t = Instant::now();
+    while !net.allocations().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            net.allocations()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -363,7 +363,7 @@ impl RuntimeService for Runtime {
                     message: String::new(),
                 },
                 {
-                    let net = self.pods.network_readiness();
+                    let net = self.pods.network_readiness().await;
                     cri::RuntimeCondition {
                         r#type: "NetworkReady".into(),
                         status: net.ready,

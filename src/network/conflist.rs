@@ -141,6 +141,11 @@ impl NetworkList {
     }
 
     /// Whether the list's version is at least `min` (major, minor, patch).
+    /// Whether the list's plugins take CNI 1.1's STATUS and GC.
+    pub fn has_status_and_gc(&self) -> bool {
+        self.version_at_least((1, 1, 0))
+    }
+
     pub fn version_at_least(&self, min: (u64, u64, u64)) -> bool {
         let mut parts = self
             .cni_version

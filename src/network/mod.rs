@@ -6,11 +6,14 @@
 //! first plugin runs (an intent) and again with the result: a DEL after a daemon restart or a
 //! changed network list uses the very list and result the ADD did, and an intent without a
 //! result (a crash mid-ADD) is undone at start-up. Readiness (`NetworkReady`) follows the
-//! configuration directory, read again when it changes. Loopback stays crius's own (the pause
+//! configuration directory, read again when it changes, and for CNI 1.1 lists what the plugins
+//! answer to STATUS; at start-up GC hands 1.1 plugins the attachments crius holds, so they drop
+//! what no record owns (`upkeep`). Loopback stays crius's own (the pause
 //! process brings it up); no plugin runs for it. Uses `atomic` and CRI messages.
 
 pub mod conflist;
 pub mod plugin;
+mod upkeep;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -24,9 +27,12 @@ use crate::atomic;
 use crate::sandbox::config::{PodConfig, Protocol};
 pub use conflist::{ConfError, NetworkList};
 use plugin::{Call, Op, PluginError};
+pub use upkeep::Live;
 
 /// The pod's interface, as kubelet expects it.
 pub const IFNAME: &str = "eth0";
+/// `NetworkReady`'s reason when it is false, as kubelet's runtimes give it.
+const NOT_READY: &str = "NetworkPluginNotReady";
 /// How long one plugin may take.
 const PLUGIN_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -131,6 +137,8 @@ pub struct NetworkService {
     /// RemovePodSandbox while the RunPodSandbox its client gave up on still attaches) would
     /// free nothing and leave the ADD's address held.
     pods: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The last STATUS answer: when, and of which list (`upkeep`).
+    status: tokio::sync::Mutex<Option<(Instant, String, Readiness)>>,
 }
 
 /// What a plugin says when another made the same shared thing a moment before (iptables,
@@ -152,6 +160,7 @@ impl NetworkService {
             first_add: tokio::sync::Mutex::new(()),
             warm: Mutex::new(HashSet::new()),
             pods: Mutex::new(HashMap::new()),
+            status: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -190,8 +199,9 @@ impl NetworkService {
         }
     }
 
-    /// `NetworkReady` as kubelet reads it.
-    pub fn readiness(&self) -> Readiness {
+    /// Whether the node has a network list, as `NetworkReady` says before any plugin is
+    /// asked (`readiness` asks the plugins that take STATUS, too).
+    pub fn configured(&self) -> Readiness {
         match self.current() {
             Ok(l) => Readiness {
                 ready: true,
@@ -200,7 +210,7 @@ impl NetworkService {
             },
             Err(e) => Readiness {
                 ready: false,
-                reason: "NetworkPluginNotReady".into(),
+                reason: NOT_READY.into(),
                 message: format!("Network plugin returns error: cni config uninitialized: {e}"),
             },
         }

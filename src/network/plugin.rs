@@ -20,6 +20,10 @@ pub enum Op {
     Add,
     Del,
     Check,
+    /// CNI 1.1: whether the plugin is ready for ADDs.
+    Status,
+    /// CNI 1.1: the plugin drops what it holds for attachments the runtime no longer has.
+    Gc,
 }
 
 impl Op {
@@ -28,7 +32,15 @@ impl Op {
             Op::Add => "ADD",
             Op::Del => "DEL",
             Op::Check => "CHECK",
+            Op::Status => "STATUS",
+            Op::Gc => "GC",
         }
+    }
+
+    /// Whether the operation is about one attachment (the spec's per-container variables go
+    /// with it); STATUS and GC are about the network as a whole.
+    fn per_attachment(self) -> bool {
+        matches!(self, Op::Add | Op::Del | Op::Check)
     }
 }
 
@@ -167,13 +179,20 @@ pub fn stdin_config(
     Value::Object(conf)
 }
 
-/// Runs the plugin with `conf` on stdin; its result for ADD (none for DEL and CHECK).
+/// Runs the plugin with `conf` on stdin; its result for ADD (none for the others).
 pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginError> {
-    let kind = conf
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+    let kind = conf.get("type").and_then(Value::as_str).unwrap_or_default();
+    run_kind(call, kind, conf).await
+}
+
+/// Runs plugin `kind` with `conf` on stdin, as a plugin runs its IPAM plugin (`conf` is the
+/// delegating plugin's).
+pub async fn run_kind(
+    call: &Call<'_>,
+    kind: &str,
+    conf: &Value,
+) -> Result<Option<Value>, PluginError> {
+    let kind = kind.to_string();
     let network = conf
         .get("name")
         .and_then(Value::as_str)
@@ -192,22 +211,25 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
     match call.op {
         Op::Add => crate::fault::point("cni.add.before"),
         Op::Del => crate::fault::point("cni.del.before"),
-        Op::Check => {}
+        Op::Check | Op::Status | Op::Gc => {}
     }
     let started = std::time::Instant::now();
-    let mut child = tokio::process::Command::new(&path)
-        .env_clear()
+    let mut cmd = tokio::process::Command::new(&path);
+    cmd.env_clear()
         // Plugins run iptables, ip and the like.
         .env(
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         )
         .env("CNI_COMMAND", call.op.word())
-        .env("CNI_CONTAINERID", call.container_id)
-        .env("CNI_NETNS", call.netns)
-        .env("CNI_IFNAME", call.ifname)
-        .env("CNI_ARGS", call.args)
-        .env("CNI_PATH", cni_path)
+        .env("CNI_PATH", cni_path);
+    if call.op.per_attachment() {
+        cmd.env("CNI_CONTAINERID", call.container_id)
+            .env("CNI_NETNS", call.netns)
+            .env("CNI_IFNAME", call.ifname)
+            .env("CNI_ARGS", call.args);
+    }
+    let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -270,7 +292,7 @@ pub async fn run(call: &Call<'_>, conf: &Value) -> Result<Option<Value>, PluginE
     match call.op {
         Op::Add => crate::fault::point("cni.add.after"),
         Op::Del => crate::fault::point("cni.del.after"),
-        Op::Check => {}
+        Op::Check | Op::Status | Op::Gc => {}
     }
     if !status.success() {
         return Err(failed(error_message(&out, &err, status.code())));

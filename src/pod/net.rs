@@ -1,6 +1,6 @@
 //! The pod's network: attaching and detaching it through `network`, its attachment record in
 //! the sandbox's directory (`network.json`), its IPs in PodSandboxStatus, and, at start-up,
-//! undoing what a daemon killed mid-ADD left.
+//! undoing what a daemon killed mid-ADD left, then the network's GC with the attachments kept.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -98,8 +98,8 @@ impl PodService {
     }
 
     /// NetworkReady, as Status reports it.
-    pub fn network_readiness(&self) -> Readiness {
-        self.network.readiness()
+    pub async fn network_readiness(&self) -> Readiness {
+        self.network.readiness().await
     }
 
     /// kubelet's pod CIDR, for the `ipRanges` capability of pods made from now on.
@@ -160,6 +160,40 @@ impl PodService {
                     tracing::warn!(sandbox = r.id, error = %e, "stopping a pod without network");
                 }
             }
+        }
+        self.network_gc().await;
+    }
+
+    /// GC of the node's network (CNI 1.1 lists), keeping every attachment a record still
+    /// holds on that network: what the plugins hold for others (a reboot emptied the records'
+    /// directory, or a record was lost) goes.
+    async fn network_gc(&self) {
+        let Ok(list) = self.network.current() else {
+            return;
+        };
+        let mut live = Vec::new();
+        for r in self.sandboxes.records().await {
+            match network::read(&self.record(&r.id)) {
+                Ok(Some(att)) => {
+                    if att.list.get("name").and_then(|n| n.as_str()) == Some(list.name.as_str()) {
+                        live.push(network::Live {
+                            container_id: att.container_id,
+                            ifname: att.ifname,
+                        });
+                    }
+                }
+                Ok(None) => {}
+                // An attachment that cannot be read may still be live: no GC this time.
+                Err(e) => {
+                    tracing::warn!(sandbox = r.id, error = %e, "no network GC: an attachment is unreadable");
+                    return;
+                }
+            }
+        }
+        match self.network.gc(&live).await {
+            Ok(true) => tracing::info!(network = list.name, kept = live.len(), "network GC"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(network = list.name, error = %e, "network GC"),
         }
     }
 }
