@@ -228,8 +228,24 @@ fn cgroup_policy(cfg: &Config) -> Result<crate::runtime::cgroup::Policy, Error> 
             marker: crate::systemd::BOOTED_MARKER,
         });
     }
+    // Without v2, containers' devices are confined by v1's devices controller.
+    let devices_v1 = match &hierarchy {
+        Some(_) => None,
+        None => crate::runtime::devices::V1::detect(),
+    };
+    match (&hierarchy, &devices_v1) {
+        (None, Some(v1)) => tracing::info!(
+            root = %v1.root.display(),
+            "containers' devices confined by cgroup v1's devices controller"
+        ),
+        (None, None) => tracing::warn!(
+            "neither cgroup v2 nor cgroup v1's devices controller is mounted: only privileged containers can start"
+        ),
+        _ => {}
+    }
     Ok(crate::runtime::cgroup::Policy {
         hierarchy,
+        devices_v1,
         systemd: cfg.cgroup.driver == "systemd",
         parent: cfg.cgroup.parent.clone(),
         allow_unenforced: cfg.cgroup.allow_unenforced,
@@ -260,6 +276,7 @@ async fn open_runtime(
         nri.cloned(),
     )?;
     containers.remove_orphan_cgroups().await;
+    containers.remove_orphan_devices_cgroups().await;
     Ok((sandboxes, containers))
 }
 

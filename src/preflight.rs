@@ -70,6 +70,7 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
     vec![
         kernel(),
         cgroups(cfg),
+        device_control(),
         overlay(),
         idmapped_mounts(),
         seccomp(),
@@ -244,6 +245,26 @@ fn cgroups(cfg: &Config) -> Finding {
             cfg.cgroup.driver
         ),
     )
+}
+
+/// Whether containers' device access can be confined: v2's eBPF device programs, or v1's
+/// devices controller; without either only privileged containers start.
+fn device_control() -> Finding {
+    if crate::runtime::cgroup::Hierarchy::detect().is_some() {
+        return ok("device control", "cgroup v2 device programs (eBPF)");
+    }
+    match crate::runtime::devices::V1::detect() {
+        Some(v1) => ok(
+            "device control",
+            format!("cgroup v1 devices controller at {}", v1.root.display()),
+        ),
+        None => bad(
+            "device control",
+            Level::Fail,
+            "neither cgroup v2 nor cgroup v1's devices controller is mounted",
+            "mount the devices controller (or boot with cgroup v2); until then only privileged containers start",
+        ),
+    }
 }
 
 fn overlay() -> Finding {

@@ -54,6 +54,7 @@ async fn check_and_info() {
     for want in [
         "kernel",
         "cgroup v2",
+        "device control",
         "overlayfs",
         "idmapped mounts",
         "seccomp",

@@ -287,16 +287,8 @@ impl ContainerService {
     }
 }
 
-/// Writes a container's limit files into its cgroup.
-pub(super) fn write_limits(cg: &Cgroup, files: &[(String, String)]) -> Result<(), Error> {
-    cg.set_all(files).map_err(|(file, value, e)| {
-        invalid("config.linux.resources", format!("{file} = {value}: {e}"))
-    })
-}
-
-/// Attaches the spec's device rules to the container's cgroup (nothing when every device is
-/// allowed).
-pub(super) fn attach_devices(cg: &Cgroup, oci: &oci_spec::runtime::Spec) -> Result<(), Error> {
+/// The spec's device rules; none when every device is allowed (a privileged container).
+fn device_rules(oci: &oci_spec::runtime::Spec) -> Option<Vec<devices::Rule>> {
     let rules: Vec<devices::Rule> = oci
         .linux()
         .as_ref()
@@ -307,7 +299,88 @@ pub(super) fn attach_devices(cg: &Cgroup, oci: &oci_spec::runtime::Spec) -> Resu
     let all = rules
         .iter()
         .any(|r| r.kind.is_none() && r.major.is_none() && r.minor.is_none());
-    if !all {
+    (!all).then_some(rules)
+}
+
+impl ContainerService {
+    /// On a node without cgroup v2, the container's v1 devices cgroup, made allowing only the
+    /// spec's devices; none where v2 confines them (`v2`) or every device is allowed. A
+    /// container that needs confining where nothing can confine it is refused.
+    pub(super) fn devices_v1_cgroup(
+        &self,
+        id: &str,
+        oci: &oci_spec::runtime::Spec,
+        v2: bool,
+    ) -> Result<Option<PathBuf>, Error> {
+        let Some(rules) = device_rules(oci) else {
+            return Ok(None);
+        };
+        if v2 {
+            return Ok(None);
+        }
+        let policy = self.inner.sandboxes.cgroups();
+        let (Some(dir), Some(v1)) = (policy.devices_v1_cgroup(id), &policy.devices_v1) else {
+            return Err(Error::NoDeviceControl { id: id.to_string() });
+        };
+        v1.create(&dir, &rules)
+            .map_err(|source| Error::DevicesCgroup {
+                path: dir.clone(),
+                source,
+            })?;
+        Ok(Some(dir))
+    }
+
+    /// Removes the container's v1 devices cgroup, if it has one.
+    pub(super) async fn remove_devices_v1_cgroup(&self, id: &str) {
+        let Some(dir) = self.inner.sandboxes.cgroups().devices_v1_cgroup(id) else {
+            return;
+        };
+        let d = dir.clone();
+        let removed = tokio::task::spawn_blocking(move || devices::remove_v1(&d)).await;
+        if let Ok(Err(e)) = removed {
+            tracing::warn!(cgroup = %dir.display(), error = %e, "removing a devices cgroup");
+        }
+    }
+
+    /// Removes v1 devices cgroups below crius's parent that no container owns (a crash between
+    /// making one and recording its container), killing what runs in them.
+    pub async fn remove_orphan_devices_cgroups(&self) {
+        let policy = self.inner.sandboxes.cgroups().clone();
+        let Some(parent) = policy
+            .devices_v1_cgroup("x")
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        else {
+            return;
+        };
+        let Ok(dir) = std::fs::read_dir(&parent) else {
+            return;
+        };
+        let mut known = std::collections::HashSet::new();
+        for c in self.inner.records.all() {
+            known.insert(c.lock().await.id.clone());
+        }
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let is_id = name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit());
+            if is_id && e.path().is_dir() && !known.contains(&name) {
+                tracing::info!(cgroup = %e.path().display(), "removing an orphaned devices cgroup");
+                self.remove_devices_v1_cgroup(&name).await;
+            }
+        }
+    }
+}
+
+/// Writes a container's limit files into its cgroup.
+pub(super) fn write_limits(cg: &Cgroup, files: &[(String, String)]) -> Result<(), Error> {
+    cg.set_all(files).map_err(|(file, value, e)| {
+        invalid("config.linux.resources", format!("{file} = {value}: {e}"))
+    })
+}
+
+/// Attaches the spec's device rules to the container's cgroup (nothing when every device is
+/// allowed).
+pub(super) fn attach_devices(cg: &Cgroup, oci: &oci_spec::runtime::Spec) -> Result<(), Error> {
+    if let Some(rules) = device_rules(oci) {
         devices::attach(&cg.path, &rules).map_err(|source| sandbox::Error::Cgroup {
             path: cg.path.clone(),
             source,

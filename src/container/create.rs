@@ -224,6 +224,7 @@ impl ContainerService {
                 tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing cgroup");
             }
         }
+        self.remove_devices_v1_cgroup(id).await;
         if let Some(c) = hold {
             self.inner.images.release(c);
         }
@@ -307,6 +308,7 @@ impl ContainerService {
         {
             attach_devices(cg, &oci)?;
         }
+        let devices_cgroup = self.devices_v1_cgroup(new.id, &oci, cgroup.is_some())?;
         let (join, pid_mode) = namespaces(&new, &sandbox_paths)?;
         let mut monitor = monitor_config(
             &new,
@@ -316,6 +318,7 @@ impl ContainerService {
             cgroup.as_ref(),
             scoped,
         );
+        monitor.devices_cgroup = devices_cgroup;
         if let Some(a) = new.archive {
             if !monitor.new_pid_ns {
                 return Err(invalid(
@@ -607,6 +610,7 @@ fn monitor_config(
         new_pid_ns: pid_mode == NamespaceMode::Container,
         exit_file: new.bundle.exit(),
         cgroup: cgroup.map(|c| c.path.clone()),
+        devices_cgroup: None,
         placed: scoped,
         seccomp: None,
         userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),

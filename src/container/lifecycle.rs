@@ -264,6 +264,7 @@ impl ContainerService {
                 tracing::warn!(cgroup = %cg.path.display(), error = %e, "removing container cgroup");
             }
         }
+        self.remove_devices_v1_cgroup(&r.id).await;
         if let Some(c) = &r.top_chain {
             self.inner.images.release(c);
         }

@@ -105,6 +105,12 @@ pub enum Error {
     Unkillable { id: String, pid: i32 },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error(
+        "container {id} cannot start unconfined: this node has neither cgroup v2 nor cgroup v1's devices controller, so nothing would stop it opening host devices (mount the devices controller, or boot with cgroup v2); only privileged containers run here"
+    )]
+    NoDeviceControl { id: String },
+    #[error("{path}: making the container's devices cgroup: {source}")]
+    DevicesCgroup { path: PathBuf, source: io::Error },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {

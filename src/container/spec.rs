@@ -292,7 +292,8 @@ fn host_devices() -> Vec<LinuxDevice> {
 
 /// The devices a container may open, for the cgroup device controller: all for a privileged
 /// container; otherwise creating any node (useless without access), the standard character
-/// devices, its pseudo-terminals, and the devices it was given.
+/// devices, its pseudo-terminals, tun/tap, and the devices it was given: runc's defaults. Not
+/// the host's console (5:1): a container's `/dev/console` is its own terminal, a pts node.
 fn device_rules(
     privileged: bool,
     given: &[(LinuxDevice, String)],
@@ -331,8 +332,8 @@ fn device_rules(
         (1, 8),
         (1, 9),
         (5, 0),
-        (5, 1),
         (5, 2),
+        (10, 200),
     ] {
         out.push(rule(true, c, Some(major), Some(minor), "rwm")?);
     }

@@ -378,6 +378,8 @@ pub fn files(r: &Resources) -> Result<Vec<(String, String)>, LimitError> {
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub hierarchy: Option<Hierarchy>,
+    /// cgroup v1's devices hierarchy, the device control of a node without v2.
+    pub devices_v1: Option<super::devices::V1>,
     pub systemd: bool,
     pub parent: String,
     pub allow_unenforced: bool,
@@ -436,6 +438,21 @@ impl Policy {
         } else {
             id.to_string()
         }
+    }
+
+    /// A container's devices cgroup on a node without cgroup v2 (`<devices>/<parent>/<id>`);
+    /// none where v2 controls devices or nothing can.
+    pub fn devices_v1_cgroup(&self, id: &str) -> Option<PathBuf> {
+        match (&self.hierarchy, &self.devices_v1) {
+            (None, Some(v1)) => Some(v1.root.join(&self.parent).join(id)),
+            _ => None,
+        }
+    }
+
+    /// Whether containers' devices can be confined here: a v2 hierarchy or v1's devices
+    /// controller.
+    pub fn controls_devices(&self) -> bool {
+        self.hierarchy.is_some() || self.devices_v1.is_some()
     }
 
     /// The top of crius's own pod cgroups.
@@ -620,6 +637,7 @@ mod tests {
         assert!(expand_slice("x.scope").is_err());
         let mut p = Policy {
             hierarchy: None,
+            devices_v1: None,
             systemd: false,
             parent: "crius".into(),
             allow_unenforced: false,

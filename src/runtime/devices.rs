@@ -1,10 +1,13 @@
-//! The device controller of cgroup v2: an eBPF program (BPF_PROG_TYPE_CGROUP_DEVICE) attached to
-//! a container's cgroup that allows only the container's own devices. The kernel runs it on
-//! every open and mknod of a device node by any process of the cgroup, so a node in an image
-//! layer or a volume cannot reach a host device the container was not given.
+//! The device controller, so a container opens only its own devices: on cgroup v2 an eBPF
+//! program (BPF_PROG_TYPE_CGROUP_DEVICE) attached to the container's cgroup, on a cgroup v1 (or
+//! hybrid) node a devices cgroup of its own (deny all, then its rules), as runc writes them. The
+//! kernel checks every open and mknod of a device node by any process of the cgroup, so a node
+//! the container makes with CAP_MKNOD, or finds in a layer or a volume, reaches no host device it
+//! was not given.
 
+use std::io;
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceType};
 
@@ -36,6 +39,109 @@ impl Rule {
             access: d.access().clone().unwrap_or_else(|| "rwm".into()),
         })
     }
+}
+
+/// The rule as cgroup v1's `devices.allow` reads it: `c 1:3 rwm`, `b *:* m`, `a`.
+pub fn v1_line(r: &Rule) -> String {
+    let num = |n: Option<u32>| n.map_or_else(|| "*".to_string(), |n| n.to_string());
+    match r.kind {
+        None => "a".to_string(),
+        Some(k) => format!("{k} {}:{} {}", num(r.major), num(r.minor), r.access),
+    }
+}
+
+/// cgroup v1's devices hierarchy, where it is mounted (a v1 or hybrid node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V1 {
+    pub root: PathBuf,
+}
+
+impl V1 {
+    /// The devices hierarchy from the mount table: a `cgroup` mount with the `devices` option.
+    pub fn detect() -> Option<V1> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+        V1::from_mounts(&mounts)
+    }
+
+    pub fn from_mounts(mounts: &str) -> Option<V1> {
+        mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "devices")).then(
+                || V1 {
+                    root: PathBuf::from(f[1]),
+                },
+            )
+        })
+    }
+
+    /// Makes the cgroup `dir` (below the root, its parents as needed) allowing only `rules`:
+    /// `devices.deny a` drops what it inherited, then each rule is allowed. Nothing is left
+    /// when a write fails.
+    pub fn create(&self, dir: &Path, rules: &[Rule]) -> io::Result<()> {
+        if !dir.starts_with(&self.root) || dir == self.root {
+            return Err(io::Error::other(format!(
+                "{} is not below {}",
+                dir.display(),
+                self.root.display()
+            )));
+        }
+        // Another container's removal may take the (then empty) parent away meanwhile.
+        let mut made = std::fs::create_dir_all(dir);
+        for _ in 0..3 {
+            match &made {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    made = std::fs::create_dir_all(dir);
+                }
+                _ => break,
+            }
+        }
+        made?;
+        let write = || -> io::Result<()> {
+            std::fs::write(dir.join("devices.deny"), "a")?;
+            for r in rules.iter().filter(|r| !r.access.is_empty()) {
+                std::fs::write(dir.join("devices.allow"), v1_line(r)).map_err(|e| {
+                    io::Error::new(e.kind(), format!("devices.allow {:?}: {e}", v1_line(r)))
+                })?;
+            }
+            Ok(())
+        };
+        write().inspect_err(|_| {
+            let _ = std::fs::remove_dir(dir);
+        })
+    }
+}
+
+/// Removes a v1 devices cgroup: whatever is still in it is killed first (a command an exec left
+/// behind in a shared PID namespace), then the directory goes, and its parent (crius's own)
+/// with it once no container is left there; none there is no error.
+pub fn remove_v1(dir: &Path) -> io::Result<()> {
+    for attempt in 0..50 {
+        let procs = match std::fs::read_to_string(dir.join("cgroup.procs")) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => {
+                // Fails while another container's cgroup is in it, which is as it should be.
+                if let Some(parent) = dir.parent() {
+                    let _ = std::fs::remove_dir(parent);
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if attempt == 49 => return Err(e),
+            // Killed processes leave the cgroup when the kernel has reaped them.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    Ok(())
 }
 
 // eBPF encoding (linux/bpf.h, linux/bpf_common.h).
@@ -217,5 +323,37 @@ mod tests {
         let all = program(&[rule(None, None, None, "rwm")]);
         assert_eq!(run(&all, DEV_BLOCK, r | w, 8, 0), 1);
         assert_eq!(run(&program(&[]), DEV_CHAR, r, 1, 3), 0);
+    }
+
+    #[test]
+    fn v1_lines_and_mounts() {
+        assert_eq!(
+            v1_line(&rule(Some('c'), Some(1), Some(3), "rwm")),
+            "c 1:3 rwm"
+        );
+        assert_eq!(v1_line(&rule(Some('b'), None, None, "m")), "b *:* m");
+        assert_eq!(
+            v1_line(&rule(Some('c'), Some(136), None, "rw")),
+            "c 136:* rw"
+        );
+        assert_eq!(v1_line(&rule(None, None, None, "rwm")), "a");
+        let mounts = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid 0 0\n\
+                      cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,memory 0 0\n\
+                      cgroup /sys/fs/cgroup/devices cgroup rw,nosuid,nodev,noexec,devices 0 0\n";
+        assert_eq!(
+            V1::from_mounts(mounts),
+            Some(V1 {
+                root: PathBuf::from("/sys/fs/cgroup/devices")
+            })
+        );
+        assert_eq!(
+            V1::from_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            None
+        );
+        let v1 = V1 {
+            root: PathBuf::from("/sys/fs/cgroup/devices"),
+        };
+        assert!(v1.create(Path::new("/tmp/x"), &[]).is_err());
+        assert!(v1.create(&v1.root, &[]).is_err());
     }
 }

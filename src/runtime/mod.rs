@@ -62,6 +62,10 @@ pub struct MonitorConfig {
     /// The container's cgroup (absolute), joined before anything else; none without cgroup v2.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The container's cgroup v1 devices cgroup (absolute) on a node without v2, joined with
+    /// it by the init, exec'd commands and a restore.
+    #[serde(default)]
+    pub devices_cgroup: Option<PathBuf>,
     /// The cgroup is a systemd scope the daemon makes around the init: the monitor reports
     /// `Forked` and the init waits for the daemon's word (see `await_placement`).
     #[serde(default)]

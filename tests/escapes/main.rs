@@ -14,6 +14,7 @@ mod binary;
 mod capabilities;
 mod console;
 mod descriptors;
+mod devices;
 mod masked;
 mod procfs;
 mod volumes;

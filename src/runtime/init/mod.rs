@@ -70,6 +70,8 @@ pub struct Plan<'a> {
     pub spec: &'a Spec,
     pub join: &'a [super::JoinNamespace],
     pub cgroup: Option<&'a Path>,
+    /// The v1 devices cgroup, on a node without v2.
+    pub devices_cgroup: Option<&'a Path>,
     pub seccomp: Option<&'a Compiled>,
     /// The pod's user namespace (its handle): joined first; bind mounts are idmapped into it.
     pub userns: Option<&'a Path>,
@@ -218,6 +220,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         spec,
         join,
         cgroup,
+        devices_cgroup,
         seccomp,
         userns,
         pid_report,
@@ -229,6 +232,11 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         hook_pause,
     } = plan;
     enter_cgroup(placement, cgroup)?;
+    // Before the container can open anything, and before the pod's namespaces hide the host's
+    // cgroup mounts.
+    if let Some(dev) = devices_cgroup {
+        join_cgroup(dev)?;
+    }
     let process = spec.process().as_ref().ok_or_else(|| InitError {
         step: "process".into(),
         detail: "the spec has no process".into(),
@@ -327,10 +335,15 @@ fn enter_cgroup(placement: Option<OwnedFd>, cgroup: Option<&Path>) -> Result<(),
         ))?;
     }
     if let Some(cg) = cgroup {
-        std::fs::write(cg.join("cgroup.procs"), "0")
-            .map_err(fail(format!("joining cgroup {}", cg.display())))?;
+        join_cgroup(cg)?;
     }
     Ok(())
+}
+
+/// Moves this process into the cgroup directory `cg`, of either version.
+pub fn join_cgroup(cg: &Path) -> Result<(), InitError> {
+    std::fs::write(cg.join("cgroup.procs"), "0")
+        .map_err(fail(format!("joining cgroup {}", cg.display())))
 }
 
 /// Joins the pod's namespaces (but its PID namespace, which the monitor joined, and its user

@@ -247,6 +247,10 @@ impl Monitor {
             std::fs::write(cg.join("cgroup.procs"), "0")
                 .map_err(fail("joining the container's cgroup"))?;
         }
+        // Or the command could open any device node it makes.
+        if let Some(dev) = &self.devices_cgroup {
+            init::join_cgroup(dev)?;
+        }
         if let Some(adj) = process.oom_score_adj() {
             init::set_oom_score_adj(proc, adj)?;
         }

@@ -111,6 +111,8 @@ struct Monitor {
     userns: bool,
     /// The container's cgroup, which exec'd commands join.
     cgroup: Option<std::path::PathBuf>,
+    /// The container's v1 devices cgroup, which exec'd commands join too.
+    devices_cgroup: Option<std::path::PathBuf>,
     /// OOM kills in that cgroup, watched from before the init ran.
     oom: Option<OomWatch>,
     exit_file: std::path::PathBuf,

@@ -155,6 +155,11 @@ fn exec_criu(
     {
         return format!("joining cgroup {}: {e}", cg.display());
     }
+    if let Some(dev) = &cfg.devices_cgroup
+        && let Err(e) = std::fs::write(dev.join("cgroup.procs"), "0")
+    {
+        return format!("joining devices cgroup {}: {e}", dev.display());
+    }
     let mut fds = Vec::new();
     if let Some(n) = &net {
         fds.push((n.as_fd(), FIRST_FD));

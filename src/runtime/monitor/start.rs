@@ -126,6 +126,7 @@ pub(super) fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> 
         seccomp,
         userns: cfg.userns.is_some(),
         cgroup: cfg.cgroup.clone(),
+        devices_cgroup: cfg.devices_cgroup.clone(),
         oom,
         exit_file: cfg.exit_file.clone(),
         stdin: StdinState {
@@ -506,6 +507,7 @@ fn become_init(l: &Launch, stdio: Stdio, pipes: InitPipes) -> ! {
             spec: l.spec,
             join: &l.cfg.join,
             cgroup: l.cfg.cgroup.as_deref(),
+            devices_cgroup: l.cfg.devices_cgroup.as_deref(),
             seccomp: l.seccomp.as_ref(),
             userns: l.cfg.userns.as_deref(),
             pid_report: pid_w,
