@@ -433,6 +433,68 @@ async fn seccomp_runtime_default_localhost_and_unconfined() {
     env.remove_pod(&ppod).await;
 }
 
+/// "Copy Fail" (CVE-2026-31431): AF_ALG sockets reach the kernel's crypto code. RuntimeDefault
+/// refuses socket(AF_ALG) in every ABI, and i386's socketcall(SYS_SOCKET), whose family lies in
+/// memory where a filter cannot see it. The probe (tests/programs/af_alg_socketcall.c) asks both
+/// ways; on the host, unconfined, the multiplexed call reaches the kernel (a socket, or
+/// EAFNOSUPPORT where the kernel has no AF_ALG), which shows the i386 ABI is there to attack.
+#[tokio::test]
+async fn runtime_default_refuses_af_alg_through_socketcall() {
+    use cri::security_profile::ProfileType;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("af_alg_socketcall");
+    let status = std::process::Command::new("cc")
+        .args(["-static", "-Os", "-o"])
+        .arg(&bin)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/programs/af_alg_socketcall.c"
+        ))
+        .status()
+        .expect("cc (gcc and libc6-dev: run hack/install-build-deps.sh)");
+    assert!(status.success(), "compiling the probe failed");
+    let answers = |out: &str| -> (i64, i64) {
+        let f: Vec<i64> = out
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert_eq!(f.len(), 2, "{out:?}");
+        (f[0], f[1])
+    };
+    let host = std::process::Command::new(&bin).output().unwrap();
+    let (_, multiplexed) = answers(&String::from_utf8_lossy(&host.stdout));
+    assert!(
+        multiplexed >= 0 || multiplexed == -(libc::EAFNOSUPPORT as i64),
+        "the detector: socketcall from the host answered {multiplexed}"
+    );
+
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("afalg");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = secured(&env, "c", LONG, |sc| {
+        sc.seccomp = seccomp(ProfileType::RuntimeDefault, "");
+    });
+    cfg.mounts = vec![cri::Mount {
+        container_path: "/probe".into(),
+        host_path: dir.path().display().to_string(),
+        readonly: true,
+        ..Default::default()
+    }];
+    let c = env.run(&pod, &sb, cfg).await;
+    let (out, err, code) = env
+        .exec(&c, &["/probe/af_alg_socketcall"], 10)
+        .await
+        .unwrap();
+    env.remove_pod(&pod).await;
+    assert_eq!(code, 0, "{err}");
+    let eperm = -(libc::EPERM as i64);
+    assert_eq!(
+        answers(&out),
+        (-1, eperm),
+        "socket(AF_ALG) and socketcall(SYS_SOCKET, AF_ALG) must be refused: {out}"
+    );
+}
+
 fn lsm_present() -> bool {
     Path::new("/sys/fs/selinux/enforce").exists()
         || std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")

@@ -58,7 +58,7 @@ const ALLOWED: &[&str] = &[
     "setregid", "setregid32", "setresgid", "setresgid32", "setresuid", "setresuid32", "setreuid",
     "setreuid32", "setrlimit", "setsid", "setsockopt", "setuid", "setuid32", "setxattr",
     "setxattrat", "shmat", "shmctl", "shmdt", "shmget", "shutdown", "sigaltstack", "signalfd",
-    "signalfd4", "sigprocmask", "sigreturn", "socketcall", "socketpair", "splice", "stat",
+    "signalfd4", "sigprocmask", "sigreturn", "socketpair", "splice", "stat",
     "stat64", "statfs", "statfs64", "statmount", "statx", "symlink", "symlinkat", "sync",
     "sync_file_range", "syncfs", "sysinfo", "tee", "tgkill", "time", "timer_create",
     "timer_delete", "timer_getoverrun", "timer_gettime", "timer_gettime64", "timer_settime",
@@ -114,6 +114,9 @@ const SOCKET_FAMILIES: [u64; 25] = [
     45,
 ];
 
+/// socketcall's call number for socket(2).
+const SYS_SOCKET: u64 = 1;
+
 /// clone flags that create namespaces; without CAP_SYS_ADMIN none may be set.
 const CLONE_NAMESPACES: u64 = 0x7e02_0000;
 
@@ -162,6 +165,15 @@ pub fn runtime_default(bounding: &[String]) -> LinuxSeccomp {
             vec![arg(0, f, None, LinuxSeccompOperator::ScmpCmpEq)],
         ));
     }
+    // i386's socketcall multiplexes the socket calls with their arguments in memory, out of a
+    // filter's reach: its SYS_SOCKET (1) would make any family, AF_ALG too ("Copy Fail",
+    // CVE-2026-31431). Every other call through it stays; i386 programs make sockets with
+    // socket(2) itself (Linux 4.3 and later), which the family rules above filter.
+    rules.push(rule(
+        &["socketcall"],
+        allow,
+        vec![arg(0, SYS_SOCKET, None, LinuxSeccompOperator::ScmpCmpNe)],
+    ));
     for p in PERSONAS {
         rules.push(rule(
             &["personality"],

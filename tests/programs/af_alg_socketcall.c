@@ -1,0 +1,31 @@
+/* Asks for an AF_ALG socket two ways and prints each answer: socket(2) in the x86_64 ABI, and
+ * socketcall(SYS_SOCKET) in the i386 ABI (int $0x80, which a 64-bit process may use), whose
+ * arguments lie in memory below 4 GiB. A number of 0 or more is a socket; a negative one is
+ * -errno. */
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int main(void) {
+    long direct = syscall(SYS_socket, 38 /* AF_ALG */, SOCK_SEQPACKET, 0);
+    if (direct < 0)
+        direct = -1;
+    unsigned int *args = mmap(0, 4096, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT, -1, 0);
+    if (args == MAP_FAILED) {
+        perror("mmap");
+        return 2;
+    }
+    args[0] = 38;
+    args[1] = SOCK_SEQPACKET;
+    args[2] = 0;
+    long multiplexed;
+    __asm__ volatile("int $0x80"
+                     : "=a"(multiplexed)
+                     : "a"(102 /* socketcall */), "b"(1 /* SYS_SOCKET */), "c"(args)
+                     : "memory");
+    printf("socket %ld socketcall %ld\n", direct, multiplexed);
+    return 0;
+}
