@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -1257,5 +1257,164 @@ async fn terminals_show_only_what_the_command_wrote() {
             );
         }
     }
+    env.remove_pod(&pod).await;
+}
+
+/// After CVE-2026-53495 (output drains that never end): a streamed exec whose command leaves a
+/// child holding its output (`sh -c 'sleep 1000 &'`) ends within the drain time, and one whose
+/// client goes away ends with it; either way its stream slot is free again. With
+/// `max_streams = 2`, six of each kind over each transport, then one more exec, all run.
+#[tokio::test]
+async fn execs_leaving_children_release_their_streams() {
+    let Some(ks) = client("kubestream") else {
+        return;
+    };
+    let env = PodEnv::start_with("[stream]\nmax_streams = 2\n").await;
+    let sb = env.sandbox_config("leaks");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    for transport in ["spdy", "websocket"] {
+        for _ in 0..6 {
+            let url = exec_url(
+                &env,
+                &c,
+                &["sh", "-c", "sleep 1000 & echo started"],
+                false,
+                false,
+            )
+            .await;
+            let ks2 = ks.clone();
+            let t = std::time::Instant::now();
+            let (code, out, err) = tokio::task::spawn_blocking(move || {
+                kubestream(&ks2, &["exec", "-transport", transport, &url], b"")
+            })
+            .await
+            .unwrap();
+            assert_eq!((code, out.trim()), (0, "started"), "{transport}: {err}");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{transport}: the exec took {:?}",
+                t.elapsed()
+            );
+        }
+        // Clients that leave mid-command: killed while the command runs on.
+        for _ in 0..6 {
+            let url = exec_url(
+                &env,
+                &c,
+                &["sh", "-c", "sleep 1000 & echo started; exec sleep 1000"],
+                false,
+                false,
+            )
+            .await;
+            let mut child = Command::new(&ks)
+                .args(["exec", "-transport", transport, &url])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut first = [0u8; 7];
+            let mut so = child.stdout.take().unwrap();
+            tokio::task::spawn_blocking(move || so.read_exact(&mut first).map(|_| first))
+                .await
+                .unwrap()
+                .unwrap();
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        // The sessions of the clients just killed end as their connections close.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let (code, out, err) = loop {
+            let url = exec_url(&env, &c, &["echo", "still served"], false, false).await;
+            let ks2 = ks.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                kubestream(&ks2, &["exec", "-transport", transport, &url], b"")
+            })
+            .await
+            .unwrap();
+            if r.0 == 0 || std::time::Instant::now() > deadline {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert_eq!(
+            (code, out.trim()),
+            (0, "still served"),
+            "{transport}: streams leaked: {err}"
+        );
+    }
+    env.remove_pod(&pod).await;
+}
+
+/// The daemon's resident memory, in KiB.
+fn daemon_rss_kib(env: &PodEnv) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", env.d.pid().unwrap())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// After spdystream's CVE-2026-35469: stdin a command never reads is held to a few MiB per
+/// session, the rest left in the client's TCP window. Six raw SPDY sessions each push up to
+/// 64 frames of 1 MiB at `sleep` (which reads nothing) until the daemon stops reading; the
+/// daemon grows by far less than what was sent (it took about 250 MiB per session before the
+/// budget), and a later exec still runs.
+#[tokio::test]
+async fn spdy_stdin_flood_is_held_by_the_budget() {
+    use crius::stream::spdy::{Codec, Frame, Headers};
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("flood");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let before = daemon_rss_kib(&env);
+    let mut sessions = Vec::new();
+    let mut sent_mib = 0;
+    for _ in 0..6 {
+        let (mut s, head) = upgrade_raw(&exec_url(&env, &c, &["sleep", "1000"], true, false).await);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let mut codec = Codec::new();
+        let mut wire = Vec::new();
+        for (id, kind) in [(1u32, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
+            let mut headers = Headers::new();
+            headers.insert("streamtype".into(), vec![kind.into()]);
+            let syn = Frame::SynStream {
+                stream: id,
+                associated: 0,
+                priority: 0,
+                fin: false,
+                headers,
+            };
+            codec.encode(&syn, &mut wire).unwrap();
+        }
+        s.write_all(&wire).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut frame = Vec::new();
+        let data = Frame::Data {
+            stream: 3,
+            fin: false,
+            data: vec![b'x'; (1 << 20) - 64],
+        };
+        codec.encode(&data, &mut frame).unwrap();
+        for _ in 0..64 {
+            if s.write_all(&frame).is_err() {
+                break;
+            }
+            sent_mib += 1;
+        }
+        sessions.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown_mib = daemon_rss_kib(&env).saturating_sub(before) / 1024;
+    assert!(sent_mib >= 6 * 8, "the sessions sent only {sent_mib} MiB");
+    assert!(
+        grown_mib < 6 * 16,
+        "the daemon grew by {grown_mib} MiB for {sent_mib} MiB of unread stdin"
+    );
+    drop(sessions);
+    let (out, _, code) = env.exec(&c, &["echo", "ok"], 10).await.unwrap();
+    assert_eq!((code, out.trim()), (0, "ok"));
     env.remove_pod(&pod).await;
 }

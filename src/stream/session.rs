@@ -22,6 +22,15 @@ const STREAM_CREATION: Duration = Duration::from_secs(30);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Data per frame written.
 const CHUNK: usize = 32 << 10;
+/// Bytes of a client's data a session holds before it stops reading from the client (stdin a
+/// command does not read, a pod connection that does not drain): the client's own TCP window
+/// takes the rest. At least one frame's worth (`spdy::MAX_FRAME`).
+const INBOUND_BUDGET: usize = 4 << 20;
+
+/// A share of the session's inbound budget, held by the data it was taken for until that data
+/// is written on or dropped.
+#[derive(Debug)]
+pub struct Held(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>);
 
 /// What the reader tells the protocol.
 #[derive(Debug)]
@@ -34,6 +43,7 @@ pub enum Event {
         stream: u32,
         data: Vec<u8>,
         fin: bool,
+        held: Held,
     },
     Reset {
         stream: u32,
@@ -94,6 +104,7 @@ pub async fn run_spdy<IO>(
         let _ = wr.shutdown().await;
     });
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(256);
+    let budget = Arc::new(tokio::sync::Semaphore::new(INBOUND_BUDGET));
     let protocol_task = {
         let out = out_tx.clone();
         tokio::spawn(async move {
@@ -152,12 +163,34 @@ pub async fn run_spdy<IO>(
                             stream,
                             data: Vec::new(),
                             fin: true,
+                            held: Held(None),
                         }
                     } else {
                         Event::Open { stream, headers }
                     }
                 }
-                Frame::Data { stream, fin, data } => Event::Data { stream, data, fin },
+                Frame::Data { stream, fin, data } => {
+                    // Waits, not reading on, while the budget is spent; a session idle
+                    // meanwhile (nothing sent either way) ends.
+                    let held = loop {
+                        let want = budget.clone().acquire_many_owned(data.len() as u32);
+                        match tokio::time::timeout(Duration::from_secs(5), want).await {
+                            Ok(Ok(p)) => break Held(Some(p)),
+                            Ok(Err(_)) => break 'read,
+                            Err(_) if activity.idle() >= idle => {
+                                tracing::info!("closing a stream idle for {idle:?}");
+                                break 'read;
+                            }
+                            Err(_) => {}
+                        }
+                    };
+                    Event::Data {
+                        stream,
+                        data,
+                        fin,
+                        held,
+                    }
+                }
                 Frame::RstStream { stream, .. } => Event::Reset { stream },
                 Frame::Ping(id) => {
                     let _ = out_tx.send(Frame::Ping(id)).await;
@@ -391,10 +424,20 @@ async fn remote_command(
             return;
         }
     };
-    let mut pumps = Vec::new();
+    // Dropped with the session, which aborts them: a child of the command may hold its
+    // output open for ever (CVE-2026-53495), and a pump left running would keep the
+    // connection, and its stream slot, with it.
+    let mut pumps = tokio::task::JoinSet::new();
+    let mut open_outputs = Vec::new();
     for (from, name) in [(stdout, "stdout"), (stderr, "stderr")] {
         if let Some(r) = from {
-            pumps.push(tokio::spawn(pump(r, ids.get(name).copied(), out.clone())));
+            let stream = ids.get(name).copied();
+            open_outputs.extend(stream);
+            let out = out.clone();
+            pumps.spawn(async move {
+                pump(r, stream, out).await;
+                stream
+            });
         }
     }
     let (stdin_id, resize_id) = (ids.get("stdin").copied(), ids.get("resize").copied());
@@ -414,7 +457,9 @@ async fn remote_command(
         match event {
             // The client went away: the work is left to end on its own (stdin closes).
             None => break None,
-            Some(Event::Data { stream, data, fin }) if Some(stream) == stdin_id => {
+            Some(Event::Data {
+                stream, data, fin, ..
+            }) if Some(stream) == stdin_id => {
                 let data = input.pass(&data);
                 if let Some(w) = stdin.as_mut() {
                     if !data.is_empty() && w.write_all(data).await.is_err() {
@@ -444,9 +489,30 @@ async fn remote_command(
         return;
     };
     drop(stdin);
-    // Output still in the pipes reaches the client, within reason.
-    let _ = tokio::time::timeout(DRAIN, futures_util::future::join_all(pumps)).await;
+    drain(pumps, open_outputs, &out).await;
     finish(code).await;
+}
+
+/// Output still in the pipes reaches the client, within reason ([`DRAIN`]); then the pumps
+/// are stopped, whatever a child of the command holds, and each stream they did not close
+/// (`open`) is closed here, so the client stops waiting for it.
+async fn drain(
+    mut pumps: tokio::task::JoinSet<Option<u32>>,
+    mut open: Vec<u32>,
+    out: &mpsc::Sender<Frame>,
+) {
+    let _ = tokio::time::timeout(DRAIN, async {
+        while let Some(done) = pumps.join_next().await {
+            if let Ok(Some(s)) = done {
+                open.retain(|o| *o != s);
+            }
+        }
+    })
+    .await;
+    pumps.abort_all();
+    for s in open {
+        send_data(out, s, Vec::new(), true).await;
+    }
 }
 
 /// Port forwarding: each request ID's data and error streams, its connection dialled in the
@@ -466,7 +532,7 @@ async fn port_forward(
     }
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     // Incoming data by data stream, to the connection's task.
-    let mut inbound: HashMap<u32, mpsc::Sender<(Vec<u8>, bool)>> = HashMap::new();
+    let mut inbound: HashMap<u32, mpsc::Sender<(Vec<u8>, bool, Held)>> = HashMap::new();
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Open { stream, headers } => {
@@ -500,9 +566,14 @@ async fn port_forward(
                     ));
                 }
             }
-            Event::Data { stream, data, fin } => {
+            Event::Data {
+                stream,
+                data,
+                fin,
+                held,
+            } => {
                 if let Some(tx) = inbound.get(&stream) {
-                    let _ = tx.send((data, fin)).await;
+                    let _ = tx.send((data, fin, held)).await;
                     if fin {
                         inbound.remove(&stream);
                     }
@@ -522,7 +593,7 @@ async fn forward(
     port: Option<u16>,
     data: u32,
     error: u32,
-    mut inbound: mpsc::Receiver<(Vec<u8>, bool)>,
+    mut inbound: mpsc::Receiver<(Vec<u8>, bool, Held)>,
     out: mpsc::Sender<Frame>,
 ) {
     let fail = |message: String| {
@@ -548,7 +619,7 @@ async fn forward(
     };
     let (mut r, mut w) = conn.into_split();
     let to_pod = async move {
-        while let Some((bytes, fin)) = inbound.recv().await {
+        while let Some((bytes, fin, _held)) = inbound.recv().await {
             if !bytes.is_empty() && w.write_all(&bytes).await.is_err() {
                 break;
             }

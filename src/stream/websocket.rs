@@ -165,11 +165,14 @@ async fn remote_command(
             return;
         }
     };
-    let mut pumps = Vec::new();
+    // Aborted when the session ends (dropped): a child of the command may hold its output
+    // open for ever (CVE-2026-53495), and a pump left running would keep the writer, the
+    // connection and its stream slot.
+    let mut pumps = tokio::task::JoinSet::new();
     for (from, ch) in [(stdout, 1u8), (stderr, 2u8)] {
         if let Some(mut r) = from {
             let (out, activity) = (out_tx.clone(), activity.clone());
-            pumps.push(tokio::spawn(async move {
+            pumps.spawn(async move {
                 let mut buf = vec![0u8; 32 << 10];
                 while let Ok(n) = r.read(&mut buf).await {
                     if n == 0 || out.send((ch, buf[..n].to_vec())).await.is_err() {
@@ -177,7 +180,7 @@ async fn remote_command(
                     }
                     activity.touch();
                 }
-            }));
+            });
         }
     }
     let mut resizes = Resizes::default();
@@ -228,18 +231,16 @@ async fn remote_command(
         }
     };
     let Some(code) = code else {
-        // Gone or idle: stop reading the command's output so the writer closes the socket.
-        for p in &pumps {
-            p.abort();
-        }
+        // Gone or idle: dropping the pumps stops reading the command's output, so the writer
+        // closes the socket.
         return;
     };
     drop(stdin);
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        futures_util::future::join_all(pumps),
-    )
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        while pumps.join_next().await.is_some() {}
+    })
     .await;
+    pumps.abort_all();
     let _ = out_tx.send((3, exit_status(code))).await;
     drop(out_tx);
     let _ = writer.await;
