@@ -68,6 +68,7 @@ impl RuntimeService for Runtime {
     ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
         rpc("RunPodSandbox", async {
             let req = req.into_inner();
+            super::validate::runtime_handler(&req.runtime_handler)?;
             let config = req.config.ok_or_else(|| super::status::missing("config"))?;
             let config = convert::pod_config(config, "config")?;
             let (pods, pause) = (self.pods.clone(), self.pause_image.clone());

@@ -303,6 +303,12 @@ const CDI_ANNOTATION: &str = "cdi.k8s.io/";
 /// Directories of the host crius must never write a log below.
 const NO_LOGS_UNDER: &[&str] = &["proc", "sys", "dev"];
 
+/// RunPodSandbox's runtime handler: a RuntimeClass handler is a DNS label; anything longer
+/// than a subdomain is refused before it is looked up (and quoted short).
+pub fn runtime_handler(h: &str) -> Result<(), Status> {
+    text("runtime_handler", h, NAME_MAX, true)
+}
+
 /// RunPodSandbox's config (or CreateContainer's `sandbox_config`) under `field`.
 pub fn pod(c: &PodConfig, field: &str) -> Result<(), Status> {
     if let Some(m) = &c.metadata {
@@ -408,6 +414,19 @@ mod tests {
         let s = r.expect_err("refused");
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
         s.message().to_string()
+    }
+
+    #[test]
+    fn long_runtime_handlers_are_quoted_short() {
+        let e = runtime_handler(&"h".repeat(1 << 20)).unwrap_err();
+        assert!(
+            e.message().starts_with("runtime_handler: "),
+            "{}",
+            e.message()
+        );
+        assert!(e.message().len() < 400, "{} bytes", e.message().len());
+        assert!(runtime_handler("runc").is_ok());
+        assert!(runtime_handler("").is_ok());
     }
 
     #[test]

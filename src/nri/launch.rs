@@ -7,7 +7,8 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
-/// Listens on `path`: its directory is made (0700) and a stale socket replaced. Also says
+/// Listens on `path`: its directory is made (0700) and a stale socket (one nobody serves)
+/// replaced. Also says
 /// whether the directory was made here (it is removed again at the daemon's exit).
 pub fn listen(path: &Path) -> io::Result<(tokio::net::UnixListener, bool)> {
     let mut made = false;
@@ -18,11 +19,36 @@ pub fn listen(path: &Path) -> io::Result<(tokio::net::UnixListener, bool)> {
             .mode(0o700)
             .create(dir)?;
     }
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
+    take_stale(path)?;
     Ok((tokio::net::UnixListener::bind(path)?, made))
+}
+
+/// Removes what is at `path` if it is a socket nobody serves. A socket that answers belongs to
+/// a live process (another runtime's NRI, say), and anything but a socket is not ours: both
+/// are refused, naming the path, rather than taken over.
+fn take_stale(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{} is served by another process; not taking it over",
+                path.display()
+            ),
+        ));
+    }
+    std::fs::remove_file(path)
 }
 
 /// A launched plugin: its name, index, our end of its socket and its process.
@@ -95,4 +121,33 @@ pub fn plugin_config(dir: &Path, idx: &str, name: &str) -> String {
         .iter()
         .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_served_socket_is_not_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nri.sock");
+        let other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let err = listen(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        assert!(err.to_string().contains("nri.sock"), "{err}");
+        // The other process still serves it.
+        let _c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        assert!(other.accept().is_ok());
+        // Once nobody serves it, it is stale and replaced.
+        drop(other);
+        let (_l, _) = listen(&path).unwrap();
+        // A file that is not a socket is not ours to remove.
+        let file = dir.path().join("plain");
+        std::fs::write(&file, "x").unwrap();
+        assert_eq!(
+            listen(&file).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert!(file.exists());
+    }
 }
