@@ -114,7 +114,11 @@ impl ToStatus for container::Error {
             E::Invalid { .. } | E::Ambiguous { .. } => Code::InvalidArgument,
             E::NotFound { .. } | E::ImageNotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
-            E::WrongState { .. } | E::CheckpointRefused { .. } => Code::FailedPrecondition,
+            E::WrongState { .. }
+            | E::CheckpointRefused { .. }
+            | E::RestoreOff { .. }
+            | E::NoCriu { .. } => Code::FailedPrecondition,
+            E::BadArchive { .. } => Code::InvalidArgument,
             E::Checkpoint { .. } => Code::Unknown,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
             // A process in the kernel's hold (uninterruptible sleep): the caller retries.
