@@ -27,6 +27,14 @@ pub(super) const RESTORE_KEY: &str = "checkpoint.restore_from_archive";
 /// The most a small member (`config.dump`, `spec.dump`, `crius.json`, `descriptors.json`) may
 /// hold: what crius writes is a few KiB.
 pub(super) const SMALL_MEMBER: u64 = 4 << 20;
+/// The members that hold JSON, each at most `SMALL_MEMBER` bytes.
+const SMALL_MEMBERS: [&str; 5] = [
+    "config.dump",
+    "spec.dump",
+    "crius.json",
+    "descriptors.json",
+    "deleted.files",
+];
 /// How deep the unpacked tree may go (criu's images are one directory).
 const MAX_DEPTH: usize = 8;
 
@@ -120,6 +128,20 @@ pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
         ));
     }
     check_tree(archive, &dir, Path::new(""), 0)?;
+    // The small members are bounded whether or not this restore reads them.
+    for name in SMALL_MEMBERS {
+        if let Ok(m) = std::fs::symlink_metadata(dir.join(name))
+            && m.len() > SMALL_MEMBER
+        {
+            return Err(bad(
+                archive,
+                format!(
+                    "{name}: {} bytes, more than the {SMALL_MEMBER} allowed",
+                    m.len()
+                ),
+            ));
+        }
+    }
     Ok(unpacked)
 }
 
@@ -573,6 +595,12 @@ mod tests {
         let mut b = tar::Builder::new(Vec::new());
         b.append(&h, &b"x"[..]).unwrap();
         let raw = b.into_inner().unwrap();
+        let big = vec![b' '; (SMALL_MEMBER + 1) as usize];
+        let e = unpack_err(tar_of(&[("deleted.files", &big)]));
+        assert!(
+            e.contains("deleted.files") && e.contains("more than"),
+            "{e}"
+        );
         let started = std::time::Instant::now();
         let e = unpack_err(raw);
         assert!(e.contains("config.dump") && e.contains("sparse"), "{e}");
