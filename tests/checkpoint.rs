@@ -349,7 +349,12 @@ async fn restore_without_criu_reads_nothing() {
     env.d
         .env
         .push(("PATH".into(), empty.path().display().to_string()));
+    // What a daemon that ended mid-restore left unpacked goes at the next start.
+    let stale = env.d.state.join("restore/stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("config.dump"), b"{}").unwrap();
     env.d.restart();
+    assert!(!stale.exists());
     // Not even a tar: criu's absence is what is reported.
     let archive = empty.path().join("junk.tar");
     std::fs::write(&archive, b"not a tar").unwrap();
