@@ -75,6 +75,16 @@ pub struct Config {
     pub stream: Stream,
     pub cdi: Cdi,
     pub nri: Nri,
+    pub checkpoint: Checkpoint,
+}
+
+/// Checkpoints with criu (CheckpointContainer) and restores from their archives.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Checkpoint {
+    /// Restore through CreateContainer (an image that is an archive's path). Off, as in
+    /// containerd: an archive is input from whoever can write a file on the node.
+    pub restore_from_archive: bool,
 }
 
 /// CDI devices (`ContainerConfig.cdi_devices`, `cdi.k8s.io/` annotations).
@@ -322,6 +332,7 @@ impl Default for Config {
             stream: Stream::default(),
             cdi: Cdi::default(),
             nri: Nri::default(),
+            checkpoint: Checkpoint::default(),
         }
     }
 }
@@ -516,7 +527,7 @@ mod tests {
             .filter(|l| !l.starts_with('#') && l.contains(" = "))
             .count();
         // Every plain key of Config (options and handler tables are examples in comments).
-        assert_eq!(keys, 38, "{uncommented}");
+        assert_eq!(keys, 39, "{uncommented}");
     }
 
     use super::*;
@@ -527,6 +538,10 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
         assert_eq!(c.root, PathBuf::from("/var/lib/crius"));
         assert_eq!(c.registry.max_concurrent_downloads, 3);
+        // Restore through CreateContainer is off unless asked for, as in containerd.
+        assert!(!c.checkpoint.restore_from_archive);
+        let on = Config::parse("[checkpoint]\nrestore_from_archive = true\n").unwrap();
+        assert!(on.checkpoint.restore_from_archive);
     }
 
     #[test]

@@ -274,6 +274,7 @@ async fn open_runtime(
             .enable
             .then(|| crate::cdi::Registry::new(cfg.cdi.spec_dirs.clone())),
         nri.cloned(),
+        cfg.checkpoint.restore_from_archive,
     )?;
     containers.remove_orphan_cgroups().await;
     containers.remove_orphan_devices_cgroups().await;

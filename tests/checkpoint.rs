@@ -62,6 +62,9 @@ fn with_kubelet_masks(mut cfg: cri::ContainerConfig) -> cri::ContainerConfig {
     cfg
 }
 
+/// The config that turns restore through CreateContainer on (it is off by default).
+const RESTORE_ON: &str = "[checkpoint]\nrestore_from_archive = true\n";
+
 async fn checkpoint(env: &PodEnv, id: &str, at: &str) -> Result<(), tonic::Status> {
     env.d
         .runtime()
@@ -96,7 +99,7 @@ async fn count_above(env: &PodEnv, id: &str, floor: u64) -> u64 {
 #[tokio::test]
 #[ignore = "CRIU fails on the host kernel's vDSO; runs in the VM tier"]
 async fn a_checkpointed_container_goes_on_in_another_pod() {
-    goes_on_in_another_pod(PodEnv::start().await).await;
+    goes_on_in_another_pod(PodEnv::start_with(RESTORE_ON).await).await;
 }
 
 /// The same under the systemd cgroup driver: criu's process is placed in the restored
@@ -108,7 +111,7 @@ async fn a_checkpointed_container_goes_on_under_the_systemd_driver() {
         std::path::Path::new("/run/systemd/system").is_dir(),
         "systemd is not PID 1 here"
     );
-    let env = PodEnv::start_with("[cgroup]\ndriver = \"systemd\"\n").await;
+    let env = PodEnv::start_with(&format!("{RESTORE_ON}[cgroup]\ndriver = \"systemd\"\n")).await;
     goes_on_in_another_pod(env).await;
 }
 
@@ -255,7 +258,7 @@ async fn goes_on_in_another_pod(env: PodEnv) {
 #[tokio::test]
 async fn checkpoints_refused_with_reasons() {
     require_root();
-    let env = PodEnv::start().await;
+    let env = PodEnv::start_with(RESTORE_ON).await;
     let dir = tempfile::tempdir().unwrap();
     let at = dir.path().join("c.tar");
     let at = at.to_str().unwrap();
@@ -295,7 +298,7 @@ async fn checkpoints_refused_with_reasons() {
     // An archive whose image this node does not have.
     let mut b = tar::Builder::new(Vec::new());
     let dump = br#"{"rootfsImage":"example.org/gone:1","rootfsImageName":"example.org/gone:1"}"#;
-    let mut h = tar::Header::new_gnu();
+    let mut h = header();
     h.set_size(dump.len() as u64);
     h.set_mode(0o644);
     b.append_data(&mut h, "config.dump", &dump[..]).unwrap();
@@ -306,6 +309,412 @@ async fn checkpoints_refused_with_reasons() {
     let e = env.create(&pod, &sb, cfg).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     assert!(e.message().contains("example.org/gone:1"), "{e:?}");
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+}
+
+/// Restore through CreateContainer is off unless the config turns it on: the archive is not
+/// read, and the error names the key.
+#[tokio::test]
+async fn restore_is_off_by_default() {
+    require_root();
+    let env = PodEnv::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sb = env.sandbox_config("off");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let archive = dir.path().join("a.tar");
+    std::fs::write(&archive, hostile_archive(&env, &[])).unwrap();
+    let mut cfg = env.container_config("off", &[]);
+    cfg.image = Some(spec(archive.to_str().unwrap()));
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("checkpoint.restore_from_archive"),
+        "{e:?}"
+    );
+    assert_nothing_left(&env, &pod).await;
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+}
+
+/// Without criu, an archive is refused before it is read, naming criu.
+#[tokio::test]
+async fn restore_without_criu_reads_nothing() {
+    require_root();
+    let mut env = PodEnv::start_with(RESTORE_ON).await;
+    let sb = env.sandbox_config("nocriu");
+    let pod = env.run_pod(&sb).await.unwrap();
+    // A PATH without criu (and without anything else: the daemon needs none of it here).
+    let empty = tempfile::tempdir().unwrap();
+    env.d
+        .env
+        .push(("PATH".into(), empty.path().display().to_string()));
+    // What a daemon that ended mid-restore left unpacked goes at the next start.
+    let stale = env.d.state.join("restore/stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("config.dump"), b"{}").unwrap();
+    env.d.restart();
+    assert!(!stale.exists());
+    // Not even a tar: criu's absence is what is reported.
+    let archive = empty.path().join("junk.tar");
+    std::fs::write(&archive, b"not a tar").unwrap();
+    let mut cfg = env.container_config("nocriu", &[]);
+    cfg.image = Some(spec(archive.to_str().unwrap()));
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("criu is not installed"), "{e:?}");
+    assert_nothing_left(&env, &pod).await;
+    env.d.env.clear();
+    env.d.restart();
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+}
+
+/// A member of a hand-made archive.
+enum Member<'a> {
+    File(&'a str, Vec<u8>),
+    Dir(&'a str),
+    Link(&'a str, &'a str),
+    Fifo(&'a str),
+    /// A GNU sparse member whose holes would make `size` bytes.
+    Sparse(&'a str, u64),
+}
+
+/// An archive in crius's layout for `env`'s image (config.dump, crius.json, descriptors.json,
+/// checkpoint/), where `over` replaces or adds members of the same name.
+fn hostile_archive(env: &PodEnv, over: &[Member<'_>]) -> Vec<u8> {
+    let dump = serde_json::json!({"rootfsImage": env.image, "rootfsImageName": env.image});
+    let mut members = vec![
+        Member::File("config.dump", dump.to_string().into_bytes()),
+        Member::File(
+            "crius.json",
+            br#"{"mounts":[],"net":"crius-pod-net"}"#.to_vec(),
+        ),
+        Member::File(
+            "descriptors.json",
+            br#"["pipe:[1]","pipe:[2]","pipe:[3]"]"#.to_vec(),
+        ),
+        Member::Dir("checkpoint"),
+        Member::File("checkpoint/inventory.img", b"not criu's".to_vec()),
+    ];
+    let name = |m: &Member<'_>| match m {
+        Member::File(n, _) | Member::Dir(n) | Member::Link(n, _) | Member::Fifo(n) => n.to_string(),
+        Member::Sparse(n, _) => n.to_string(),
+    };
+    for o in over {
+        let n = name(o);
+        members.retain(|m| {
+            let m = name(m);
+            m != n && !m.starts_with(&format!("{n}/"))
+        });
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    for m in members.iter().chain(over) {
+        let mut h = header();
+        h.set_mode(0o644);
+        h.set_size(0);
+        match m {
+            Member::File(n, data) => {
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, n, &data[..]).unwrap();
+            }
+            Member::Dir(n) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                b.append_data(&mut h, n, &[][..]).unwrap();
+            }
+            Member::Link(n, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                b.append_link(&mut h, n, target).unwrap();
+            }
+            Member::Fifo(n) => {
+                h.set_entry_type(tar::EntryType::Fifo);
+                b.append_data(&mut h, n, &[][..]).unwrap();
+            }
+            Member::Sparse(n, size) => {
+                // One byte of data at the end: the rest, holes the tar crate would fill.
+                h.set_path(n).unwrap();
+                h.set_entry_type(tar::EntryType::GNUSparse);
+                h.set_size(1);
+                let g = h.as_gnu_mut().unwrap();
+                g.set_real_size(*size);
+                octal(&mut g.sparse[0].offset, size - 1);
+                octal(&mut g.sparse[0].numbytes, 1);
+                h.set_cksum();
+                b.append(&h, &b"x"[..]).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+/// The node's images with their tags, in order.
+async fn images_and_tags(env: &PodEnv) -> Vec<(String, Vec<String>)> {
+    let mut images: Vec<_> = env
+        .d
+        .list_images()
+        .await
+        .into_iter()
+        .map(|i| {
+            let mut tags = i.repo_tags;
+            tags.sort();
+            (i.id, tags)
+        })
+        .collect();
+    images.sort();
+    images
+}
+
+/// A GNU header with the numeric fields a tar reader needs.
+fn header() -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h
+}
+
+/// A tar header's octal number field.
+fn octal(field: &mut [u8; 12], n: u64) {
+    field.copy_from_slice(format!("{n:011o}\0").as_bytes());
+}
+
+/// Nothing of a refused restore is left: no container, no bundle or layer, no unpacked
+/// archive, no mount.
+async fn assert_nothing_left(env: &PodEnv, pod: &str) {
+    let listed = env
+        .d
+        .runtime()
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                pod_sandbox_id: pod.into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert!(listed.is_empty(), "{listed:?}");
+    for d in [
+        env.d.state.join("containers"),
+        env.d.root.join("containers"),
+        env.d.state.join("restore"),
+    ] {
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left in {}: {left:?}", d.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for d in [
+        env.d.state.join("containers"),
+        env.d.root.join("containers"),
+    ] {
+        let d = d.display().to_string();
+        assert!(
+            !mounts.lines().any(|l| l.contains(&d)),
+            "a mount below {d} is left"
+        );
+    }
+}
+
+/// Hostile archives (links to host files, FIFOs and devices, sparse and oversized members, a
+/// `checkpoint/` that is a link) are refused at CreateContainer, quickly, naming the member,
+/// before criu could see them; the daemon answers on and nothing is left.
+#[tokio::test]
+async fn hostile_archives_are_refused() {
+    require_root();
+    if which("criu").is_none() {
+        missing("criu");
+        return;
+    }
+    let env = PodEnv::start_with(RESTORE_ON).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sb = env.sandbox_config("hostile");
+    let pod = env.run_pod(&sb).await.unwrap();
+    // What the links lead to on the host: a layer tar that would plant a file, a FIFO no one
+    // writes, a directory of "images".
+    let planted = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = header();
+        h.set_size(7);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "planted", &b"planted"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    let host_tar = dir.path().join("host.tar");
+    std::fs::write(&host_tar, planted).unwrap();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let host_dir = dir.path().join("images");
+    std::fs::create_dir(&host_dir).unwrap();
+    std::fs::write(host_dir.join("inventory.img"), b"host").unwrap();
+    let (host_tar, fifo, host_dir) = (
+        host_tar.to_str().unwrap(),
+        fifo.to_str().unwrap(),
+        host_dir.to_str().unwrap(),
+    );
+    let big = vec![b' '; 5 << 20];
+    let cases: Vec<(&str, Vec<Member<'_>>, &str)> = vec![
+        (
+            "symlinked rootfs-diff.tar",
+            vec![Member::Link("rootfs-diff.tar", host_tar)],
+            "rootfs-diff.tar",
+        ),
+        (
+            "config.dump linked to a host FIFO",
+            vec![Member::Link("config.dump", fifo)],
+            "config.dump",
+        ),
+        (
+            "crius.json linked to a host FIFO",
+            vec![Member::Link("crius.json", fifo)],
+            "crius.json",
+        ),
+        (
+            "descriptors.json linked to /dev/zero",
+            vec![Member::Link("descriptors.json", "/dev/zero")],
+            "descriptors.json",
+        ),
+        (
+            "a FIFO member",
+            vec![Member::Fifo("descriptors.json")],
+            "descriptors.json",
+        ),
+        (
+            "config.dump as a 6 GiB sparse member",
+            vec![Member::Sparse("config.dump", 6 << 30)],
+            "config.dump",
+        ),
+        (
+            "an oversized spec.dump",
+            vec![Member::File("spec.dump", big.clone())],
+            "spec.dump",
+        ),
+        (
+            "checkpoint/ linked to a host directory",
+            vec![Member::Link("checkpoint", host_dir)],
+            "checkpoint",
+        ),
+        (
+            "a link inside checkpoint/",
+            vec![Member::Link("checkpoint/pages-1.img", "/etc/shadow")],
+            "pages-1.img",
+        ),
+        (
+            "a whiteout member (a device node once unpacked)",
+            vec![Member::File(".wh.extra", Vec::new())],
+            "extra",
+        ),
+    ];
+    for (i, (what, over, member)) in cases.into_iter().enumerate() {
+        let archive = dir.path().join(format!("case{i}.tar"));
+        std::fs::write(&archive, hostile_archive(&env, &over)).unwrap();
+        let mut cfg = env.container_config(&format!("hostile{i}"), &["sleep", "1000"]);
+        cfg.image = Some(spec(archive.to_str().unwrap()));
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(20), env.create(&pod, &sb, cfg))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: CreateContainer still runs after 20 s"));
+        let e = match answer {
+            Ok(id) => panic!("{what}: created {id}"),
+            Err(e) => e,
+        };
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains(member), "{what}: {e:?}");
+        assert!(e.message().contains("config.image.image"), "{what}: {e:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: refused after {:?}",
+            started.elapsed()
+        );
+        // The daemon answers on.
+        let v = tokio::time::timeout(
+            Duration::from_secs(5),
+            env.d.runtime().version(cri::VersionRequest::default()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: Version does not answer"));
+        assert!(v.is_ok(), "{what}: {v:?}");
+        assert_nothing_left(&env, &pod).await;
+    }
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+}
+
+/// A restored container gets what its new config asks for and nothing of the archive's saved
+/// config (devices, mounts, annotations, CDI devices), and no image is tagged by the archive.
+#[tokio::test]
+async fn restore_takes_only_the_new_config() {
+    require_root();
+    if which("criu").is_none() {
+        missing("criu");
+        return;
+    }
+    let env = PodEnv::start_with(RESTORE_ON).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sb = env.sandbox_config("onlynew");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let images_before = images_and_tags(&env).await;
+    // The saved config names the image by its reference and asks for a retag; the saved spec
+    // and config carry a host device, a host mount, annotations and a CDI device.
+    let dump = serde_json::json!({
+        "rootfsImage": env.image,
+        "rootfsImageRef": env.image,
+        "rootfsImageName": "example.org/retagged:latest",
+        "annotations": {"smuggled": "yes", "cdi.k8s.io/x": "vendor.com/gpu=all"},
+        "cdiDevices": [{"name": "vendor.com/gpu=all"}],
+        "devices": [{"host_path": "/dev/kmsg", "container_path": "/dev/kmsg"}],
+        "mounts": [{"host_path": "/etc", "container_path": "/host-etc"}],
+    });
+    let saved_spec = serde_json::json!({
+        "ociVersion": "1.0.0",
+        "annotations": {"smuggled": "yes"},
+        "mounts": [{"destination": "/host-etc", "source": "/etc", "type": "bind", "options": ["rbind"]}],
+        "linux": {"devices": [{"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11}]},
+    });
+    let archive = dir.path().join("a.tar");
+    std::fs::write(
+        &archive,
+        hostile_archive(
+            &env,
+            &[
+                Member::File("config.dump", dump.to_string().into_bytes()),
+                Member::File("spec.dump", saved_spec.to_string().into_bytes()),
+            ],
+        ),
+    )
+    .unwrap();
+    let mut cfg = env.container_config("onlynew", &["sleep", "1000"]);
+    cfg.image = Some(spec(archive.to_str().unwrap()));
+    cfg.annotations = [("asked".to_string(), "by-the-new-config".to_string())].into();
+    let id = env.create(&pod, &sb, cfg).await.unwrap();
+    let st = env.status(&id).await;
+    assert_eq!(
+        st.annotations,
+        [("asked".to_string(), "by-the-new-config".to_string())].into(),
+        "{st:?}"
+    );
+    let bundle = env.d.state.join("containers").join(&id);
+    let oci: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    let text = oci.to_string();
+    for smuggled in ["/dev/kmsg", "/host-etc", "smuggled", "vendor.com/gpu"] {
+        assert!(!text.contains(smuggled), "{smuggled} in {text}");
+    }
+    // No image was tagged or retagged.
+    assert_eq!(images_before, images_and_tags(&env).await);
+    // The unpacked archive is the container's, and goes with it.
+    assert!(bundle.join("restore/checkpoint/inventory.img").is_file());
+    env.d
+        .runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap();
+    assert_nothing_left(&env, &pod).await;
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
 }

@@ -7,7 +7,8 @@
 //! namespace the images refer to from outside) and `descriptors.json` (the stdio pipes). The
 //! container keeps running. CreateContainer whose image is the path of such an archive makes a
 //! container of the checkpoint's image with its layer changes, and StartContainer restores the
-//! processes into it (CRI-O's convention); the pod may be another one.
+//! processes into it (CRI-O's convention); the pod may be another one. The archive is hostile:
+//! `restore` gates, unpacks, reads and restores it.
 
 use super::{
     Bundle, Cgroup, ContainerService, ContainerState, Deserialize, Duration, Error, MonitorConfig,
@@ -39,7 +40,7 @@ pub(super) struct ConfigDump {
 }
 
 /// The network namespace's key in the images.
-const NET_KEY: &str = "crius-pod-net";
+pub(super) const NET_KEY: &str = "crius-pod-net";
 /// How long a dump may take when the request gives no timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -58,7 +59,7 @@ fn failed(id: &str, message: impl Into<String>) -> Error {
 }
 
 /// criu, from the PATH.
-fn criu() -> Option<PathBuf> {
+pub(super) fn criu() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join("criu"))
@@ -299,150 +300,6 @@ impl ContainerService {
         write_json(work, "crius.json", &ext)?;
         write_json(work, "descriptors.json", &stdio)?;
         Ok(())
-    }
-
-    /// For CreateContainer from an archive: reads what the container was made from.
-    pub(super) fn archive_config(&self, archive: &Path) -> Result<ConfigDump, Error> {
-        let bad = |reason: String| invalid("config.image.image", reason);
-        let f = std::fs::File::open(archive).map_err(io_err(archive))?;
-        let mut tar = tar::Archive::new(std::io::BufReader::new(f));
-        let entries = tar.entries().map_err(|e| {
-            bad(format!(
-                "{} is not a checkpoint archive: {e}",
-                archive.display()
-            ))
-        })?;
-        for e in entries {
-            let mut e = e.map_err(|e| {
-                bad(format!(
-                    "{} is not a checkpoint archive: {e}",
-                    archive.display()
-                ))
-            })?;
-            let is_config = e
-                .path()
-                .map(|p| p.components().eq(Path::new("config.dump").components()))
-                .unwrap_or(false);
-            if is_config {
-                let mut text = Vec::new();
-                std::io::Read::read_to_end(&mut e, &mut text).map_err(io_err(archive))?;
-                return serde_json::from_slice(&text)
-                    .map_err(|e| bad(format!("{}: config.dump: {e}", archive.display())));
-            }
-        }
-        Err(bad(format!(
-            "{} is not a checkpoint archive (no config.dump)",
-            archive.display()
-        )))
-    }
-
-    /// Unpacks the archive into the new container's bundle and its writable layer (empty, not
-    /// yet mounted).
-    pub(super) fn unpack_archive(&self, archive: &Path, b: &Bundle) -> Result<(), Error> {
-        let field = "config.image.image";
-        let dir = b.dir.join("restore");
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        let f = std::fs::File::open(archive).map_err(io_err(archive))?;
-        crate::snapshot::unpack::unpack(
-            std::io::BufReader::new(f),
-            &dir,
-            &crate::snapshot::UnpackOptions::default(),
-        )
-        .map_err(|e| invalid(field, format!("{}: {e}", archive.display())))?;
-        let upper = b.layer.join("upper");
-        let diff = dir.join("rootfs-diff.tar");
-        if diff.is_file() {
-            let f = std::fs::File::open(&diff).map_err(io_err(&diff))?;
-            crate::snapshot::unpack::unpack(
-                std::io::BufReader::new(f),
-                &upper,
-                &crate::snapshot::UnpackOptions::default(),
-            )
-            .map_err(|e| {
-                invalid(
-                    field,
-                    format!("{}: rootfs-diff.tar: {e}", archive.display()),
-                )
-            })?;
-        }
-        Ok(())
-    }
-
-    /// How criu is to restore the unpacked archive into the new container (`oci`, `monitor`).
-    pub(super) fn restore_config(
-        &self,
-        archive: &Path,
-        b: &Bundle,
-        oci: &oci_spec::runtime::Spec,
-        monitor: &MonitorConfig,
-    ) -> Result<runtime::RestoreConfig, Error> {
-        let field = "config.image.image";
-        let dir = b.dir.join("restore");
-        let read = |name: &str| -> Result<Vec<u8>, Error> {
-            std::fs::read(dir.join(name))
-                .map_err(|e| invalid(field, format!("{}: {name}: {e}", archive.display())))
-        };
-        let ext: Externals = serde_json::from_slice(&read("crius.json")?)
-            .map_err(|e| invalid(field, format!("{}: crius.json: {e}", archive.display())))?;
-        let stdio: Vec<String> =
-            serde_json::from_slice(&read("descriptors.json")?).map_err(|e| {
-                invalid(
-                    field,
-                    format!("{}: descriptors.json: {e}", archive.display()),
-                )
-            })?;
-        let mut mounts = Vec::new();
-        for key in &ext.mounts {
-            let m = oci
-                .mounts()
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .find(|m| m.destination() == Path::new(key));
-            let masked = || {
-                oci.linux()
-                    .as_ref()
-                    .and_then(|l| l.masked_paths().as_ref())
-                    .is_some_and(|p| p.iter().any(|p| p == key))
-            };
-            let source = match m {
-                Some(m) if m.typ().as_deref() == Some("cgroup2") => monitor.cgroup.clone(),
-                Some(m) => m.source().clone(),
-                None if masked() => Some(PathBuf::from("/dev/null")),
-                None => None,
-            };
-            let Some(source) = source else {
-                return Err(invalid(
-                    "config.mounts",
-                    format!("the checkpoint has a mount at {key} that this container lacks"),
-                ));
-            };
-            mounts.push((key.clone(), source));
-        }
-        let net = match (&ext.net, monitor.join.iter().find(|n| n.kind == "net")) {
-            (Some(key), Some(ns)) => Some((key.clone(), ns.path.clone())),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(invalid(
-                    "sandbox_config",
-                    "the checkpoint was in a pod network; this pod uses the node's",
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(invalid(
-                    "sandbox_config",
-                    "the checkpoint used the node's network; this pod has its own",
-                ));
-            }
-        };
-        Ok(runtime::RestoreConfig {
-            images: dir.join("checkpoint"),
-            log: b.dir.join("restore.log"),
-            pid_file: b.dir.join("restore.pid"),
-            mounts,
-            net,
-            stdio,
-        })
     }
 }
 

@@ -9,7 +9,7 @@ use super::{
     Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
     atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
-    logs, mounts, notice, now_nanos, random_id, runtime, sandbox, spec, user,
+    logs, mounts, notice, now_nanos, random_id, restore, runtime, sandbox, spec, user,
 };
 
 /// A container being created, as `create` checked and reserved it: what `prepare` makes its
@@ -25,8 +25,8 @@ struct NewContainer<'a> {
     confinement: &'a Confinement,
     /// Another container's PID namespace, joined in TARGET mode.
     target_pid: Option<&'a Path>,
-    /// The checkpoint archive it is restored from.
-    archive: Option<&'a Path>,
+    /// The checkpoint archive it is restored from, unpacked.
+    archive: Option<&'a restore::Unpacked>,
     /// Its image volumes, mounted.
     volumes: &'a [ImageVolume],
     steps: &'a mut Steps,
@@ -59,7 +59,7 @@ impl ContainerService {
             }
             .into());
         }
-        let (image, archive) = self.container_image(&config)?;
+        let (image, archive) = self.container_image(&config).await?;
         let log_path = log_path(&config, &sandbox)?;
         mounts::cri_mounts(&config, &[])?;
         let sc = config
@@ -109,7 +109,7 @@ impl ContainerService {
                     log_path: log_path.as_deref(),
                     confinement: &confinement,
                     target_pid: target_pid.as_deref(),
-                    archive: archive.as_deref(),
+                    archive: archive.as_ref(),
                     volumes: &volumes,
                     steps: &mut steps,
                 })
@@ -138,10 +138,10 @@ impl ContainerService {
 
     /// The image a new container is made of, and the checkpoint archive it is restored from
     /// when its config names one (the container is then made of the image it was made of).
-    fn container_image(
+    async fn container_image(
         &self,
         config: &ContainerConfig,
-    ) -> Result<(std::sync::Arc<image::Image>, Option<PathBuf>), Error> {
+    ) -> Result<(std::sync::Arc<image::Image>, Option<restore::Unpacked>), Error> {
         let image_name = config
             .image
             .as_ref()
@@ -150,55 +150,20 @@ impl ContainerService {
         if image_name.is_empty() {
             return Err(invalid("config.image.image", "is required"));
         }
-        // A checkpoint archive: the container is made of the image it was made of.
-        let archive = checkpoint::is_archive(&image_name).then(|| PathBuf::from(&image_name));
-        let image = match &archive {
-            None => self.inner.images.lookup(&image_name)?,
-            Some(a) => self.checkpoint_image(a, config.tty)?,
+        if checkpoint::is_archive(&image_name) {
+            let (image, unpacked) = self
+                .checkpoint_image(Path::new(&image_name), config.tty)
+                .await?;
+            return Ok((image, Some(unpacked)));
         }
-        .ok_or_else(|| Error::ImageNotFound {
-            image: image_name.clone(),
-        })?;
-        Ok((image, archive))
-    }
-
-    /// The image the container checkpointed in `archive` was made of, by the first of its names
-    /// present here; a container with a terminal cannot be restored.
-    fn checkpoint_image(
-        &self,
-        archive: &Path,
-        tty: bool,
-    ) -> Result<Option<std::sync::Arc<image::Image>>, Error> {
-        if tty {
-            return Err(invalid(
-                "config.tty",
-                "a container with a terminal cannot be restored",
-            ));
-        }
-        let dump = self.archive_config(archive)?;
-        let mut found = None;
-        for name in [
-            &dump.rootfs_image_ref,
-            &dump.rootfs_image_name,
-            &dump.rootfs_image,
-        ] {
-            if !name.is_empty()
-                && let Some(i) = self.inner.images.lookup(name)?
-            {
-                found = Some(i);
-                break;
-            }
-        }
-        if found.is_none() {
-            return Err(Error::ImageNotFound {
-                image: format!(
-                    "{} (of checkpoint {})",
-                    dump.rootfs_image,
-                    archive.display()
-                ),
-            });
-        }
-        Ok(found)
+        let image = self
+            .inner
+            .images
+            .lookup(&image_name)?
+            .ok_or_else(|| Error::ImageNotFound {
+                image: image_name.clone(),
+            })?;
+        Ok((image, None))
     }
 
     /// Undoes a container `prepare` (or the mounting of its image volumes) failed to make: its
@@ -277,7 +242,7 @@ impl ContainerService {
             lowers = self.userns_layers(&new, u, &lowers)?;
         }
         if let Some(a) = new.archive {
-            self.unpack_archive(a, b)?;
+            self.unpack_archive(a, b).await?;
         }
         let rootfs = b.rootfs();
         mount_rootfs(&new, &rootfs, &lowers)?;
@@ -326,7 +291,7 @@ impl ContainerService {
                     "a restored container needs its own PID namespace",
                 ));
             }
-            monitor.restore = Some(self.restore_config(a, b, &oci, &monitor)?);
+            monitor.restore = Some(self.restore_config(a.archive(), b, &oci, &monitor)?);
         }
         apply_confinement(new.confinement, b, new.config, &mut oci, &mut monitor)?;
         new.steps.mark("devices and confinement");

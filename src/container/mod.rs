@@ -6,9 +6,9 @@
 //! from then on and leaves `exit.json` when it ends, which is the one source of exit truth for this
 //! daemon and any later one. Here too: stop and remove (`lifecycle`), cgroups and resource updates
 //! (`cgroups`), ExecSync (`exec`), status and lists (`listing`), stats (`stats`) and metrics
-//! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`),
-//! lifecycle events (`events`), step times of create and start (`steps`), streams (`attach`,
-//! `stream`); this file holds the records and their recovery. Its inputs and outputs are its own
+//! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`;
+//! their hostile archives gated, unpacked and read by `restore`), lifecycle events (`events`),
+//! step times of create and start (`steps`), streams (`attach`, `stream`); this file holds the records and their recovery. Its inputs and outputs are its own
 //! types (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
 //! `sandbox` (and its `config`), `snapshot` (layer diffs, usage, the safe unpacker), `runtime`,
 //! `systemd`, `records`, `atomic`, `content`, `mounttable`, `fault` and `sys`.
@@ -28,6 +28,7 @@ mod metric_samples;
 pub mod metrics;
 mod mounts;
 mod nri;
+mod restore;
 pub mod spec;
 pub mod stats;
 mod steps;
@@ -101,6 +102,20 @@ pub enum Error {
     CheckpointRefused { id: String, reason: String },
     #[error("checkpointing container {id}: {message}")]
     Checkpoint { id: String, message: String },
+    /// Restore through CreateContainer asked for while the config key `key` is off.
+    #[error(
+        "config.image.image: {} is a checkpoint archive, and restoring from one is off (set {key} = true in the daemon's config)",
+        archive.display()
+    )]
+    RestoreOff { archive: PathBuf, key: &'static str },
+    #[error(
+        "config.image.image: checkpoint {} cannot be restored: criu is not installed (no criu in PATH)",
+        archive.display()
+    )]
+    NoCriu { archive: PathBuf },
+    /// A checkpoint archive refused before anything of it was used.
+    #[error("config.image.image: {} is not a usable checkpoint archive: {reason}", archive.display())]
+    BadArchive { archive: PathBuf, reason: String },
     #[error("container {id} is not removed: its process {pid} still runs after SIGKILL")]
     Unkillable { id: String, pid: i32 },
     #[error("{path}: {source}")]
@@ -225,6 +240,9 @@ struct Inner {
     /// Containers being checkpointed: one dump at a time each (they share a work directory,
     /// and a second would thaw the first's frozen cgroup).
     checkpointing: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Where checkpoint archives are unpacked for a restore; `None` when restore through
+    /// CreateContainer is off (`checkpoint.restore_from_archive`).
+    restore_dir: Option<PathBuf>,
 }
 
 /// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
@@ -278,8 +296,16 @@ impl ContainerService {
         sandboxes: SandboxService,
         cdi: Option<crate::cdi::Registry>,
         nri: Option<crate::nri::Nri>,
+        restore_from_archive: bool,
     ) -> Result<ContainerService, Error> {
         let layers = root.join("containers");
+        // What a daemon that ended mid-restore left unpacked.
+        let restore_dir = state.join("restore");
+        if let Err(e) = std::fs::remove_dir_all(&restore_dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            return Err(io_err(&restore_dir)(e));
+        }
         std::fs::create_dir_all(&layers).map_err(io_err(&layers))?;
         let svc = ContainerService {
             inner: Arc::new(Inner {
@@ -296,6 +322,7 @@ impl ContainerService {
                 cdi,
                 nri,
                 checkpointing: Default::default(),
+                restore_dir: restore_from_archive.then_some(restore_dir),
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {

@@ -114,9 +114,12 @@ impl ToStatus for container::Error {
             E::Invalid { .. } | E::Ambiguous { .. } => Code::InvalidArgument,
             E::NotFound { .. } | E::ImageNotFound { .. } => Code::NotFound,
             E::NameReserved { .. } => Code::AlreadyExists,
-            E::WrongState { .. } | E::CheckpointRefused { .. } | E::NoDeviceControl { .. } => {
-                Code::FailedPrecondition
-            }
+            E::WrongState { .. }
+            | E::CheckpointRefused { .. }
+            | E::RestoreOff { .. }
+            | E::NoCriu { .. }
+            | E::NoDeviceControl { .. } => Code::FailedPrecondition,
+            E::BadArchive { .. } => Code::InvalidArgument,
             E::DevicesCgroup { .. } => Code::Internal,
             E::Checkpoint { .. } => Code::Unknown,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
