@@ -1,6 +1,7 @@
 //! crius: a Kubernetes node runtime. The modules, top to bottom (dependencies point down;
 //! `layout` checks that every module is named here and that no files import each other in a
-//! circle):
+//! circle; `docs_check`, like it a test only, that the docs' links, configuration keys and
+//! commands are true to the tree):
 //!
 //! - `cli`: the client commands (talks CRI over the socket, like crictl); `frontend`: the pod
 //!   agent, a kubelet-like CRI client; `preflight`: `crius check`'s node checks
@@ -28,6 +29,8 @@ pub mod container;
 pub mod content;
 pub mod cri;
 pub mod daemon;
+#[cfg(test)]
+mod docs_check;
 pub mod fault;
 pub mod frontend;
 pub mod image;

@@ -5,8 +5,10 @@
 //! or JSON or YAML with `-o json|yaml`. `logs` reads the log file kubelet-style, so it runs on
 //! the node. Failures are `Error`s saying what was being done (`main` prints them). Uses
 //! `cri::client`, and the pod agent's manifests and records (`frontend`) for its commands.
+//! `args` holds the binary's command line (clap definitions), which `main` parses.
 
 pub mod agent;
+pub mod args;
 mod images;
 mod node;
 mod pods;

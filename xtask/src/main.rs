@@ -218,6 +218,15 @@ fn dist() -> Result<std::path::PathBuf> {
 }
 
 fn bench(args: &[String]) -> Result<()> {
+    // `--plot [--out FILE]`: charts of a finished run's results, no run (and no root).
+    if args.iter().any(|a| a == "--plot") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "--plot").cloned().collect();
+        let opts = bench::Options::parse(&rest)?;
+        for chart in bench::plot::plot(&opts.out)? {
+            println!("xtask: wrote {}", chart.display());
+        }
+        return Ok(());
+    }
     if !is_root() {
         bail!("the benchmark needs root (it runs two container runtimes)");
     }

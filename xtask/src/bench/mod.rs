@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: crius, the newest containerd and its LTS line's newest side by side, on this
 //! machine, in one run, driven by the same CRI client code. Each round runs every operation on
 //! every runtime, each going first in turn; the report (`report`) gives median, p90 and spread
-//! per operation and runtime, and crius's ratio to each peer.
+//! per operation and runtime, and crius's ratio to each peer; `plot` draws its JSON as SVG.
 
 mod agent;
 mod cni;
@@ -10,6 +10,7 @@ mod kubelet;
 mod large;
 mod nri;
 mod peers;
+pub mod plot;
 mod report;
 mod steps;
 mod stream;
