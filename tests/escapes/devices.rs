@@ -5,7 +5,8 @@
 //! over a file holding a token) read through a node the container made, by its init and by an
 //! exec'd command; host character devices opened read-write; a given device's permissions
 //! (`r` only) held; the default devices still usable; a privileged container still reaching the
-//! device (the control); and on a v1 node, the devices cgroup gone with its container.
+//! device (the control); a container that may mount moving itself to the controller's root; and
+//! on a v1 node, the devices cgroup gone with its container.
 
 use crate::common::*;
 use crate::*;
@@ -253,5 +254,45 @@ async fn default_devices_still_work_and_privileged_reaches_all() {
     assert!(
         plog.contains(&disk.token),
         "a privileged container reads the device: {plog:?}"
+    );
+}
+
+/// A container allowed to mount (CAP_SYS_ADMIN added, not privileged) mounts the device
+/// controller's hierarchy and moves itself to its root, then reads the host disk: its cgroup
+/// namespace makes its own cgroup that root, so the move changes nothing.
+#[tokio::test]
+async fn a_container_that_may_mount_stays_in_its_devices_cgroup() {
+    let disk = Loop::attach();
+    let (kind, opts) = if v1_node() {
+        ("cgroup", "-o devices")
+    } else {
+        ("cgroup2", "")
+    };
+    let script = format!(
+        "mkdir -p /tmp/cg && mount -t {kind} {opts} none /tmp/cg && echo MOUNTED; \
+         echo $$ > /tmp/cg/cgroup.procs && echo MOVED; {}",
+        read_node('b', disk.numbers())
+    );
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("mounter");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = container(&env, "c", &script);
+    security(&mut cfg).capabilities = Some(cri::Capability {
+        add_capabilities: vec!["SYS_ADMIN".into()],
+        ..Default::default()
+    });
+    let (log, started) = run_to_end(&env, &pod, &sb, cfg).await;
+    env.remove_pod(&pod).await;
+    started.unwrap();
+    // Under AppArmor (the VM's boot) crius-default refuses the mount itself.
+    if !apparmor_usable() {
+        assert!(
+            log.contains("MOUNTED"),
+            "the attack needs its mount: {log:?}"
+        );
+    }
+    assert!(
+        !log.contains(&disk.token) && log.contains("DENIED"),
+        "the container left its devices cgroup: {log:?}"
     );
 }

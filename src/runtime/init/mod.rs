@@ -252,7 +252,9 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
     if let Some(ns) = userns {
         enter_userns(ns, pid_report, monitor)?;
     }
-    enter_namespaces(join, cgroup.is_some())?;
+    // On v1 too, so a container that may mount (CAP_SYS_ADMIN) finds its own devices cgroup
+    // at the root of any hierarchy it mounts, never the host's root to move itself into.
+    enter_namespaces(join, cgroup.is_some() || devices_cgroup.is_some())?;
 
     let linux = spec.linux().as_ref();
     let (rootfd, real_root) = open_rootfs(spec, proc)?;
