@@ -670,6 +670,115 @@ async fn recursive_read_only_mounts() {
     env.remove_pod(&pod).await;
 }
 
+/// Bind-mount options (CRI v0.37's Mount.mount_options, KEP-5855): advertised; `noexec` on a
+/// volume stops a program there and leaves its submount alone, `rnoexec` reaches the submount
+/// too, `nosuid` and `nodev` show in the container's mount table; the host's own mounts keep
+/// none of it; ContainerStatus shows the options; an option crius does not apply is refused,
+/// naming it.
+#[tokio::test]
+async fn bind_mount_options() {
+    let env = PodEnv::start().await;
+    let status = env
+        .d
+        .runtime()
+        .status(cri::StatusRequest { verbose: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        status.features.as_ref().is_some_and(|f| f.mount_options),
+        "{status:?}"
+    );
+    let sb = env.sandbox_config("mount-options");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let vol = tempfile::tempdir().unwrap();
+    let sub = vol.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _guard = Unmount(sub.clone());
+    for dir in [vol.path(), sub.as_path()] {
+        // busybox runs the applet it is named after.
+        std::fs::copy("/bin/busybox", dir.join("true")).unwrap();
+    }
+    let volume = |at: &str, opts: &[&str]| cri::Mount {
+        container_path: at.into(),
+        host_path: vol.path().display().to_string(),
+        mount_options: opts.iter().map(|o| o.to_string()).collect(),
+        ..Default::default()
+    };
+    let mut cfg = env.container_config("c", LONG);
+    cfg.mounts = vec![
+        volume("/top", &["noexec"]),
+        volume("/tree", &["rnoexec", "nosuid", "nodev"]),
+    ];
+    let c = env.run(&pod, &sb, cfg).await;
+    let runs = |path: &str| format!("{path} && echo RAN || echo REFUSED");
+    for (path, want) in [
+        ("/top/true", "REFUSED"),
+        ("/top/sub/true", "RAN"),
+        ("/tree/true", "REFUSED"),
+        ("/tree/sub/true", "REFUSED"),
+    ] {
+        let (out, err, _) = sh(&env, &c, &runs(path)).await;
+        assert_eq!(out.trim(), want, "{path}: {err}");
+    }
+    let (table, _, _) = sh(&env, &c, "cat /proc/self/mountinfo").await;
+    let options_of = |at: &str| -> String {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(at))
+            .and_then(|l| l.split_whitespace().nth(5))
+            .unwrap_or_else(|| panic!("{at} not in {table}"))
+            .to_string()
+    };
+    let tree = options_of("/tree");
+    for o in ["nosuid", "nodev", "noexec"] {
+        assert!(tree.split(',').any(|t| t == o), "/tree: {tree}");
+    }
+    assert!(options_of("/tree/sub").split(',').any(|t| t == "noexec"));
+    assert!(!options_of("/top/sub").split(',').any(|t| t == "noexec"));
+    // The host's mounts are the container's source, never changed.
+    let host = std::process::Command::new(vol.path().join("true"))
+        .status()
+        .unwrap();
+    assert!(host.success(), "the host's volume lost exec");
+    let shown: Vec<Vec<String>> = env
+        .status(&c)
+        .await
+        .mounts
+        .iter()
+        .map(|m| m.mount_options.clone())
+        .collect();
+    assert!(
+        shown.contains(&vec!["rnoexec".into(), "nosuid".into(), "nodev".into()]),
+        "{shown:?}"
+    );
+    let mut cfg = env.container_config("bad", LONG);
+    cfg.mounts = vec![volume("/bad", &["nosuid", "exec"])];
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("mounts[0].mount_options[1]") && e.message().contains("\"exec\""),
+        "{}",
+        e.message()
+    );
+    env.remove_pod(&pod).await;
+}
+
 /// Whether AppArmor can confine containers here: enabled in the kernel, with its filesystem
 /// mounted and apparmor_parser installed (the VM tier has all three).
 fn apparmor_usable() -> bool {

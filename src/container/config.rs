@@ -80,6 +80,8 @@ pub struct Mount {
     pub image: Option<ImageSpec>,
     /// With `image`: the directory inside the image to mount instead of its root.
     pub image_sub_path: String,
+    /// Bind-mount options (KEP-5855): `nosuid`, `nodev`, `noexec` and their recursive forms.
+    pub mount_options: Vec<String>,
 }
 
 /// A host device given to the container.

@@ -151,6 +151,13 @@ pub fn cri_mounts(
                 ));
             }
         }
+        let recursive = m.mount_options.iter().any(|o| o.starts_with('r'));
+        if recursive && !crate::runtime::mounts::recursive_read_only_supported() {
+            return Err(invalid(
+                format!("{field}.mount_options"),
+                "recursive options need mount_setattr, which this kernel lacks (5.12 or later)",
+            ));
+        }
         let mut opts = vec!["rbind", propagation(m.propagation)];
         opts.push(if m.recursive_read_only {
             "rro"
@@ -159,6 +166,8 @@ pub fn cri_mounts(
         } else {
             "rw"
         });
+        // Applied to the container's own copy of the tree, never to the host's mount.
+        opts.extend(m.mount_options.iter().map(String::as_str));
         let depth = Path::new(&dest).components().count();
         out.push((depth, mount(&dest, "bind", &source, &opts)?));
     }

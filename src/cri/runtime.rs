@@ -441,8 +441,9 @@ impl RuntimeService for Runtime {
                     supplemental_groups_policy: true,
                     // A pod with its own user namespace on the host's network is refused.
                     user_namespaces_host_network: false,
-                    // Bind-mount options (Mount.mount_options) are refused.
-                    mount_options: false,
+                    // Bind-mount options (Mount.mount_options): nosuid, nodev, noexec and
+                    // their recursive forms.
+                    mount_options: true,
                 }),
             })
         })

@@ -43,6 +43,9 @@ pub struct Options {
     pub data: Vec<String>,
     /// `rro`: read-only recursively (mount_setattr).
     pub recursive_ro: bool,
+    /// Flags of the recursive forms (`rnosuid`, `rnodev`, `rnoexec`), set on every mount of a
+    /// bind's tree (mount_setattr), not only its top.
+    pub recursive: MsFlags,
 }
 
 impl Default for Options {
@@ -52,6 +55,7 @@ impl Default for Options {
             propagation: MsFlags::empty(),
             data: Vec::new(),
             recursive_ro: false,
+            recursive: MsFlags::empty(),
         }
     }
 }
@@ -96,16 +100,42 @@ impl Options {
                     (MsFlags::MS_RDONLY, MsFlags::empty())
                 }
                 "rrw" => continue,
-                other => {
-                    o.data.push(other.to_string());
-                    continue;
-                }
+                other => match recursive_form(other) {
+                    Some(flag) => {
+                        o.recursive.insert(flag);
+                        (flag, MsFlags::empty())
+                    }
+                    None => {
+                        o.data.push(other.to_string());
+                        continue;
+                    }
+                },
             };
             o.flags.insert(set);
             o.flags.remove(clear);
         }
         o
     }
+}
+
+/// The flag of a recursive attribute option (`rnoexec` is `noexec` on the whole tree), as
+/// runc names them.
+pub fn recursive_form(opt: &str) -> Option<MsFlags> {
+    Some(match opt {
+        "rnosuid" => MsFlags::MS_NOSUID,
+        "rnodev" => MsFlags::MS_NODEV,
+        "rnoexec" => MsFlags::MS_NOEXEC,
+        _ => return None,
+    })
+}
+
+/// Sets the recursive forms' attributes on every mount of a detached tree.
+pub fn set_recursive(tree: &OwnedFd, opts: &Options) -> io::Result<()> {
+    let attrs = mount_attrs(opts.recursive);
+    if attrs == 0 {
+        return Ok(());
+    }
+    crate::sys::mount_setattr(tree, attrs, None, true)
 }
 
 pub use crate::sys::{
@@ -607,6 +637,7 @@ pub fn bind(source: &Path, target: &OwnedFd, opts: &Options) -> io::Result<()> {
     if attrs != 0 {
         crate::sys::mount_setattr(&tree, attrs, None, opts.recursive_ro)?;
     }
+    set_recursive(&tree, opts)?;
     attach_at(&tree, target, opts.propagation)
 }
 
@@ -625,6 +656,13 @@ mod tests {
         let o = Options::parse(&["ro", "rw"]);
         assert!(!o.flags.contains(MsFlags::MS_RDONLY));
         assert!(Options::parse(&["rro"]).recursive_ro);
+        let r = Options::parse(&["rbind", "nosuid", "rnoexec", "rnodev"]);
+        assert!(
+            r.flags
+                .contains(MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV)
+        );
+        assert_eq!(r.recursive, MsFlags::MS_NOEXEC | MsFlags::MS_NODEV);
+        assert!(r.data.is_empty());
     }
 
     #[test]

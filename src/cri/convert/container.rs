@@ -74,15 +74,23 @@ fn cri_metadata(m: &ContainerMetadata) -> cri::ContainerMetadata {
     }
 }
 
+/// The bind-mount options a mount may ask for (KEP-5855): the ones that take rights away, each
+/// also in its recursive form (the whole tree of an rbind, not only its top). Loosening ones
+/// (`exec`, `suid`) would be no-ops on a new bind and `ro` has its own field.
+const MOUNT_OPTIONS: [&str; 6] = ["nosuid", "nodev", "noexec", "rnosuid", "rnodev", "rnoexec"];
+
 fn mount(m: cri::Mount, field: &str) -> Result<Mount, Status> {
-    // Not advertised (RuntimeFeatures.mount_options): a mount that asks for options is refused
-    // rather than made without them.
-    if let Some(o) = m.mount_options.first() {
-        return Err(Status::invalid_argument(format!(
-            "{field}.mount_options: bind-mount options ({}) are not supported by this runtime",
-            crate::cri::validate::quoted(o)
-        )));
+    for (j, o) in m.mount_options.iter().enumerate() {
+        if !MOUNT_OPTIONS.contains(&o.as_str()) {
+            return Err(Status::invalid_argument(format!(
+                "{field}.mount_options[{j}]: {} is not a bind-mount option crius applies ({})",
+                crate::cri::validate::quoted(o),
+                MOUNT_OPTIONS.join(", ")
+            )));
+        }
     }
+    let mut mount_options = m.mount_options;
+    mount_options.dedup();
     Ok(Mount {
         container_path: m.container_path,
         host_path: m.host_path,
@@ -94,6 +102,7 @@ fn mount(m: cri::Mount, field: &str) -> Result<Mount, Status> {
         recursive_read_only: m.recursive_read_only,
         image: m.image.map(image_spec),
         image_sub_path: m.image_sub_path,
+        mount_options,
     })
 }
 
@@ -108,7 +117,7 @@ fn cri_mount(m: &Mount) -> cri::Mount {
         gid_mappings: m.gid_mappings.iter().map(super::cri_id_mapping).collect(),
         recursive_read_only: m.recursive_read_only,
         image: m.image.as_ref().map(cri_image_spec),
-        mount_options: Vec::new(),
+        mount_options: m.mount_options.clone(),
         image_sub_path: m.image_sub_path.clone(),
     }
 }
@@ -328,23 +337,28 @@ mod tests {
         assert_eq!(cri_signal("SIGNOPE"), 0);
     }
 
-    /// Bind-mount options are not advertised, so a mount that asks for them is refused,
-    /// naming the field and the option, instead of being made without them.
+    /// The options that take rights away are kept (and shown back); anything else is refused,
+    /// naming the mount, the option's place and the option.
     #[test]
-    fn mount_options_refused() {
-        let m = cri::Mount {
+    fn mount_options_kept_or_refused() {
+        let m = |opts: &[&str]| cri::Mount {
             container_path: "/data".into(),
             host_path: "/srv".into(),
-            mount_options: vec!["noexec".into()],
+            mount_options: opts.iter().map(|o| o.to_string()).collect(),
             ..Default::default()
         };
-        let err = mount(m, "config.mounts[0]").unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(
-            err.message()
-                .starts_with("config.mounts[0].mount_options: "),
-            "{err:?}"
-        );
-        assert!(err.message().contains("noexec"), "{err:?}");
+        let kept = mount(m(&["noexec", "rnosuid", "nodev"]), "config.mounts[0]").unwrap();
+        assert_eq!(kept.mount_options, ["noexec", "rnosuid", "nodev"]);
+        assert_eq!(cri_mount(&kept).mount_options, kept.mount_options);
+        for bad in ["exec", "ro", "bind", "size=1g", "noexec,nosuid"] {
+            let err = mount(m(&["nosuid", bad]), "config.mounts[2]").unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(
+                err.message()
+                    .starts_with("config.mounts[2].mount_options[1]: "),
+                "{err:?}"
+            );
+            assert!(err.message().contains(bad), "{err:?}");
+        }
     }
 }

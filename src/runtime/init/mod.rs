@@ -153,13 +153,14 @@ fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, In
             }
         }
         let recursive = opts.flags.contains(MsFlags::MS_REC);
-        let tree = mounts::idmapped(&source, userns, recursive, attrs, opts.recursive_ro).map_err(
-            fail(format!(
-                "mount {} on {}",
-                source.display(),
-                m.destination().display()
-            )),
-        )?;
+        let what = format!(
+            "mount {} on {}",
+            source.display(),
+            m.destination().display()
+        );
+        let tree = mounts::idmapped(&source, userns, recursive, attrs, opts.recursive_ro)
+            .map_err(fail(what.clone()))?;
+        mounts::set_recursive(&tree, &opts).map_err(fail(what))?;
         out.push(Some(tree));
     }
     Ok(out)
