@@ -345,11 +345,7 @@ impl ContainerService {
     /// Removes v1 devices cgroups below crius's parent that no container owns (a crash between
     /// making one and recording its container), killing what runs in them.
     pub async fn remove_orphan_devices_cgroups(&self) {
-        let policy = self.inner.sandboxes.cgroups().clone();
-        let Some(parent) = policy
-            .devices_v1_cgroup("x")
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-        else {
+        let Some(parent) = self.inner.sandboxes.cgroups().devices_v1_parent() else {
             return;
         };
         let Ok(dir) = std::fs::read_dir(&parent) else {

@@ -443,8 +443,13 @@ impl Policy {
     /// A container's devices cgroup on a node without cgroup v2 (`<devices>/<parent>/<id>`);
     /// none where v2 controls devices or nothing can.
     pub fn devices_v1_cgroup(&self, id: &str) -> Option<PathBuf> {
+        self.devices_v1_parent().map(|p| p.join(id))
+    }
+
+    /// Where containers' v1 devices cgroups go: `<devices>/<parent>`.
+    pub fn devices_v1_parent(&self) -> Option<PathBuf> {
         match (&self.hierarchy, &self.devices_v1) {
-            (None, Some(v1)) => Some(v1.root.join(&self.parent).join(id)),
+            (None, Some(v1)) => Some(v1.root.join(&self.parent)),
             _ => None,
         }
     }
