@@ -295,8 +295,8 @@ async fn runtime_features() {
         .into_inner();
     let f = s.features.unwrap();
     assert!(f.supplemental_groups_policy);
-    // A pod with its own user namespace on the host's network is refused, so not advertised.
-    assert!(!f.user_namespaces_host_network);
+    // A pod with its own user namespace on the host's network (KEP-5607) is served.
+    assert!(f.user_namespaces_host_network);
     let h = &s.runtime_handlers[0].features.unwrap();
     assert_eq!(
         h.recursive_read_only_mounts,

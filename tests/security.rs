@@ -1118,14 +1118,49 @@ async fn user_namespaces_map_pods_onto_unprivileged_ids() {
         .and_then(|s| s.namespace_options.as_mut())
         .unwrap()
         .network = cri::NamespaceMode::Node as i32;
-    let e = env.run_pod(&hostnet).await.unwrap_err();
-    assert!(
-        e.message().contains("namespace_options.network"),
-        "{}",
-        e.message()
+    // On the host's network (KEP-5607): the host's interfaces, a read-only sysfs that is the
+    // host's, and still an unprivileged user outside with no power over the host's network.
+    let hn = env.run_pod(&hostnet).await.unwrap();
+    let c = env
+        .run(&hn, &hostnet, env.container_config("hn", LONG))
+        .await;
+    let (out, err, code) = sh(
+        &env,
+        &c,
+        "ls /sys/class/net | sort | tr '\\n' ' '; echo; cat /proc/self/uid_map; \
+         touch /sys/class/net/lo/x 2>&1; ip link add crius-x type dummy 2>&1; \
+         echo 1 > /proc/sys/net/ipv4/ip_forward 2>&1; echo end",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let mut host_ifaces: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    host_ifaces.sort();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        host_ifaces,
+        "the host's interfaces: {out}"
     );
+    assert_ne!(lines[1].split_whitespace().nth(1), Some("0"), "{out}");
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(
+        !std::path::Path::new("/sys/class/net/crius-x").exists(),
+        "the pod made a host interface: {out}"
+    );
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", host_pid(&env, &c).await)).unwrap();
+    assert_ne!(
+        status_field(&status, "Uid").split_whitespace().next(),
+        Some("0"),
+        "root outside"
+    );
+    let (_, _, code) = sh(&env, &c, "ls /sys/fs/cgroup/devices").await;
+    assert_ne!(code, 0, "the host's cgroup mounts must not come with /sys");
 
-    for p in [pod, p1, p2] {
+    for p in [pod, p1, p2, hn] {
         env.remove_pod(&p).await;
     }
     // Nothing stays mounted: no rootfs, no idmapped layer, no namespace handle.

@@ -213,7 +213,11 @@ pub(super) fn spec_mounts(
         }
     }
     let given = |p: &str| user_mounts.iter().any(|m| m.destination() == Path::new(p));
-    let mut mounts = kernel_mounts(privileged, cgroup)?;
+    // A user namespace that does not own the network namespace (the host's) may not mount a
+    // sysfs: the host's is bound instead, read-only all through (the kernel refuses a bind of
+    // its top alone there, as it would uncover what the mounts below it hide).
+    let host_sysfs = pod.userns.is_some() && pod.host_network();
+    let mut mounts = kernel_mounts(privileged, cgroup, host_sysfs)?;
     if !given("/dev/shm") {
         mounts.push(mount(
             "/dev/shm",
@@ -241,8 +245,10 @@ pub(super) fn spec_mounts(
 }
 
 /// The kernel's file systems every container has: `/proc`, a minimal `/dev`, `/dev/pts`,
-/// `/dev/mqueue`, `/sys` (writable when privileged), and its `cgroup` at /sys/fs/cgroup.
-fn kernel_mounts(privileged: bool, cgroup: bool) -> Result<Vec<Mount>, Invalid> {
+/// `/dev/mqueue`, `/sys` (writable when privileged; the host's, read-only, where `host_sysfs`),
+/// and its `cgroup` at /sys/fs/cgroup (an empty tmpfs hiding the host's hierarchies where the
+/// host's /sys has none of its own).
+fn kernel_mounts(privileged: bool, cgroup: bool, host_sysfs: bool) -> Result<Vec<Mount>, Invalid> {
     let sys_opts: &[&str] = if privileged {
         &["nosuid", "noexec", "nodev", "rw"]
     } else {
@@ -275,8 +281,26 @@ fn kernel_mounts(privileged: bool, cgroup: bool) -> Result<Vec<Mount>, Invalid> 
             "mqueue",
             &["nosuid", "noexec", "nodev"],
         )?,
-        mount("/sys", "sysfs", "sysfs", sys_opts)?,
+        if host_sysfs {
+            mount(
+                "/sys",
+                "bind",
+                "/sys",
+                &["rbind", "rprivate", "nosuid", "noexec", "nodev", "rro"],
+            )?
+        } else {
+            mount("/sys", "sysfs", "sysfs", sys_opts)?
+        },
     ];
+    if host_sysfs && !cgroup {
+        // Not the host's cgroup hierarchies, which came with its /sys.
+        mounts.push(mount(
+            "/sys/fs/cgroup",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "noexec", "nodev", "ro", "size=4k"],
+        )?);
+    }
     if cgroup {
         let ro = if privileged { "rw" } else { "ro" };
         mounts.push(mount(

@@ -440,7 +440,7 @@ impl RuntimeService for Runtime {
                 features: Some(cri::RuntimeFeatures {
                     supplemental_groups_policy: true,
                     // A pod with its own user namespace on the host's network is refused.
-                    user_namespaces_host_network: false,
+                    user_namespaces_host_network: true,
                     // Bind-mount options (Mount.mount_options): nosuid, nodev, noexec and
                     // their recursive forms.
                     mount_options: true,

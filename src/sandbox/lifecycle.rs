@@ -449,7 +449,8 @@ fn check_namespaces(
         .unwrap_or_default();
     let userns = userns_request(ns.userns_options.as_ref())?;
     if userns.is_some() {
-        for (mode, what) in [(ns.network, "network"), (ns.pid, "pid"), (ns.ipc, "ipc")] {
+        // The host's network is allowed (KEP-5607): its processes stay unprivileged there.
+        for (mode, what) in [(ns.pid, "pid"), (ns.ipc, "ipc")] {
             if mode == NamespaceMode::Node {
                 return Err(invalid(
                     &format!("config.linux.security_context.namespace_options.{what}"),

@@ -129,6 +129,12 @@ pub fn join_namespace(kind: &str, path: &Path) -> Result<(), InitError> {
     setns(fd.as_fd(), flag).map_err(fail(format!("join {kind} namespace {}", path.display())))
 }
 
+/// Whether `path` is on a sysfs.
+fn is_sysfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::SYSFS_MAGIC)
+}
+
 /// Bind mounts as idmapped mounts of the user namespace, made on the host's side (only there
 /// may they be made) for the init to attach inside; one slot per spec mount.
 fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, InitError> {
@@ -141,6 +147,12 @@ fn idmapped_binds(spec: &Spec, userns: &Path) -> Result<Vec<Option<OwnedFd>>, In
             continue;
         }
         let source = m.source().clone().unwrap_or_default();
+        // sysfs cannot be idmapped: the host's /sys (a pod on the host network) is bound
+        // plainly from inside the user namespace, where it stays read-only.
+        if is_sysfs(&source) {
+            out.push(None);
+            continue;
+        }
         let mut attrs = 0;
         for (flag, attr) in [
             (MsFlags::MS_RDONLY, mounts::ATTR_RDONLY),
