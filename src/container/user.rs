@@ -167,10 +167,12 @@ pub fn resolve(
     // dropping the primary group with setgid cannot shed its access; ContainerStatus.user
     // reports the same list, as kubelet and critest expect.
     let mut additional: Vec<u32> = vec![gid];
+    // In order and once each; a set beside the list keeps tens of thousands of groups linear.
+    let mut seen = std::collections::HashSet::from([gid]);
     // Merge (the default): the groups the image's /etc/group gives the user, then the pod's.
     if !strict && let Some(p) = &entry {
         for g in &groups {
-            if g.members.iter().any(|m| m == &p.name) && !additional.contains(&g.gid) {
+            if g.members.iter().any(|m| m == &p.name) && seen.insert(g.gid) {
                 additional.push(g.gid);
             }
         }
@@ -180,7 +182,7 @@ pub fn resolve(
         .unwrap_or_default()
     {
         let g = u32::try_from(*g).map_err(|_| UserError::SupplementalRange(*g))?;
-        if !additional.contains(&g) {
+        if seen.insert(g) {
             additional.push(g);
         }
     }
@@ -250,6 +252,27 @@ mod tests {
         // No writer ever comes: read as absent, so a name is not found and an ID is taken.
         assert!(resolve(r.path(), None, "app").is_err());
         assert_eq!(resolve(r.path(), None, "1000").unwrap().uid, 1000);
+    }
+
+    /// 53,000 groups naming the user (an image built to slow CreateContainer): each once, in
+    /// the file's order, the primary group first, the pod's groups after, nothing twice.
+    #[test]
+    fn many_groups_merge_once_each() {
+        let r = root();
+        let mut text = String::from("app:x:1000:\n");
+        for i in 0..53_000u32 {
+            text.push_str(&format!("g{i}:x:{}:app\n", 10_000 + i));
+        }
+        // The same GID again under another name, and the primary group as a member's group.
+        text.push_str("again:x:10000:app\nown:x:1000:app\n");
+        std::fs::write(r.path().join("etc/group"), text).unwrap();
+        let groups = sc(None, "", None, &[10_001, 7, 7], false);
+        let u = resolve(r.path(), Some(&groups), "app").unwrap();
+        assert_eq!(u.additional_gids.len(), 1 + 53_000 + 1);
+        assert_eq!(u.additional_gids[..3], [1000, 10_000, 10_001]);
+        assert_eq!(u.additional_gids.last(), Some(&7));
+        let distinct: std::collections::HashSet<_> = u.additional_gids.iter().collect();
+        assert_eq!(distinct.len(), u.additional_gids.len());
     }
 
     #[test]
