@@ -1100,6 +1100,21 @@ impl Daemon {
             let _ = p.signal(libc::SIGKILL);
         }
         unmount_under(&[&self.state, &self.root]);
+        self.remove_devices_cgroups();
+    }
+
+    /// On a cgroup v1 host: the devices cgroups of containers the test left (a daemon killed or
+    /// stopped with containers still there, which live on without it as they should), with
+    /// whatever runs in them, and the daemon's own parent.
+    fn remove_devices_cgroups(&self) {
+        let parent = Path::new("/sys/fs/cgroup/devices").join(&self.cgroup_parent);
+        for name in list_names(&parent) {
+            let dir = parent.join(&name);
+            if dir.is_dir() {
+                let _ = crius::runtime::devices::remove_v1(&dir);
+            }
+        }
+        let _ = std::fs::remove_dir(&parent);
     }
 
     /// After the daemon and `kill_leftovers`: any process still naming this daemon's directory
