@@ -246,8 +246,8 @@ pub(super) fn spec_mounts(
 
 /// The kernel's file systems every container has: `/proc`, a minimal `/dev`, `/dev/pts`,
 /// `/dev/mqueue`, `/sys` (writable when privileged; the host's, read-only, where `host_sysfs`),
-/// and its `cgroup` at /sys/fs/cgroup (an empty tmpfs hiding the host's hierarchies where the
-/// host's /sys has none of its own).
+/// and its `cgroup` at /sys/fs/cgroup (on an empty tmpfs hiding the host's hierarchies, with
+/// the host's /sys).
 fn kernel_mounts(privileged: bool, cgroup: bool, host_sysfs: bool) -> Result<Vec<Mount>, Invalid> {
     let sys_opts: &[&str] = if privileged {
         &["nosuid", "noexec", "nodev", "rw"]
@@ -292,8 +292,10 @@ fn kernel_mounts(privileged: bool, cgroup: bool, host_sysfs: bool) -> Result<Vec
             mount("/sys", "sysfs", "sysfs", sys_opts)?
         },
     ];
-    if host_sysfs && !cgroup {
-        // Not the host's cgroup hierarchies, which came with its /sys.
+    if host_sysfs {
+        // Not the host's cgroup hierarchies, which came with its /sys; and the container's own
+        // cgroup2 goes on this tmpfs, as the kernel refuses it on the host's cgroup2 mount
+        // (the same superblock at the same place: EBUSY).
         mounts.push(mount(
             "/sys/fs/cgroup",
             "tmpfs",
