@@ -577,6 +577,33 @@ async fn device_nodes_outside_dev_open_nothing() {
     env.remove_pod(&pod).await;
 }
 
+/// Unmounts a test's submount (lazily, so a test that failed mid-way leaves nothing).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A volume directory with a tmpfs mounted at its `sub`: what a bind's recursive options
+/// reach and its plain ones do not. The guard unmounts it; it must go before the directory.
+fn volume_with_submount() -> (tempfile::TempDir, Unmount) {
+    let vol = tempfile::tempdir().unwrap();
+    let sub = vol.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&sub)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    (vol, Unmount(sub))
+}
+
 #[tokio::test]
 async fn recursive_read_only_mounts() {
     let env = PodEnv::start().await;
@@ -596,25 +623,7 @@ async fn recursive_read_only_mounts() {
     let sb = env.sandbox_config("rro");
     let pod = env.run_pod(&sb).await.unwrap();
     // A volume with a submount: plain read-only leaves the submount writable, rro does not.
-    let vol = tempfile::tempdir().unwrap();
-    let sub = vol.path().join("sub");
-    std::fs::create_dir(&sub).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "tmpfs"])
-        .arg(&sub)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _guard = Unmount(sub.clone());
+    let (vol, _guard) = volume_with_submount();
     let volume = |rro: bool, propagation: cri::MountPropagation| cri::Mount {
         container_path: "/vol".into(),
         host_path: vol.path().display().to_string(),
@@ -691,25 +700,8 @@ async fn bind_mount_options() {
     );
     let sb = env.sandbox_config("mount-options");
     let pod = env.run_pod(&sb).await.unwrap();
-    let vol = tempfile::tempdir().unwrap();
+    let (vol, _guard) = volume_with_submount();
     let sub = vol.path().join("sub");
-    std::fs::create_dir(&sub).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "tmpfs"])
-        .arg(&sub)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _guard = Unmount(sub.clone());
     for dir in [vol.path(), sub.as_path()] {
         // busybox runs the applet it is named after.
         std::fs::copy("/bin/busybox", dir.join("true")).unwrap();

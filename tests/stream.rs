@@ -822,23 +822,15 @@ async fn attach_to_the_containers_own_stdio() {
     env.remove_pod(&pod).await;
 }
 
-/// A resize reaches the command's terminal: a raw SPDY client (crius's own codec) opens the
-/// error, stdout and resize streams of a tty exec, sends a size, and `stty size` reports it.
-/// Drives a terminal stream with a raw SPDY client (client-go's executors cannot resize): opens
-/// the error, stdout and resize streams, sends one size, and returns stdout up to the stream's
-/// end or until `until` shows.
-fn resized_output(url: &str, until: &str) -> String {
-    use crius::stream::spdy::{Codec, Frame, Headers};
-    use std::io::Read;
-    let (mut s, head) = upgrade_raw(url);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    let mut codec = Codec::new();
+/// SYN_STREAM frames opening each `(stream, streamtype)`, as a raw SPDY client sends them.
+fn open_streams(codec: &mut crius::stream::spdy::Codec, streams: &[(u32, &str)]) -> Vec<u8> {
+    use crius::stream::spdy::{Frame, Headers};
     let mut wire = Vec::new();
-    for (id, kind) in [(1u32, "error"), (3, "stdout"), (5, "resize")] {
+    for (id, kind) in streams {
         let mut headers = Headers::new();
-        headers.insert("streamtype".into(), vec![kind.into()]);
+        headers.insert("streamtype".into(), vec![kind.to_string()]);
         let syn = Frame::SynStream {
-            stream: id,
+            stream: *id,
             associated: 0,
             priority: 0,
             fin: false,
@@ -846,6 +838,21 @@ fn resized_output(url: &str, until: &str) -> String {
         };
         codec.encode(&syn, &mut wire).unwrap();
     }
+    wire
+}
+
+/// A resize reaches the command's terminal: a raw SPDY client (crius's own codec) opens the
+/// error, stdout and resize streams of a tty exec, sends a size, and `stty size` reports it.
+/// Drives a terminal stream with a raw SPDY client (client-go's executors cannot resize): opens
+/// the error, stdout and resize streams, sends one size, and returns stdout up to the stream's
+/// end or until `until` shows.
+fn resized_output(url: &str, until: &str) -> String {
+    use crius::stream::spdy::{Codec, Frame};
+    use std::io::Read;
+    let (mut s, head) = upgrade_raw(url);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let mut codec = Codec::new();
+    let mut wire = open_streams(&mut codec, &[(1, "error"), (3, "stdout"), (5, "resize")]);
     let size = Frame::Data {
         stream: 5,
         fin: false,
@@ -1364,7 +1371,7 @@ fn daemon_rss_kib(env: &PodEnv) -> u64 {
 /// budget), and a later exec still runs.
 #[tokio::test]
 async fn spdy_stdin_flood_is_held_by_the_budget() {
-    use crius::stream::spdy::{Codec, Frame, Headers};
+    use crius::stream::spdy::{Codec, Frame};
     let env = PodEnv::start().await;
     let sb = env.sandbox_config("flood");
     let pod = env.run_pod(&sb).await.unwrap();
@@ -1376,19 +1383,10 @@ async fn spdy_stdin_flood_is_held_by_the_budget() {
         let (mut s, head) = upgrade_raw(&exec_url(&env, &c, &["sleep", "1000"], true, false).await);
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
         let mut codec = Codec::new();
-        let mut wire = Vec::new();
-        for (id, kind) in [(1u32, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
-            let mut headers = Headers::new();
-            headers.insert("streamtype".into(), vec![kind.into()]);
-            let syn = Frame::SynStream {
-                stream: id,
-                associated: 0,
-                priority: 0,
-                fin: false,
-                headers,
-            };
-            codec.encode(&syn, &mut wire).unwrap();
-        }
+        let wire = open_streams(
+            &mut codec,
+            &[(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")],
+        );
         s.write_all(&wire).unwrap();
         s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut frame = Vec::new();

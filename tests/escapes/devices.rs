@@ -48,9 +48,7 @@ impl Loop {
 
     /// Its major and minor numbers.
     fn numbers(&self) -> (u64, u64) {
-        use std::os::unix::fs::MetadataExt;
-        let rdev = std::fs::metadata(&self.dev).unwrap().rdev();
-        (libc::major(rdev) as u64, libc::minor(rdev) as u64)
+        numbers(&self.dev)
     }
 }
 
