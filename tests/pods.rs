@@ -171,12 +171,35 @@ async fn exec_sync_output_exit_codes_and_timeout() {
     let sb = env.sandbox_config("exec");
     let pod = env.run_pod(&sb).await.unwrap();
     let mut cfg = env.container_config("c", LONG);
-    cfg.envs = vec![cri::KeyValue {
-        key: "GREETING".into(),
-        value: "hej".into(),
-    }];
+    cfg.envs = vec![
+        cri::KeyValue {
+            key: "GREETING".into(),
+            value: "hej".into(),
+        },
+        // CRI's values are bytes: one that is not UTF-8 reaches the process unchanged.
+        cri::KeyValue {
+            key: "RAW".into(),
+            value: vec![b'a', 0xff, 0xfe],
+        },
+    ];
     cfg.working_dir = "/tmp".into();
     let c = env.run(&pod, &sb, cfg).await;
+    let hex = |s: String| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (what, script) in [
+        ("an exec'd command", r#"printf %s "$RAW" | od -An -tx1"#),
+        (
+            "the container's process",
+            r#"tr '\0' '\n' < /proc/1/environ | grep '^RAW=' | od -An -tx1"#,
+        ),
+    ] {
+        let out = env.exec(&c, &["sh", "-c", script], 10).await.unwrap().0;
+        let want = if what == "an exec'd command" {
+            "61 ff fe"
+        } else {
+            "52 41 57 3d 61 ff fe 0a"
+        };
+        assert_eq!(hex(out), want, "{what}: RAW's bytes");
+    }
     assert_eq!(
         env.exec(&c, &["sh", "-c", "echo out; echo err >&2; exit 7"], 10)
             .await

@@ -61,7 +61,11 @@ pub struct ImageSpec {
 #[serde(default)]
 pub struct KeyValue {
     pub key: String,
+    /// The value as text: for a value that is not UTF-8 (CRI's values are bytes), its lossy
+    /// form, with the bytes themselves in `raw`.
     pub value: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw: Option<Vec<u8>>,
 }
 
 /// A volume: a host path bound into the container.

@@ -580,6 +580,7 @@ fn monitor_config(
         seccomp: None,
         userns: sandbox.userns.as_ref().map(|_| sandbox_paths.ns("user")),
         restore: None,
+        raw_env: spec::raw_environment(config),
     }
 }
 

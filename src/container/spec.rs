@@ -107,6 +107,23 @@ pub fn environment(config: &ContainerConfig, image: &Image, user: &User) -> Vec<
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// The container's variables whose values are not UTF-8: each key's last value, where that one
+/// is not (an image's variables are JSON text, so always UTF-8).
+pub fn raw_environment(config: &ContainerConfig) -> Vec<crate::runtime::RawEnv> {
+    let mut last: std::collections::BTreeMap<&str, Option<&[u8]>> = Default::default();
+    for kv in &config.envs {
+        last.insert(&kv.key, kv.raw.as_deref());
+    }
+    last.into_iter()
+        .filter_map(|(key, raw)| {
+            raw.map(|value| crate::runtime::RawEnv {
+                key: key.to_string(),
+                value: value.to_vec(),
+            })
+        })
+        .collect()
+}
+
 fn cap_name(name: &str) -> String {
     let upper = name.to_ascii_uppercase();
     upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
@@ -601,6 +618,29 @@ mod tests {
     }
 
     #[test]
+    fn raw_environment_is_each_keys_last_value_when_not_utf8() {
+        let mut c = cfg(&[], &[]);
+        let kv = |k: &str, raw: Option<&[u8]>| config::KeyValue {
+            key: k.into(),
+            value: raw.map_or("text".into(), |r| String::from_utf8_lossy(r).into_owned()),
+            raw: raw.map(<[u8]>::to_vec),
+        };
+        c.envs = vec![
+            kv("A", Some(b"\xff")),
+            kv("B", Some(b"\xfe")),
+            kv("B", None),
+            kv("C", None),
+        ];
+        assert_eq!(
+            raw_environment(&c),
+            [crate::runtime::RawEnv {
+                key: "A".into(),
+                value: vec![0xff]
+            }]
+        );
+    }
+
+    #[test]
     fn environment_merge() {
         let img = image(&[], &["sh"], &["PATH=/bin", "A=image", "B=keep"]);
         let mut c = cfg(&[], &[]);
@@ -608,10 +648,12 @@ mod tests {
             config::KeyValue {
                 key: "A".into(),
                 value: "cri".into(),
+                raw: None,
             },
             config::KeyValue {
                 key: "C".into(),
                 value: "new=x".into(),
+                raw: None,
             },
         ];
         let user = User {

@@ -446,6 +446,7 @@ mod tests {
             envs: vec![KeyValue {
                 key: "A".into(),
                 value: "b".into(),
+                raw: None,
             }],
             ..Default::default()
         };

@@ -42,6 +42,15 @@ pub struct JoinNamespace {
 /// The monitor's socket in a bundle.
 pub const MONITOR_SOCKET: &str = "monitor.sock";
 
+/// An environment variable whose value is not UTF-8, which config.json (JSON text) cannot
+/// hold: the spec has its lossy form, which these bytes replace when the process is exec'd (if
+/// nothing, an NRI plugin say, changed the variable since).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawEnv {
+    pub key: String,
+    pub value: Vec<u8>,
+}
+
 /// What `crius monitor` needs beyond the OCI spec (`<bundle>/config.json`); in
 /// `<bundle>/monitor.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,6 +89,10 @@ pub struct MonitorConfig {
     /// Restore the container from a CRIU checkpoint instead of starting its process.
     #[serde(default)]
     pub restore: Option<RestoreConfig>,
+    /// The environment's values that are not UTF-8, for the container's process and the
+    /// commands exec'd in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw_env: Vec<RawEnv>,
 }
 
 /// What `criu restore` needs to bring a checkpointed container back in a new pod.

@@ -188,11 +188,19 @@ fn convert(c: cri::ContainerConfig) -> Result<ContainerConfig, Status> {
         command: c.command,
         args: c.args,
         working_dir: c.working_dir,
-        envs: each(c.envs, "config.envs", |kv, f| {
-            Ok(KeyValue {
-                key: kv.key,
-                value: String::from_utf8(kv.value)
-                    .map_err(|_| Status::invalid_argument(format!("{f}.value: not UTF-8")))?,
+        envs: each(c.envs, "config.envs", |kv, _| {
+            // A value that is not UTF-8 reaches the process unchanged (see `RawEnv`).
+            Ok(match String::from_utf8(kv.value) {
+                Ok(value) => KeyValue {
+                    key: kv.key,
+                    value,
+                    raw: None,
+                },
+                Err(e) => KeyValue {
+                    key: kv.key,
+                    value: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                    raw: Some(e.into_bytes()),
+                },
             })
         })?,
         mounts: each(c.mounts, "config.mounts", mount)?,

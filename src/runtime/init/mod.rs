@@ -73,6 +73,8 @@ pub struct Plan<'a> {
     /// The v1 devices cgroup, on a node without v2.
     pub devices_cgroup: Option<&'a Path>,
     pub seccomp: Option<&'a Compiled>,
+    /// The environment's values that are not UTF-8 (see `RawEnv`).
+    pub raw_env: &'a [super::RawEnv],
     /// The pod's user namespace (its handle): joined first; bind mounts are idmapped into it.
     pub userns: Option<&'a Path>,
     /// With a user namespace and a PID namespace of the container's own, which must belong to
@@ -235,6 +237,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         cgroup,
         devices_cgroup,
         seccomp,
+        raw_env,
         userns,
         pid_report,
         placement,
@@ -317,7 +320,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
         hooks::Kind::StartContainer,
         &subject.state("created", std::process::id() as i32),
     )?;
-    exec(process)
+    exec(process, raw_env)
 }
 
 /// Nothing of the monitor's may reach the container (CVE-2024-21626, CVE-2016-9962): closes

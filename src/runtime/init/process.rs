@@ -12,6 +12,7 @@ use nix::unistd::{Gid, Uid};
 use oci_spec::runtime::{PosixRlimitType, Process};
 
 use super::InitError;
+use crate::runtime::RawEnv;
 use crate::runtime::procfs::ProcRef;
 use crate::runtime::seccomp::Compiled;
 use crate::runtime::step::step as fail;
@@ -265,8 +266,17 @@ fn apparmor_on_exec(proc: ProcRef<'_>, profile: &str) -> Result<(), InitError> {
 /// directory), which the caller can tell apart: it is the caller's to fix.
 pub const BAD_COMMAND: &str = "command";
 
-/// Looks up `args[0]` in the process's PATH (as runc does) and execs it.
-pub fn exec(p: &Process) -> Result<Infallible, InitError> {
+/// The variable `entry` (`KEY=VALUE`) with its value's bytes from `raw`, when its value is
+/// still the lossy form of them; `None` for a variable to pass as it is.
+fn raw_entry(entry: &str, raw: &[RawEnv]) -> Option<Vec<u8>> {
+    let (key, value) = entry.split_once('=')?;
+    let r = raw.iter().rev().find(|r| r.key == key)?;
+    (String::from_utf8_lossy(&r.value) == value).then(|| [key.as_bytes(), b"=", &r.value].concat())
+}
+
+/// Looks up `args[0]` in the process's PATH (as runc does) and execs it, with the values of
+/// `raw` in its environment.
+pub fn exec(p: &Process, raw: &[RawEnv]) -> Result<Infallible, InitError> {
     let args = p.args().as_deref().unwrap_or_default();
     let Some(arg0) = args.first() else {
         return Err(InitError {
@@ -281,7 +291,13 @@ pub fn exec(p: &Process) -> Result<Infallible, InitError> {
     })?;
     let cstr = |s: &str| CString::new(s).map_err(fail("exec: NUL in argument or environment"));
     let argv: Vec<CString> = args.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
-    let envp: Vec<CString> = env.iter().map(|e| cstr(e)).collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|e| match raw_entry(e, raw) {
+            Some(bytes) => CString::new(bytes).map_err(fail("exec: NUL in environment")),
+            None => cstr(e),
+        })
+        .collect::<Result<_, _>>()?;
     let prog = CString::new(path.as_os_str().as_encoded_bytes()).map_err(fail("exec"))?;
     let err = nix::unistd::execve(&prog, &argv, &envp).unwrap_err();
     use nix::errno::Errno;
@@ -318,4 +334,23 @@ fn resolve(arg0: &str, env: &[String]) -> Option<PathBuf> {
             nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok()
                 && std::fs::metadata(p).is_ok_and(|m| m.is_file())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_values_replace_their_lossy_form_only() {
+        let raw = vec![RawEnv {
+            key: "V".into(),
+            value: b"a\xff\xfe".to_vec(),
+        }];
+        let lossy = format!("V={}", String::from_utf8_lossy(b"a\xff\xfe"));
+        assert_eq!(raw_entry(&lossy, &raw), Some(b"V=a\xff\xfe".to_vec()));
+        // A value changed since (an NRI plugin's) is passed as it is now.
+        assert_eq!(raw_entry("V=other", &raw), None);
+        assert_eq!(raw_entry("W=x", &raw), None);
+        assert_eq!(raw_entry("no-equals", &raw), None);
+    }
 }

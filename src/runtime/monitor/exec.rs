@@ -301,7 +301,7 @@ impl Monitor {
         sys::close_all_except(&[errors]).map_err(fail("closing descriptors"))?;
         init::enter_working_dir(process.cwd())?;
         init::apply_process(&p, seccomp)?;
-        init::exec(&p)
+        init::exec(&p, &self.raw_env)
     }
 }
 

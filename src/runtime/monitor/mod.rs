@@ -113,6 +113,8 @@ struct Monitor {
     cgroup: Option<std::path::PathBuf>,
     /// The container's v1 devices cgroup, which exec'd commands join too.
     devices_cgroup: Option<std::path::PathBuf>,
+    /// The environment's values that are not UTF-8, for exec'd commands too.
+    raw_env: Vec<crate::runtime::RawEnv>,
     /// OOM kills in that cgroup, watched from before the init ran.
     oom: Option<OomWatch>,
     exit_file: std::path::PathBuf,

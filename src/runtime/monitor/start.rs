@@ -127,6 +127,7 @@ pub(super) fn start(bundle: &Path) -> Result<(Monitor, StartReport), StepError> 
         userns: cfg.userns.is_some(),
         cgroup: cfg.cgroup.clone(),
         devices_cgroup: cfg.devices_cgroup.clone(),
+        raw_env: cfg.raw_env.clone(),
         oom,
         exit_file: cfg.exit_file.clone(),
         stdin: StdinState {
@@ -509,6 +510,7 @@ fn become_init(l: &Launch, stdio: Stdio, pipes: InitPipes) -> ! {
             cgroup: l.cfg.cgroup.as_deref(),
             devices_cgroup: l.cfg.devices_cgroup.as_deref(),
             seccomp: l.seccomp.as_ref(),
+            raw_env: &l.cfg.raw_env,
             userns: l.cfg.userns.as_deref(),
             pid_report: pid_w,
             placement: placed_r,
