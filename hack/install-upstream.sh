@@ -123,14 +123,36 @@ build_cri_tools() {
     go test -c -ldflags "$ld" -o "$out/critest" sigs.k8s.io/cri-tools/cmd/critest
 }
 
-build_kubernetes() {
+# The version ldflags of a Kubernetes release's binaries: kubelet reports the version, and
+# its feature gates are those of the release.
+kubernetes_ldflags() {
     local minor=${version#v1.} ld="-s -w" pkg
     minor=${minor%%.*}
     for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ld+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
         ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
     done
+    echo "$ld"
+}
+
+build_kubernetes() {
+    go build -ldflags "$(kubernetes_ldflags)" -o "$out/kubelet" k8s.io/kubernetes/cmd/kubelet
+}
+
+# The node e2e suite's binaries, with kubelet's version ldflags (the suite compares the node's
+# version with its own, and its feature gates are those of the release).
+build_node_e2e() {
+    local ld
+    ld=$(kubernetes_ldflags)
+    go test -c -ldflags "$ld" -o "$out/e2e_node.test" k8s.io/kubernetes/test/e2e_node
+    # The suite starts the kubelet found beside its own binary.
     go build -ldflags "$ld" -o "$out/kubelet" k8s.io/kubernetes/cmd/kubelet
+    go build -ldflags "-s -w" -o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost
+    # The ginkgo CLI at the version the suite was built with, for parallel runs.
+    go build -ldflags "-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+    # agnhost's image version, which the suite's image list names.
+    go mod download -json "$module@$version" | awk -F'"' '/"Dir"/ { print $4 }' |
+        xargs -I{} cat {}/test/images/agnhost/VERSION >"$out/agnhost.version"
 }
 
 build_containerd() {
@@ -165,6 +187,7 @@ for role in "${roles[@]}"; do
     go) ;;
     cri-tools*) part "$role" build_cri_tools ;;
     kubernetes*) part "$role" build_kubernetes ;;
+    node-e2e) part "$role" build_node_e2e ;;
     containerd*) part "$role" build_containerd ;;
     cni-plugins) part "$role" build_cni_plugins ;;
     clients) part "$role" build_clients ;;

@@ -62,65 +62,8 @@ fn apparmor_enabled() -> bool {
         .unwrap_or(false)
 }
 
-/// One spec's outcome from ginkgo's JSON report.
-#[derive(Clone)]
-struct Spec {
-    /// Containers and leaf text joined by spaces, as ginkgo's full text.
-    name: String,
-    state: String,
-    message: String,
-    location: String,
-    seconds: f64,
-}
-
-impl Spec {
-    fn first_line(&self) -> &str {
-        self.message
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-    }
-}
-
-fn parse_report(path: &Path) -> Vec<Spec> {
-    let data = std::fs::read(path).expect("critest's JSON report");
-    let suites: serde_json::Value = serde_json::from_slice(&data).expect("JSON report");
-    let mut specs = Vec::new();
-    for suite in suites.as_array().expect("an array of suites") {
-        for r in suite["SpecReports"].as_array().into_iter().flatten() {
-            let mut parts: Vec<&str> = r["ContainerHierarchyTexts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t.as_str())
-                .collect();
-            let leaf = r["LeafNodeText"].as_str().unwrap_or("");
-            let kind = r["LeafNodeType"].as_str().unwrap_or("");
-            if leaf.is_empty() {
-                parts.push(kind);
-            } else {
-                parts.push(leaf);
-            }
-            let failure = &r["Failure"];
-            let loc = &failure["Location"];
-            specs.push(Spec {
-                name: parts.join(" "),
-                state: r["State"].as_str().unwrap_or("unknown").to_string(),
-                message: failure["Message"].as_str().unwrap_or("").to_string(),
-                location: match (loc["FileName"].as_str(), loc["LineNumber"].as_i64()) {
-                    (Some(f), Some(l)) => format!("{f}:{l}"),
-                    _ => String::new(),
-                },
-                seconds: r["RunTime"].as_f64().unwrap_or(0.0) / 1e9,
-            });
-        }
-    }
-    specs
-}
-
 /// Why a failure is accepted on this host, if it is.
-fn accepted(spec: &Spec, cgroup_v2: bool) -> Option<&'static str> {
+fn accepted(spec: &ginkgo::Spec, cgroup_v2: bool) -> Option<&'static str> {
     let has = |list: &[&str]| list.iter().any(|s| spec.name.contains(s));
     if has(ACCEPTED_OFFLINE) {
         Some("offline: digest fixed upstream")
@@ -175,7 +118,7 @@ fn suites() -> Vec<(String, Option<PathBuf>, bool)> {
 /// What one suite found: its counts (passed, failed, accepted, skipped) and the unexpected.
 struct Outcome {
     counts: [usize; 4],
-    unexpected: Vec<Spec>,
+    unexpected: Vec<ginkgo::Spec>,
     output: PathBuf,
 }
 
@@ -261,7 +204,7 @@ async fn run_suite(
             std::fs::read_to_string(&output).unwrap_or_default()
         );
     }
-    let specs = parse_report(&report);
+    let specs = ginkgo::parse_report(&report);
     let cgroup_v2 = cgroup_v2_memory();
     let apparmor = apparmor_enabled();
     let mut unexpected = Vec::new();

@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 
 pub mod agent;
 pub mod estargz;
+pub mod ginkgo;
 pub mod kubelet;
 pub mod net;
 pub mod push;

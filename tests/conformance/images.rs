@@ -35,20 +35,26 @@ struct Programs {
 }
 
 fn compile(dir: &Path, name: &str) -> Vec<u8> {
+    compile_source(dir, &Path::new(SOURCES).join(format!("{name}.c")))
+}
+
+/// A C program of this repository's, compiled static in `dir`; its bytes.
+pub fn compile_source(dir: &Path, source: &Path) -> Vec<u8> {
+    let name = source.file_stem().expect("a source file's name");
     let out = dir.join(name);
     let status = Command::new("cc")
         .args(["-static", "-Os", "-o"])
         .arg(&out)
-        .arg(Path::new(SOURCES).join(format!("{name}.c")))
+        .arg(source)
         .status()
         .expect("cc (gcc and libc6-dev: run hack/install-build-deps.sh)");
-    assert!(status.success(), "compiling {name}.c failed");
+    assert!(status.success(), "compiling {} failed", source.display());
     std::fs::read(&out).expect("compiled program")
 }
 
 /// Files a dynamically linked binary needs at run time (its loader and libraries), as
 /// `(path inside the image, host file)`, from `ldd`.
-fn shared_libraries(bin: &str) -> Vec<(String, PathBuf)> {
+pub fn shared_libraries(bin: &str) -> Vec<(String, PathBuf)> {
     let out = Command::new("ldd").arg(bin).output().expect("ldd");
     let mut libs = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -67,7 +73,7 @@ fn shared_libraries(bin: &str) -> Vec<(String, PathBuf)> {
 }
 
 /// Every directory above `path` (relative), outermost first.
-fn parents(path: &str) -> Vec<String> {
+pub fn parents(path: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut acc = String::new();
     let parts: Vec<&str> = path.split('/').collect();
@@ -81,7 +87,7 @@ fn parents(path: &str) -> Vec<String> {
     out
 }
 
-const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+pub const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
 daemon:x:1:1:daemon:/usr/sbin:/bin/false\n\
 bin:x:2:2:bin:/bin:/bin/false\n\
 sys:x:3:3:sys:/dev:/bin/false\n\
@@ -89,7 +95,7 @@ www-data:x:33:33:www-data:/var/www:/bin/false\n\
 operator:x:37:37:Operator:/var:/bin/false\n\
 nobody:x:65534:65534:nobody:/home:/bin/false\n";
 
-const GROUP: &str = "root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\nwww-data:x:33:\n\
+pub const GROUP: &str = "root:x:0:\ndaemon:x:1:\nbin:x:2:\nsys:x:3:\nwww-data:x:33:\n\
 operator:x:37:\nusers:x:100:\nnogroup:x:65534:\n";
 
 /// `pgrep NAME`, which busybox lacks here: the pids of processes so named, one a line; exit 1
@@ -114,7 +120,7 @@ done\n";
 
 /// The base of every image: busybox with its applets in /bin, its libraries, pgrep and ipcs,
 /// the users critest names, and writable /tmp and /var/run.
-fn busybox_base() -> TestLayer {
+pub fn busybox_base() -> TestLayer {
     let bin = std::fs::read(PATH_BUSYBOX).unwrap_or_else(|e| {
         panic!("{PATH_BUSYBOX}: {e}: run hack/install-test-deps.sh (Debian's busybox, unpacked)")
     });
@@ -160,7 +166,7 @@ fn busybox_base() -> TestLayer {
 }
 
 /// A layer of a few files (with their parent directories).
-fn files_layer(files: &[(&str, Vec<u8>, u32)]) -> TestLayer {
+pub fn files_layer(files: &[(&str, Vec<u8>, u32)]) -> TestLayer {
     let mut dirs: Vec<String> = files.iter().flat_map(|(p, ..)| parents(p)).collect();
     dirs.sort();
     dirs.dedup();
@@ -171,9 +177,9 @@ fn files_layer(files: &[(&str, Vec<u8>, u32)]) -> TestLayer {
     layer(&entries, Compress::Gzip)
 }
 
-const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const NGINX_ENV: [&str; 4] = [
+pub const NGINX_ENV: [&str; 4] = [
     PATH_ENV,
     "PORT=80",
     "PIDFILE=/var/run/nginx.pid",

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask lint | unit | integration | conformance | test | test-vm |
+//! Project tasks: `cargo xtask lint | unit | integration | conformance | node-e2e | test | test-vm |
 //! test-kubelet | chaos | fuzz | soak | ci | bench | dist | deb`.
 
 mod bench;
@@ -101,6 +101,7 @@ fn host_tests(skip: &[&str]) -> Result<()> {
     // The conformance suite runs on its own, after these (`conformance`).
     let mut cmd = cargo();
     cmd.args(["test", "--test", "*", "--", "--skip", CONFORMANCE_TEST]);
+    cmd.args(["--skip", NODE_E2E_TEST]);
     for test in skip {
         cmd.args(["--skip", test]);
     }
@@ -120,6 +121,46 @@ const HOST_PACKAGE_TEST: &str = "package_installs_and_purges";
 
 /// The test in tests/conformance.rs that runs critest.
 const CONFORMANCE_TEST: &str = "critest_passes";
+
+/// The node e2e suite's test (`tests/node_e2e.rs`), run by `node-e2e` alone.
+const NODE_E2E_TEST: &str = "node_e2e_suite";
+
+/// The upstream node e2e suite against crius (`tests/node_e2e.rs`): `--focus RE`, `--skip RE`
+/// (SIG Node's release-blocking selection by default), `--procs N`, `--timeout D`. Installs
+/// the parts it needs first.
+fn node_e2e(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("the node e2e suite needs root (it runs kubelet and a crius daemon)");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--test", "node_e2e", "--", "--nocapture", "--exact"])
+        .arg(NODE_E2E_TEST);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let var = match a.as_str() {
+            "--focus" => "NODE_E2E_FOCUS",
+            "--skip" => "NODE_E2E_SKIP",
+            "--procs" => "NODE_E2E_PROCS",
+            "--timeout" => "NODE_E2E_TIMEOUT",
+            _ => bail!(
+                "node-e2e: unknown argument {a:?} (--focus RE, --skip RE, --procs N, --timeout D)"
+            ),
+        };
+        let Some(value) = it.next() else {
+            bail!("node-e2e: {a} needs a value");
+        };
+        cmd.env(var, value);
+    }
+    run(&mut Command::new("hack/install-test-deps.sh"))?;
+    upstream::install(&["node-e2e", "cni-plugins"])?;
+    let started = std::time::Instant::now();
+    let result = run(&mut cmd);
+    eprintln!(
+        "xtask: node e2e took {:.0} s; its reports are in target/node-e2e/crius/",
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
 
 /// critest (the CRI validation suites, built by `hack/install-upstream.sh` where they are
 /// missing) against a crius daemon, with its per-spec table.
@@ -410,6 +451,7 @@ fn main() -> Result<()> {
                 .check_since(&before, "the host's tests, the benchmark and the VM tier")
         }
         "conformance" => conformance(),
+        "node-e2e" => node_e2e(&args[1..]),
         "test-vm" => vm::test(&args[1..].iter().map(String::as_str).collect::<Vec<_>>()),
         "test-kubelet" => vm::test(&[vm::KUBELET_SUITE]),
         "bench" => bench(&args[1..]),
@@ -428,6 +470,10 @@ fn main() -> Result<()> {
             eprintln!(
                 "  conformance  critest (the CRI validation suite) against crius, per-spec table"
             );
+            eprintln!(
+                "  node-e2e     the upstream node e2e suite (kubelet with an API server) against crius"
+            );
+            eprintln!("               [--focus RE] [--skip RE] [--procs N] [--timeout D]");
             eprintln!("  test         unit + integration");
             eprintln!(
                 "  test-vm      cgroup v2, swap and noswap tests (and the runtime suite) in a qemu VM"
