@@ -435,9 +435,11 @@ async fn seccomp_runtime_default_localhost_and_unconfined() {
 
 /// "Copy Fail" (CVE-2026-31431): AF_ALG sockets reach the kernel's crypto code. RuntimeDefault
 /// refuses socket(AF_ALG) in every ABI, and i386's socketcall(SYS_SOCKET), whose family lies in
-/// memory where a filter cannot see it. The probe (tests/programs/af_alg_socketcall.c) asks both
-/// ways; on the host, unconfined, the multiplexed call reaches the kernel (a socket, or
-/// EAFNOSUPPORT where the kernel has no AF_ALG), which shows the i386 ABI is there to attack.
+/// memory where a filter cannot see it. The probe (tests/programs/af_alg_socketcall.c) asks
+/// three ways: x86_64's socket(2), x32's, and i386's socketcall. On the host, unconfined, each
+/// reaches the kernel (a socket, or EAFNOSUPPORT where the kernel has no AF_ALG; ENOSYS for x32
+/// where the kernel has no x32); in the container each must be the filter's EPERM, which no
+/// kernel answers for these calls itself.
 #[tokio::test]
 async fn runtime_default_refuses_af_alg_through_socketcall() {
     use cri::security_profile::ProfileType;
@@ -453,19 +455,23 @@ async fn runtime_default_refuses_af_alg_through_socketcall() {
         .status()
         .expect("cc (gcc and libc6-dev: run hack/install-build-deps.sh)");
     assert!(status.success(), "compiling the probe failed");
-    let answers = |out: &str| -> (i64, i64) {
+    let answers = |out: &str| -> (i64, i64, i64) {
         let f: Vec<i64> = out
             .split_whitespace()
             .filter_map(|w| w.parse().ok())
             .collect();
-        assert_eq!(f.len(), 2, "{out:?}");
-        (f[0], f[1])
+        assert_eq!(f.len(), 3, "{out:?}");
+        (f[0], f[1], f[2])
     };
     let host = std::process::Command::new(&bin).output().unwrap();
-    let (_, multiplexed) = answers(&String::from_utf8_lossy(&host.stdout));
+    let (direct, x32, multiplexed) = answers(&String::from_utf8_lossy(&host.stdout));
+    let reached =
+        |r: i64, also: i32| r >= 0 || r == -(libc::EAFNOSUPPORT as i64) || r == -(also as i64);
     assert!(
-        multiplexed >= 0 || multiplexed == -(libc::EAFNOSUPPORT as i64),
-        "the detector: socketcall from the host answered {multiplexed}"
+        reached(direct, libc::EAFNOSUPPORT)
+            && reached(x32, libc::ENOSYS)
+            && reached(multiplexed, libc::EAFNOSUPPORT),
+        "the detector: from the host socket answered {direct}, x32 {x32}, socketcall {multiplexed}"
     );
 
     let env = PodEnv::start().await;
@@ -490,8 +496,8 @@ async fn runtime_default_refuses_af_alg_through_socketcall() {
     let eperm = -(libc::EPERM as i64);
     assert_eq!(
         answers(&out),
-        (-1, eperm),
-        "socket(AF_ALG) and socketcall(SYS_SOCKET, AF_ALG) must be refused: {out}"
+        (eperm, eperm, eperm),
+        "socket(AF_ALG) in x86_64 and x32, and socketcall(SYS_SOCKET, AF_ALG), must be refused: {out}"
     );
 }
 
