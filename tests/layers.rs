@@ -2,7 +2,8 @@
 //! (GNU tar, Python's tarfile), from pull to a running container: 200 layers (an overlay whose
 //! options outgrow the page mount(2) takes), long and non-UTF-8 names, set-id and sticky modes,
 //! high owners, a hardlink to a symlink, a whiteout then the same directory again, 20,000 files,
-//! an empty layer. The VM tier runs the 200 layers again under Debian 12's own kernel 6.1,
+//! an empty layer; and unpacking linear in entries (GHSA-rp3h-jf77-q9p4). The VM tier runs the
+//! 200 layers again under Debian 12's own kernel 6.1,
 //! which has no `lowerdir+`: there the overlay takes the descriptor path.
 
 #![allow(clippy::unwrap_used)] // tests may panic on what they did not expect

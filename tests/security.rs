@@ -1300,7 +1300,7 @@ async fn groups_by_supplemental_groups_policy() {
 /// first, then users up to 64 MiB with `far` last; group: `app`'s group, then one line of
 /// 64 MiB naming `app` as a member of 5000) cost the daemon no more than the bounded read: its
 /// peak resident memory (VmHWM, reset after the pull) over creating and starting the
-/// containers stays within 8 MiB of where it was (3-4 MiB here; 12 MiB while every entry of
+/// containers stays within 8 MiB of where it was (3-5 MiB here; 12 MiB while every entry of
 /// the megabyte read was parsed and held at once). `app` resolves from the first lines and
 /// gets no group from the line the bound cuts; `far`, past it, is refused by name.
 #[tokio::test]
