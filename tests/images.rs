@@ -6,6 +6,7 @@ mod common;
 
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -981,4 +982,159 @@ async fn tls_registry_with_ca_or_skip_verify() {
     // docker-style certs.d: a CA file and no hosts.toml
     let d = with_certs(&[("ca.crt", ca)]);
     assert_eq!(d.pull(&name).await.unwrap(), img.config_digest);
+}
+
+/// `img` again with `labels` in its config and `annotations` on its manifest and on each of
+/// its layers.
+fn with_labels(
+    img: &TestImage,
+    labels: &std::collections::BTreeMap<String, String>,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> TestImage {
+    let mut config: serde_json::Value = serde_json::from_slice(&img.config).unwrap();
+    config["config"]["Labels"] = serde_json::json!(labels);
+    let config = serde_json::to_vec(&config).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&img.manifest).unwrap();
+    manifest["config"]["digest"] = serde_json::json!(sha256(&config));
+    manifest["config"]["size"] = serde_json::json!(config.len());
+    manifest["annotations"] = serde_json::json!(annotations);
+    for l in manifest["layers"].as_array_mut().unwrap() {
+        l["annotations"] = serde_json::json!(annotations);
+    }
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    TestImage {
+        layers: img.layers.clone(),
+        config_digest: sha256(&config),
+        config,
+        manifest_digest: sha256(&manifest),
+        manifest,
+        manifest_type: img.manifest_type.clone(),
+    }
+}
+
+/// CVE-2026-53488: labels and annotations are data, never commands. An image whose config
+/// labels and whose manifest and layer annotations hold shell (`$(touch M)`, backquotes, `;`,
+/// `|`, `&&`, a newline), pulled and run in a pod and a container whose labels and
+/// annotations hold the same: no marker is made, on the host or in the container, and every
+/// string comes back byte for byte (the image's in ImageStatus's verbose info, the pod's and
+/// the container's in their statuses).
+#[tokio::test]
+async fn labels_and_annotations_are_never_run() {
+    let env = PodEnv::start().await;
+    // A path that a shell could make both on the host and in the container (whose /tmp is the
+    // image's).
+    let marker = |i: usize| PathBuf::from(format!("/tmp/crius-label-{}-{i}", std::process::id()));
+    let shells = [
+        "$(touch {m})",
+        "`touch {m}`",
+        "x; touch {m}",
+        "x | touch {m}",
+        "x && touch {m}",
+        "x\ntouch {m}\n",
+        "';touch {m};'",
+    ];
+    let hostile: std::collections::BTreeMap<String, String> = shells
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let m = marker(i).display().to_string();
+            (format!("x.example/{i}"), s.replace("{m}", &m))
+        })
+        .collect();
+    let img = with_labels(
+        &image(vec![busybox_layer(Compress::Gzip)], &ImageOpts::default()),
+        &hostile,
+        &hostile,
+    );
+    env.reg.push_image("labelled", "1", &img).await.unwrap();
+    let name = format!("{}/labelled:1", env.reg.host());
+    assert_eq!(env.d.pull(&name).await.unwrap(), img.config_digest);
+    let st = env
+        .d
+        .images()
+        .image_status(cri::ImageStatusRequest {
+            image: Some(spec(&name)),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&st.info["info"]).unwrap();
+    let labels: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(info["imageSpec"]["config"]["Labels"].clone()).unwrap();
+    assert_eq!(labels, hostile, "the image's labels, verbatim");
+
+    let hostile: std::collections::HashMap<String, String> = hostile.into_iter().collect();
+    let mut sb = env.sandbox_config("labelled");
+    sb.labels.extend(hostile.clone());
+    sb.annotations = hostile.clone();
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sleep", "100000"]);
+    cfg.image = Some(spec(&name));
+    cfg.labels = hostile.clone();
+    cfg.annotations = hostile.clone();
+    let c = env.run(&pod, &sb, cfg).await;
+    let cs = env.status(&c).await;
+    assert_eq!(cs.labels, hostile, "the container's labels, verbatim");
+    assert_eq!(
+        cs.annotations, hostile,
+        "the container's annotations, verbatim"
+    );
+    let ps = env
+        .d
+        .runtime()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(ps.annotations, hostile, "the pod's annotations, verbatim");
+    assert!(hostile.iter().all(|(k, v)| ps.labels.get(k) == Some(v)));
+    // A label selector holding shell matches the container, and runs nothing either.
+    let (k, v) = hostile.iter().next().unwrap();
+    let listed = env
+        .d
+        .runtime()
+        .list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                label_selector: [(k.clone(), v.clone())].into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(listed.len(), 1);
+
+    let markers: Vec<String> = (0..shells.len())
+        .map(|i| marker(i).display().to_string())
+        .collect();
+    let (out, err, code) = env
+        .exec(
+            &c,
+            &[
+                "sh",
+                "-c",
+                &format!("ls {} 2>/dev/null; true", markers.join(" ")),
+            ],
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (out.as_str(), code),
+        ("", 0),
+        "made in the container: {err}"
+    );
+    env.remove_pod(&pod).await;
+    let made: Vec<&String> = markers.iter().filter(|m| Path::new(m).exists()).collect();
+    for m in &made {
+        let _ = std::fs::remove_file(m);
+    }
+    assert!(made.is_empty(), "made on the host: {made:?}");
 }

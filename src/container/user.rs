@@ -17,28 +17,51 @@ pub struct User {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Clone)]
-struct Passwd {
-    name: String,
+/// An `/etc/passwd` entry, borrowed from the file's text.
+#[derive(Debug)]
+struct Passwd<'a> {
+    name: &'a str,
     uid: u32,
     gid: u32,
-    home: String,
+    home: &'a str,
 }
 
-#[derive(Debug, Clone)]
-struct Group {
-    name: String,
+/// An `/etc/group` entry, borrowed from the file's text; `members` as the file lists them.
+#[derive(Debug)]
+struct Group<'a> {
+    name: &'a str,
     gid: u32,
-    members: Vec<String>,
+    members: &'a str,
 }
+
+impl Group<'_> {
+    fn has_member(&self, user: &str) -> bool {
+        self.members.split(',').any(|m| m == user)
+    }
+}
+
+/// The most of `/etc/passwd` or `/etc/group` read: a hostile image could make them huge (a
+/// single line of gigabytes, say), and a megabyte holds thousands of entries.
+const MAX_USER_FILE: usize = 1 << 20;
 
 fn read_in_root(root: &Path, path: &str) -> String {
-    // A hostile image could make these huge: a megabyte is plenty for passwd and group.
     open_in_root(root, path)
-        .map(|fd| read_regular(std::fs::File::from(fd), 1 << 20))
+        .map(|fd| read_regular(std::fs::File::from(fd), MAX_USER_FILE as u64 + 1))
+        .map(|b| whole_lines(b, MAX_USER_FILE))
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_default()
+}
+
+/// `bytes` cut to its whole lines when it passes `max`: a line cut by the bound would read as
+/// another entry (a group's members cut to a shorter name).
+fn whole_lines(mut bytes: Vec<u8>, max: usize) -> Vec<u8> {
+    if bytes.len() > max {
+        bytes.truncate(max);
+        let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        bytes.truncate(end);
+    }
+    bytes
 }
 
 /// At most `max` bytes of `f`, when it is a regular file: a file a container or an image made
@@ -51,43 +74,36 @@ pub(super) fn read_regular(f: std::fs::File, max: u64) -> Vec<u8> {
     bytes
 }
 
-fn passwd(root: &Path) -> Vec<Passwd> {
-    read_in_root(root, "/etc/passwd")
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() < 7 {
-                return None;
-            }
-            Some(Passwd {
-                name: f[0].to_string(),
-                uid: f[2].parse().ok()?,
-                gid: f[3].parse().ok()?,
-                home: f[5].to_string(),
-            })
+/// The entries of an `/etc/passwd` text, parsed as they are looked at: a file of tens of
+/// thousands of entries is never held twice.
+fn passwd(text: &str) -> impl Iterator<Item = Passwd<'_>> {
+    text.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 7 {
+            return None;
+        }
+        Some(Passwd {
+            name: f[0],
+            uid: f[2].parse().ok()?,
+            gid: f[3].parse().ok()?,
+            home: f[5],
         })
-        .collect()
+    })
 }
 
-fn groups(root: &Path) -> Vec<Group> {
-    read_in_root(root, "/etc/group")
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() < 4 {
-                return None;
-            }
-            Some(Group {
-                name: f[0].to_string(),
-                gid: f[2].parse().ok()?,
-                members: f[3]
-                    .split(',')
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-            })
+/// The entries of an `/etc/group` text, parsed as they are looked at.
+fn groups(text: &str) -> impl Iterator<Item = Group<'_>> {
+    text.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 4 {
+            return None;
+        }
+        Some(Group {
+            name: f[0],
+            gid: f[2].parse().ok()?,
+            members: f[3],
         })
-        .collect()
+    })
 }
 
 /// Why a container's user cannot be resolved.
@@ -111,8 +127,12 @@ pub fn resolve(
     sc: Option<&config::ContainerSecurity>,
     image_user: &str,
 ) -> Result<User, UserError> {
-    let users = passwd(root);
-    let groups = groups(root);
+    let (passwd_text, group_text) = (
+        read_in_root(root, "/etc/passwd"),
+        read_in_root(root, "/etc/group"),
+    );
+    let users = || passwd(&passwd_text);
+    let groups = || groups(&group_text);
     let run_as_user = sc.and_then(|s| s.run_as_user);
     let run_as_name = sc
         .map(|s| s.run_as_username.as_str())
@@ -129,16 +149,14 @@ pub fn resolve(
             None => (image_user.to_string(), None),
         },
     };
-    let entry_for = |u: &str| -> Result<Option<Passwd>, UserError> {
+    let entry_for = |u: &str| -> Result<Option<Passwd<'_>>, UserError> {
         if u.is_empty() {
-            return Ok(users.iter().find(|p| p.uid == 0).cloned());
+            return Ok(users().find(|p| p.uid == 0));
         }
         match u.parse::<u32>() {
-            Ok(uid) => Ok(users.iter().find(|p| p.uid == uid).cloned()),
-            Err(_) => users
-                .iter()
+            Ok(uid) => Ok(users().find(|p| p.uid == uid)),
+            Err(_) => users()
                 .find(|p| p.name == u)
-                .cloned()
                 .map(Some)
                 .ok_or_else(|| UserError::UnknownUser(u.to_string())),
         }
@@ -153,9 +171,8 @@ pub fn resolve(
         (Some(g), _) => u32::try_from(g).map_err(|_| UserError::GroupRange(g))?,
         (None, Some(g)) => match g.parse::<u32>() {
             Ok(gid) => gid,
-            Err(_) => groups
-                .iter()
-                .find(|x| &x.name == g)
+            Err(_) => groups()
+                .find(|x| x.name == g)
                 .map(|x| x.gid)
                 .ok_or_else(|| UserError::UnknownGroup(g.clone()))?,
         },
@@ -171,8 +188,8 @@ pub fn resolve(
     let mut seen = std::collections::HashSet::from([gid]);
     // Merge (the default): the groups the image's /etc/group gives the user, then the pod's.
     if !strict && let Some(p) = &entry {
-        for g in &groups {
-            if g.members.iter().any(|m| m == &p.name) && seen.insert(g.gid) {
+        for g in groups() {
+            if g.has_member(p.name) && seen.insert(g.gid) {
                 additional.push(g.gid);
             }
         }
@@ -192,10 +209,11 @@ pub fn resolve(
         additional_gids: additional,
         home: entry
             .as_ref()
-            .map(|p| p.home.clone())
+            .map(|p| p.home)
             .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "/".into()),
-        name: entry.map(|p| p.name),
+            .unwrap_or("/")
+            .to_string(),
+        name: entry.map(|p| p.name.to_string()),
     })
 }
 
@@ -252,6 +270,53 @@ mod tests {
         // No writer ever comes: read as absent, so a name is not found and an ID is taken.
         assert!(resolve(r.path(), None, "app").is_err());
         assert_eq!(resolve(r.path(), None, "1000").unwrap().uid, 1000);
+    }
+
+    /// CVE-2026-47262: a hostile image's huge `/etc/group` and `/etc/passwd` are read to a
+    /// bound, in whole lines. The group file is one line of 64 MiB that the bound cuts inside
+    /// the member `appx`, leaving `app`: that line is not read. The user the passwd file names
+    /// past the bound (after 2 MiB of other users and a 64 MiB hole) is not found, by name.
+    #[test]
+    fn huge_passwd_and_group_are_read_to_a_bound_in_whole_lines() {
+        let r = root();
+        let mut group = String::from("root:x:0:\napp:x:1000:\nbig:x:5000:");
+        let fill = MAX_USER_FILE - 3 - group.len();
+        if fill % 2 == 1 {
+            group.push_str("mm,");
+        }
+        group.push_str(&"m,".repeat(fill / 2 - fill % 2));
+        assert_eq!(group.len(), MAX_USER_FILE - 3);
+        group.push_str("appx");
+        group.push_str(&",m".repeat(32 << 20));
+        std::fs::write(r.path().join("etc/group"), &group).unwrap();
+        let u = resolve(r.path(), None, "app").unwrap();
+        assert_eq!((u.uid, u.additional_gids), (1000, vec![1000]));
+
+        let mut passwd = String::from("root:x:0:0:root:/root:/bin/sh\n");
+        passwd.push_str(&"u:x:1:1::/:/bin/sh\n".repeat((2 << 20) / 19));
+        passwd.push_str("far:x:3000:3000::/far:/bin/sh\n");
+        let path = r.path().join("etc/passwd");
+        std::fs::write(&path, &passwd).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(64 << 20).unwrap();
+        let bytes = read_regular(std::fs::File::open(&path).unwrap(), 1 << 20);
+        assert_eq!(bytes.len(), 1 << 20);
+        let e = resolve(r.path(), None, "far").unwrap_err();
+        assert!(matches!(&e, UserError::UnknownUser(n) if n == "far"), "{e}");
+        assert_eq!(resolve(r.path(), None, "").unwrap().home, "/root");
+    }
+
+    #[test]
+    fn whole_lines_cut_at_the_last_line_end() {
+        assert_eq!(whole_lines(b"a\nbc\nd".to_vec(), 10), b"a\nbc\nd");
+        assert_eq!(whole_lines(b"a\nbc\nde".to_vec(), 7), b"a\nbc\nde");
+        assert_eq!(whole_lines(b"a\nbc\nde".to_vec(), 6), b"a\nbc\n");
+        assert_eq!(whole_lines(b"a\nbc\nde".to_vec(), 5), b"a\nbc\n");
+        assert_eq!(whole_lines(b"a\nbc\nde".to_vec(), 4), b"a\n");
+        assert_eq!(whole_lines(b"abc".to_vec(), 2), b"");
     }
 
     /// 53,000 groups naming the user (an image built to slow CreateContainer): each once, in

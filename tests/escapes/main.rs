@@ -14,6 +14,7 @@ mod binary;
 mod capabilities;
 mod console;
 mod descriptors;
+mod dev_links;
 mod devices;
 mod masked;
 mod procfs;

@@ -1,5 +1,6 @@
 //! The container's `/dev`: the spec's device nodes made inside the rootfs (or, in a user
-//! namespace where nodes cannot be made, the host's own nodes bound in), and the standard links.
+//! namespace where nodes cannot be made, the host's own nodes bound in), and the standard links;
+//! never through a link the image made `/dev`.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -40,6 +41,38 @@ fn host_node(kind: SFlag, rdev: u64) -> Option<PathBuf> {
         None
     }
     walk(Path::new("/dev"), kind, rdev, 0)
+}
+
+/// Refuses a rootfs whose `/dev` is there but not a directory. Mounts and nodes are placed
+/// through links inside the rootfs, so an image's `/dev -> /` would put the runtime's `/dev`
+/// over the container's root, `/dev -> /etc` over its `/etc` (CVE-2026-41579). Links below a
+/// directory `/dev` never count: the tmpfs mounted on it hides them.
+pub(super) fn refuse_linked_dev(rootfd: &OwnedFd) -> Result<(), InitError> {
+    let st = match nix::sys::stat::fstatat(
+        rootfd.as_fd(),
+        "dev",
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(fail("/dev")(e)),
+    };
+    let detail = match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+        SFlag::S_IFDIR => return Ok(()),
+        SFlag::S_IFLNK => {
+            let to = nix::fcntl::readlinkat(rootfd.as_fd(), "dev").map_err(fail("/dev"))?;
+            format!(
+                "the image's /dev is a link (to {}); the container's /dev is made only on a \
+                 directory",
+                to.to_string_lossy()
+            )
+        }
+        _ => "the image's /dev is not a directory".to_string(),
+    };
+    Err(InitError {
+        step: "/dev".into(),
+        detail,
+    })
 }
 
 pub(super) fn populate_dev(spec: &Spec, rootfd: &OwnedFd, userns: bool) -> Result<(), InitError> {
@@ -207,4 +240,46 @@ fn make_node(
         nix::fcntl::AtFlags::AT_EMPTY_PATH,
     )
     .map_err(fail(&step))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root_with(make: impl FnOnce(&Path)) -> Result<(), InitError> {
+        let d = tempfile::tempdir().unwrap();
+        make(d.path());
+        let fd: OwnedFd = nix::fcntl::open(
+            d.path(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        refuse_linked_dev(&fd)
+    }
+
+    #[test]
+    fn a_dev_that_is_a_link_is_refused() {
+        assert!(root_with(|_| {}).is_ok());
+        assert!(root_with(|r| std::fs::create_dir(r.join("dev")).unwrap()).is_ok());
+        // Links below a directory /dev are hidden by the tmpfs mounted on it.
+        assert!(
+            root_with(|r| {
+                std::fs::create_dir(r.join("dev")).unwrap();
+                std::os::unix::fs::symlink("/", r.join("dev/pts")).unwrap();
+            })
+            .is_ok()
+        );
+        for to in ["/", "/etc", "../../.."] {
+            let e =
+                root_with(|r| std::os::unix::fs::symlink(to, r.join("dev")).unwrap()).unwrap_err();
+            assert!(
+                e.detail.contains(&format!("a link (to {to})")),
+                "{}",
+                e.detail
+            );
+        }
+        let e = root_with(|r| std::fs::write(r.join("dev"), b"").unwrap()).unwrap_err();
+        assert!(e.detail.contains("not a directory"), "{}", e.detail);
+    }
 }

@@ -274,6 +274,7 @@ fn setup(plan: Plan, stdio: Stdio, errors: RawFd) -> Result<Infallible, InitErro
 
     let linux = spec.linux().as_ref();
     let (rootfd, real_root) = open_rootfs(spec, proc)?;
+    dev::refuse_linked_dev(&rootfd)?;
     let has_dev = mount_spec(
         spec,
         &mut idmapped,
