@@ -601,6 +601,71 @@ mod tests {
     }
 
     #[test]
+    fn a_restored_process_must_be_the_checkpointed_one() {
+        let d = tempfile::tempdir().unwrap();
+        let a = Path::new("/a.tar");
+        let spec = |args: &[&str], cwd: &str, env: &[&str], uid: u32| {
+            let mut process = oci_spec::runtime::Process::default();
+            process.set_args(Some(args.iter().map(|s| s.to_string()).collect()));
+            process.set_cwd(cwd.into());
+            process.set_env(Some(env.iter().map(|s| s.to_string()).collect()));
+            let mut user = oci_spec::runtime::User::default();
+            user.set_uid(uid);
+            process.set_user(user);
+            let mut s = oci_spec::runtime::Spec::default();
+            s.set_process(Some(process));
+            s
+        };
+        let saved = spec(&["sh", "-c", "x"], "/", &["PATH=/bin", "TOKEN=secret"], 0);
+        std::fs::write(
+            d.path().join("spec.dump"),
+            serde_json::to_vec(&saved).unwrap(),
+        )
+        .unwrap();
+        check_process(a, d.path(), &saved).unwrap();
+        for (new, field) in [
+            (
+                spec(&["sh", "-c", "y"], "/", &["PATH=/bin", "TOKEN=secret"], 0),
+                "config.command",
+            ),
+            (
+                spec(&["sh"], "/", &["PATH=/bin", "TOKEN=secret"], 0),
+                "config.command",
+            ),
+            (
+                spec(
+                    &["sh", "-c", "x"],
+                    "/tmp",
+                    &["PATH=/bin", "TOKEN=secret"],
+                    0,
+                ),
+                "config.working_dir",
+            ),
+            (
+                spec(&["sh", "-c", "x"], "/", &["PATH=/bin", "TOKEN=other"], 0),
+                "config.envs",
+            ),
+            (
+                spec(
+                    &["sh", "-c", "x"],
+                    "/",
+                    &["PATH=/bin", "TOKEN=secret"],
+                    1000,
+                ),
+                "config.linux",
+            ),
+        ] {
+            let e = message(check_process(a, d.path(), &new).unwrap_err());
+            assert!(e.starts_with(field), "{field}: {e}");
+            // Names and positions only: values may be secrets.
+            assert!(!e.contains("secret") && !e.contains("other"), "{e}");
+        }
+        std::fs::remove_file(d.path().join("spec.dump")).unwrap();
+        let e = message(check_process(a, d.path(), &saved).unwrap_err());
+        assert!(e.contains("spec.dump") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
     fn a_small_regular_member_is_read() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("config.dump"), b"{}").unwrap();
