@@ -9,7 +9,8 @@ use super::{
     Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
     atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
-    logs, mounts, notice, now_nanos, random_id, restore, runtime, sandbox, spec, user,
+    logs, mounts, notice, now_nanos, process_match, random_id, restore, runtime, sandbox, spec,
+    user,
 };
 
 /// A container being created, as `create` checked and reserved it: what `prepare` makes its
@@ -289,7 +290,7 @@ impl ContainerService {
         if let Some(a) = new.archive
             && new.same_process
         {
-            restore::check_process(a.archive(), &b.dir.join("restore"), &oci)?;
+            process_match::check_process(a.archive(), &b.dir.join("restore"), &oci)?;
         }
         if let (Some(res), Some(cg)) = (&adjusted, &cgroup)
             && !self.scoped(Some(cg))

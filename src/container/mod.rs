@@ -8,7 +8,8 @@
 //! (`cgroups`), ExecSync (`exec`), status and lists (`listing`), stats (`stats`) and metrics
 //! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`;
 //! their hostile archives gated, unpacked and read by `restore`), a pod's checkpoint of several
-//! containers at once (`pod_checkpoint`) and their restore into a new pod (`pod_restore`),
+//! containers at once (`pod_checkpoint`) and their restore into a new pod (`pod_restore`; the process a config must match,
+//! `process_match`),
 //! lifecycle events (`events`),
 //! step times of create and start (`steps`), streams (`attach`, `stream`); this file holds the records and their recovery. Its inputs and outputs are its own
 //! types (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
@@ -32,6 +33,7 @@ mod mounts;
 mod nri;
 mod pod_checkpoint;
 mod pod_restore;
+mod process_match;
 mod restore;
 pub mod spec;
 pub mod stats;

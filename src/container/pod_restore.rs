@@ -8,7 +8,7 @@
 //! must be the configs' names, each archive's name is the one its place gives, and each archive
 //! is unpacked once by the confined unpacker into a private directory, as restore through
 //! CreateContainer does. A config's image must be the image its checkpoint was made of (looked up,
-//! never tagged), and its process the checkpointed one (`restore::check_process`).
+//! never tagged), and its process the checkpointed one (`process_match`).
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
