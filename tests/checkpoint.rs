@@ -3,10 +3,13 @@
 //! they were (a counter goes on from its count, a listening socket still answers, its stdout
 //! still reaches the log) with the files it wrote and deleted. CRIU needs what the host's kernel
 //! lacks (it fails on the host's vDSO), so that part runs in the VM tier; the refusals run here.
+//! CheckpointPod and RestorePod are in `pod`.
 
 #![allow(clippy::unwrap_used)] // tests may panic on what they did not expect
 
 mod common;
+#[path = "checkpoint/pod.rs"]
+mod pod;
 
 use std::time::Duration;
 
@@ -333,6 +336,35 @@ async fn restore_is_off_by_default() {
         "{e:?}"
     );
     assert_nothing_left(&env, &pod).await;
+    // RestorePod too, before its checkpoint is looked at.
+    let mut sb2 = env.sandbox_config("off-restored");
+    sb2.metadata.as_mut().unwrap().uid = "uid-off-restored".into();
+    let e = env
+        .d
+        .runtime()
+        .restore_pod(cri::RestorePodRequest {
+            checkpoint_path: dir.path().display().to_string(),
+            config: Some(sb2),
+            runtime_handler: String::new(),
+            options: Default::default(),
+            container_configs: vec![env.container_config("off", &[])],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("checkpoint.restore_from_archive"),
+        "{e:?}"
+    );
+    let listed = env
+        .d
+        .runtime()
+        .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
 }

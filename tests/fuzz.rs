@@ -1,7 +1,7 @@
-//! A fuzz test of the CRI edge: a seeded generator sends pod, container, exec and lookup
-//! requests with one field made hostile (huge, empty, NUL, line breaks, climbing paths, numbers
-//! at their edges, unknown references), each under a random deadline that often cuts the call
-//! short, against a running daemon. After every case the daemon must be alive and answering,
+//! A fuzz test of the CRI edge: a seeded generator sends pod, container, exec, lookup and pod
+//! checkpoint requests with one field made hostile (huge, empty, NUL, line breaks, climbing
+//! paths, numbers at their edges, unknown references), each under a random deadline that often
+//! cuts the call short, against a running daemon. After every case the daemon must be alive and answering,
 //! and no answer may be Internal or Unknown: a caller's mistake is InvalidArgument (or
 //! NotFound, FailedPrecondition, ...), and a cut-short call DeadlineExceeded. At the end, with
 //! every pod removed, nothing is left (no pod, container, mount or process of the daemon's),
@@ -358,7 +358,7 @@ async fn hostile_requests_leave_the_daemon_whole() {
             }
             _ => {
                 let id = hostile_string(&mut rng);
-                let r = match rng.below(4) {
+                let r = match rng.below(6) {
                     0 => rt
                         .container_status(cri::ContainerStatusRequest {
                             container_id: id.clone(),
@@ -378,6 +378,41 @@ async fn hostile_requests_leave_the_daemon_whole() {
                         })
                         .await
                         .map(drop),
+                    // Pod checkpoints: a hostile ID, directory or option key (never an empty
+                    // directory, so nothing is dumped), and a restore from a hostile path.
+                    3 => {
+                        let key = hostile_string(&mut rng);
+                        let options = if rng.below(2) == 0 {
+                            [(key, "x".to_string())].into()
+                        } else {
+                            Default::default()
+                        };
+                        rt.checkpoint_pod(cri::CheckpointPodRequest {
+                            pod_sandbox_id: if rng.below(2) == 0 {
+                                good_pod.clone()
+                            } else {
+                                id.clone()
+                            },
+                            output_path: hostile_string(&mut rng),
+                            container_ids: vec![good.clone(), id.clone()],
+                            options,
+                        })
+                        .await
+                        .map(drop)
+                    }
+                    4 => {
+                        let mut sb = env.sandbox_config(&format!("fuzzrestore{n}"));
+                        sb.log_directory.clear();
+                        rt.restore_pod(cri::RestorePodRequest {
+                            checkpoint_path: id.clone(),
+                            config: Some(sb),
+                            runtime_handler: String::new(),
+                            options: Default::default(),
+                            container_configs: vec![env.container_config("fuzzrestore", LONG)],
+                        })
+                        .await
+                        .map(drop)
+                    }
                     _ => rt
                         .update_container_resources(cri::UpdateContainerResourcesRequest {
                             container_id: id.clone(),

@@ -9,7 +9,8 @@ use super::{
     Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
     atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
-    logs, mounts, notice, now_nanos, random_id, restore, runtime, sandbox, spec, user,
+    logs, mounts, notice, now_nanos, process_match, random_id, restore, runtime, sandbox, spec,
+    user,
 };
 
 /// A container being created, as `create` checked and reserved it: what `prepare` makes its
@@ -27,9 +28,19 @@ struct NewContainer<'a> {
     target_pid: Option<&'a Path>,
     /// The checkpoint archive it is restored from, unpacked.
     archive: Option<&'a restore::Unpacked>,
+    /// Whether its config must describe the checkpointed process (RestorePod's), not replace
+    /// it (restore through CreateContainer, whose command is not used).
+    same_process: bool,
     /// Its image volumes, mounted.
     volumes: &'a [ImageVolume],
     steps: &'a mut Steps,
+}
+
+/// What a RestorePod container is made from: the image its checkpoint was made of (checked to
+/// be its config's) and its archive, unpacked.
+pub(super) struct Restoring {
+    pub image: std::sync::Arc<image::Image>,
+    pub unpacked: restore::Unpacked,
 }
 
 impl ContainerService {
@@ -38,6 +49,16 @@ impl ContainerService {
         sandbox_id: &str,
         config: ContainerConfig,
         _sandbox_config: Option<crate::sandbox::config::PodConfig>,
+    ) -> Result<String, Error> {
+        self.create_from(sandbox_id, config, None).await
+    }
+
+    /// CreateContainer, or RestorePod's creation of a container from `restoring`.
+    pub(super) async fn create_from(
+        &self,
+        sandbox_id: &str,
+        config: ContainerConfig,
+        restoring: Option<Restoring>,
     ) -> Result<String, Error> {
         let mut steps = Steps::new();
         let meta = config
@@ -59,7 +80,11 @@ impl ContainerService {
             }
             .into());
         }
-        let (image, archive) = self.container_image(&config).await?;
+        let same_process = restoring.is_some();
+        let (image, archive) = match restoring {
+            Some(r) => (r.image, Some(r.unpacked)),
+            None => self.container_image(&config).await?,
+        };
         let log_path = log_path(&config, &sandbox)?;
         mounts::cri_mounts(&config, &[])?;
         let sc = config
@@ -110,6 +135,7 @@ impl ContainerService {
                     confinement: &confinement,
                     target_pid: target_pid.as_deref(),
                     archive: archive.as_ref(),
+                    same_process,
                     volumes: &volumes,
                     steps: &mut steps,
                 })
@@ -261,6 +287,11 @@ impl ContainerService {
             .nri_adjust(new.id, new.sandbox, new.config, &mut oci)
             .await?;
         new.steps.mark("nri");
+        if let Some(a) = new.archive
+            && new.same_process
+        {
+            process_match::check_process(a.archive(), &b.dir.join("restore"), &oci)?;
+        }
         if let (Some(res), Some(cg)) = (&adjusted, &cgroup)
             && !self.scoped(Some(cg))
         {

@@ -7,7 +7,10 @@
 //! daemon and any later one. Here too: stop and remove (`lifecycle`), cgroups and resource updates
 //! (`cgroups`), ExecSync (`exec`), status and lists (`listing`), stats (`stats`) and metrics
 //! (`metrics`, `metric_samples`), checkpoints with criu and restores from them (`checkpoint`;
-//! their hostile archives gated, unpacked and read by `restore`), lifecycle events (`events`),
+//! their hostile archives gated, unpacked and read by `restore`), a pod's checkpoint of several
+//! containers at once (`pod_checkpoint`) and their restore into a new pod (`pod_restore`; the process a config must match,
+//! `process_match`),
+//! lifecycle events (`events`),
 //! step times of create and start (`steps`), streams (`attach`, `stream`); this file holds the records and their recovery. Its inputs and outputs are its own
 //! types (`config` and the status, stats and metrics types), which `cri` converts. Uses `image`,
 //! `sandbox` (and its `config`), `snapshot` (layer diffs, usage, the safe unpacker), `runtime`,
@@ -28,6 +31,9 @@ mod metric_samples;
 pub mod metrics;
 mod mounts;
 mod nri;
+mod pod_checkpoint;
+mod pod_restore;
+mod process_match;
 mod restore;
 pub mod spec;
 pub mod stats;
@@ -41,6 +47,7 @@ pub use create::{recursive_read_only_mounts, user_namespaces};
 use lifecycle::{discard_files, remove_files};
 pub use lifecycle::{parse_signal, signal_name};
 pub use listing::{ContainerFilter, ContainerStatus, ContainerSummary, ContainerUser};
+pub use pod_restore::{PodCheckpoint, PreparedRestore};
 pub use volumes::ImageVolume;
 
 use std::collections::HashMap;
@@ -102,6 +109,15 @@ pub enum Error {
     CheckpointRefused { id: String, reason: String },
     #[error("checkpointing container {id}: {message}")]
     Checkpoint { id: String, message: String },
+    /// A CRI call's deadline (CheckpointPod's, RestorePod's) passed while it worked.
+    #[error("{what}: the call's deadline passed")]
+    DeadlinePassed { what: String },
+    /// RestorePod refused before its checkpoint is read (restore off, no criu).
+    #[error("checkpoint_path: {} cannot be restored: {reason}", path.display())]
+    PodRestoreRefused { path: PathBuf, reason: String },
+    /// A pod checkpoint directory refused before anything of it was used.
+    #[error("checkpoint_path: {} is not a usable pod checkpoint: {reason}", path.display())]
+    BadPodCheckpoint { path: PathBuf, reason: String },
     /// Restore through CreateContainer asked for while the config key `key` is off.
     #[error(
         "config.image.image: {} is a checkpoint archive, and restoring from one is off (set {key} = true in the daemon's config)",

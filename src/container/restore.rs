@@ -11,7 +11,7 @@
 //! `image` lookups and this module's `Error`.
 
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -61,7 +61,7 @@ impl Unpacked {
     }
 
     /// Where it is unpacked now (`None` once adopted).
-    fn dir(&self) -> Option<PathBuf> {
+    pub(super) fn dir(&self) -> Option<PathBuf> {
         self.dir.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -89,22 +89,8 @@ impl Drop for Unpacked {
 
 /// Unpacks `archive` into a new private directory below `parent`, and checks its tree.
 pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(parent)
-        .map_err(super::io_err(parent))?;
-    let name = random_id().map_err(super::io_err(Path::new("getrandom")))?;
-    let dir = parent.join(name);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(super::io_err(&dir))?;
-    let unpacked = Unpacked {
-        archive: archive.to_path_buf(),
-        dir: Mutex::new(Some(dir.clone())),
-    };
+    use std::os::unix::fs::OpenOptionsExt;
+    let unpacked = private_dir(archive, parent)?;
     // Non-blocking: a FIFO put at the path after `is_archive` looked must not hold this thread.
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -115,6 +101,17 @@ pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
     if !meta.file_type().is_file() {
         return Err(bad(archive, "is not a regular file"));
     }
+    unpack_into(f, unpacked)
+}
+
+/// Unpacks the regular file `f` (the archive `unpacked` names) into `unpacked`'s directory, and
+/// checks the tree.
+pub(super) fn unpack_into(f: std::fs::File, unpacked: Unpacked) -> Result<Unpacked, Error> {
+    let archive = unpacked.archive.clone();
+    let archive = archive.as_path();
+    let dir = unpacked
+        .dir()
+        .ok_or_else(|| bad(archive, "already unpacked for another container"))?;
     let stats = crate::snapshot::unpack::unpack(
         std::io::BufReader::new(f),
         &dir,
@@ -143,6 +140,27 @@ pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
         }
     }
     Ok(unpacked)
+}
+
+/// A new private directory below `parent` (made 0700 if missing) for `archive`'s members,
+/// removed when the answer is dropped.
+pub(super) fn private_dir(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(parent)
+        .map_err(super::io_err(parent))?;
+    let name = random_id().map_err(super::io_err(Path::new("getrandom")))?;
+    let dir = parent.join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(super::io_err(&dir))?;
+    Ok(Unpacked {
+        archive: archive.to_path_buf(),
+        dir: Mutex::new(Some(dir)),
+    })
 }
 
 /// Refuses anything in the unpacked tree but directories and regular files.
@@ -199,6 +217,16 @@ pub(super) fn open_member(
         Mode::empty(),
     )
     .map_err(|e| super::io_err(dir)(e.into()))?;
+    open_member_at(archive, root.as_fd(), name, limit)
+}
+
+/// `open_member` below the directory handle `root`.
+pub(super) fn open_member_at(
+    archive: &Path,
+    root: BorrowedFd<'_>,
+    name: &str,
+    limit: Option<u64>,
+) -> Result<std::fs::File, Error> {
     let how = OpenHow::new()
         .flags(
             OFlag::O_RDONLY
@@ -213,7 +241,7 @@ pub(super) fn open_member(
                 | ResolveFlag::RESOLVE_NO_MAGICLINKS
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
-    let fd = openat2(root.as_fd(), name, how).map_err(|e| {
+    let fd = openat2(root, name, how).map_err(|e| {
         let why = match e {
             Errno::ELOOP | Errno::EXDEV => {
                 "is a link or leads out of the archive (refused)".to_string()
@@ -256,7 +284,7 @@ pub(super) fn read_member(archive: &Path, dir: &Path, name: &str) -> Result<Vec<
 }
 
 /// What the container was made from (`config.dump`), from an unpacked archive.
-fn archive_config(archive: &Path, dir: &Path) -> Result<ConfigDump, Error> {
+pub(super) fn archive_config(archive: &Path, dir: &Path) -> Result<ConfigDump, Error> {
     let text = read_member(archive, dir, "config.dump")?;
     serde_json::from_slice(&text).map_err(|e| bad(archive, format!("config.dump: {e}")))
 }
@@ -296,6 +324,16 @@ impl ContainerService {
         })
         .await
         .map_err(|e| bad(archive, e.to_string()))??;
+        Ok((self.dump_image(archive, &dump)?, unpacked))
+    }
+
+    /// The image the checkpointed container was made of, by the first of its names present
+    /// here (looked up only: restore tags nothing).
+    pub(super) fn dump_image(
+        &self,
+        archive: &Path,
+        dump: &ConfigDump,
+    ) -> Result<std::sync::Arc<image::Image>, Error> {
         for name in [
             &dump.rootfs_image_ref,
             &dump.rootfs_image_name,
@@ -304,7 +342,7 @@ impl ContainerService {
             if !name.is_empty()
                 && let Some(i) = self.inner.images.lookup(name)?
             {
-                return Ok((i, unpacked));
+                return Ok(i);
             }
         }
         Err(Error::ImageNotFound {

@@ -2,8 +2,9 @@
 //! `crius.v1.Pulls` on a unix socket, converts requests into crius's own types and answers back
 //! into CRI's (`convert`: nothing below sees a generated CRI type) and holds every request to
 //! crius's limits (`validate`: sizes, ranges, NULs, line breaks), turns requests into calls on
-//! the `image`, `pod`, `sandbox` and `container` services, maps their errors to statuses in one
-//! place (`status`), bounds the socket's connections and their header blocks (`connections`),
+//! the `image`, `pod`, `sandbox` and `container` services (CheckpointPod and RestorePod, with
+//! their contract's checks and deadline, in `pod_checkpoint`), maps their errors to statuses in
+//! one place (`status`), bounds the socket's connections and their header blocks (`connections`),
 //! and logs one line per RPC with its duration. It also holds the client side used by the CLI,
 //! the front end and the tests. No runtime logic lives here.
 
@@ -14,6 +15,7 @@ pub mod convert;
 mod deadline;
 mod images;
 mod lists;
+mod pod_checkpoint;
 mod pulls;
 mod runtime;
 pub mod status;

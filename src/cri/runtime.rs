@@ -752,23 +752,26 @@ impl RuntimeService for Runtime {
         .await
     }
 
-    // Pod-level checkpoint and restore (CRI v0.37) are not served yet: Unimplemented, which
-    // kubelet takes as "the runtime does not support it", as it does from containerd 2.3.
     async fn checkpoint_pod(
         &self,
-        _req: Request<cri::CheckpointPodRequest>,
+        req: Request<cri::CheckpointPodRequest>,
     ) -> Result<Response<cri::CheckpointPodResponse>, Status> {
-        Err(Status::unimplemented(
-            "CheckpointPod is not supported by this runtime; CheckpointContainer is",
-        ))
+        rpc(
+            "CheckpointPod",
+            super::pod_checkpoint::checkpoint_pod(&self.pods, req),
+        )
+        .await
     }
 
     async fn restore_pod(
         &self,
-        _req: Request<cri::RestorePodRequest>,
+        req: Request<cri::RestorePodRequest>,
     ) -> Result<Response<cri::RestorePodResponse>, Status> {
-        Err(Status::unimplemented(
-            "RestorePod is not supported by this runtime; restore through CreateContainer is",
-        ))
+        let pause = self.pause_image.clone();
+        rpc(
+            "RestorePod",
+            super::pod_checkpoint::restore_pod(&self.pods, pause, req),
+        )
+        .await
     }
 }

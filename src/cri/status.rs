@@ -117,9 +117,11 @@ impl ToStatus for container::Error {
             E::WrongState { .. }
             | E::CheckpointRefused { .. }
             | E::RestoreOff { .. }
+            | E::PodRestoreRefused { .. }
             | E::NoCriu { .. }
             | E::NoDeviceControl { .. } => Code::FailedPrecondition,
-            E::BadArchive { .. } => Code::InvalidArgument,
+            E::BadArchive { .. } | E::BadPodCheckpoint { .. } => Code::InvalidArgument,
+            E::DeadlinePassed { .. } => Code::DeadlineExceeded,
             E::DevicesCgroup { .. } => Code::Internal,
             E::Checkpoint { .. } => Code::Unknown,
             E::ExecTimeout { .. } => Code::DeadlineExceeded,
@@ -150,6 +152,7 @@ impl ToStatus for pod::Error {
         match self {
             pod::Error::Sandbox(e) => e.code(),
             pod::Error::Container(e) => e.code(),
+            pod::Error::Restoring { source, .. } => source.code(),
             pod::Error::Image(e) => e.code(),
             pod::Error::Network { source, .. } => source.code(),
             pod::Error::Nri(e) => e.code(),

@@ -309,6 +309,41 @@ pub fn runtime_handler(h: &str) -> Result<(), Status> {
     text("runtime_handler", h, NAME_MAX, true)
 }
 
+/// A call's runtime-specific options (CheckpointPod's, RestorePod's): crius defines none, and
+/// the CRI has a runtime refuse what it does not support rather than ignore it. The first key
+/// in order is named, so one request is always refused alike.
+pub fn options(
+    field: &str,
+    options: &std::collections::HashMap<String, String>,
+) -> Result<(), Status> {
+    let Some(key) = options.keys().min() else {
+        return Ok(());
+    };
+    // Named as sent when it is plain and short; quoted (and cut) otherwise.
+    let plain = key.len() <= 64 && key.bytes().all(|b| b.is_ascii_graphic() && b != b']');
+    let name = if plain { key.clone() } else { quoted(key) };
+    Err(refuse(
+        &format!("{field}[{name}]"),
+        "is not an option crius supports (it defines none)",
+    ))
+}
+
+/// A path a call names on the node (CheckpointPod's `output_path`, RestorePod's
+/// `checkpoint_path`): required, absolute, within the limits.
+pub fn node_path(field: &str, p: &str) -> Result<(), Status> {
+    if p.is_empty() {
+        return Err(refuse(field, "is required"));
+    }
+    path(field, p)?;
+    if !p.starts_with('/') {
+        return Err(refuse(
+            field,
+            format!("{} is not an absolute path", quoted(p)),
+        ));
+    }
+    Ok(())
+}
+
 /// RunPodSandbox's config (or CreateContainer's `sandbox_config`) under `field`.
 pub fn pod(c: &PodConfig, field: &str) -> Result<(), Status> {
     if let Some(m) = &c.metadata {

@@ -5,16 +5,20 @@
 //! stops its containers, detaches the network, then stops the pause process; removing one
 //! removes its containers, detaches again (harmless), removes the sandbox and releases the
 //! image. PodSandboxStatus and the container event stream are assembled here. Every other
-//! runtime call passes through here too (`calls`), so `cri` holds no other service. Uses
+//! runtime call passes through here too (`calls`), so `cri` holds no other service, and pod-level
+//! checkpoints and their restore into a new pod are orchestrated here (`checkpoint`). Uses
 //! `image`, `sandbox`, `container` and `network`; its one record per pod is the network
 //! attachment, kept in the sandbox's directory.
 
 mod calls;
+mod checkpoint;
 mod net;
 mod nri;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+pub use checkpoint::{PodRestore, Restored};
 
 use crate::container::{self, ContainerService, events};
 use crate::image::{self, ImageService};
@@ -55,6 +59,14 @@ pub enum Error {
     Image(#[from] image::Error),
     #[error(transparent)]
     Nri(#[from] crate::nri::Error),
+    /// RestorePod's `index`-th container config failed to be made.
+    #[error("container_configs[{index}] ({name:?}): {source}")]
+    Restoring {
+        index: usize,
+        name: String,
+        #[source]
+        source: Box<container::Error>,
+    },
     #[error("pod sandbox {id}: {source}")]
     Network {
         id: String,
