@@ -528,6 +528,12 @@ async fn assert_nothing_left(env: &PodEnv, pod: &str) {
         .into_inner()
         .containers;
     assert!(listed.is_empty(), "{listed:?}");
+    assert_no_bundle_or_mount(env, "a failed restore");
+}
+
+/// No container bundle, layer or unpacked archive is left in the daemon's directories, and
+/// nothing is mounted below them; `what` names the case.
+fn assert_no_bundle_or_mount(env: &PodEnv, what: &str) {
     for d in [
         env.d.state.join("containers"),
         env.d.root.join("containers"),
@@ -536,7 +542,7 @@ async fn assert_nothing_left(env: &PodEnv, pod: &str) {
         let left: Vec<_> = std::fs::read_dir(&d)
             .map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
             .unwrap_or_default();
-        assert!(left.is_empty(), "left in {}: {left:?}", d.display());
+        assert!(left.is_empty(), "{what}: left in {}: {left:?}", d.display());
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     for d in [
@@ -546,7 +552,7 @@ async fn assert_nothing_left(env: &PodEnv, pod: &str) {
         let d = d.display().to_string();
         assert!(
             !mounts.lines().any(|l| l.contains(&d)),
-            "a mount below {d} is left"
+            "{what}: a mount below {d} is left"
         );
     }
 }

@@ -176,16 +176,7 @@ async fn a_full_disk_fails_pulls_cleanly() {
     reg.push_image("big", "1", &big).await.unwrap();
 
     let mut d = Daemon::start("");
-    d.kill9();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &d.root,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=6m"),
-    )
-    .unwrap();
-    d.spawn();
+    d.restart_on_tmpfs_root("6m");
     let before = used_bytes(&d.root);
     let err = d.pull(&format!("{}/big:1", reg.host())).await.unwrap_err();
     assert!(err.message().contains("No space left on device"), "{err:?}");

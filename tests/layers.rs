@@ -243,16 +243,7 @@ async fn unpacking_is_linear_in_entries() {
     require_root();
     let reg = shared_registry().await;
     let mut d = Daemon::start("");
-    d.kill9();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &d.root,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1g"),
-    )
-    .unwrap();
-    d.spawn();
+    d.restart_on_tmpfs_root("1g");
     const N: usize = 4_000;
     let mut seed = 0;
     for shape in ["one directory", "hard links", "overwrites"] {

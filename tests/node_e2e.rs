@@ -150,20 +150,6 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Unmounts whatever is mounted below `root` (pod volumes), deepest first.
-fn unmount_below(root: &Path) {
-    let mut below: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .filter(|m| Path::new(m).starts_with(root))
-        .collect();
-    below.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for m in below {
-        let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// Removes the pods the suite's kubelet left in the daemon (it is stopped without draining).
 async fn remove_pods(d: &Daemon) {
     let mut rt = d.runtime();
@@ -323,7 +309,8 @@ async fn node_e2e_suite() {
     // The daemon's log goes with the reports (its directory goes with it).
     let _ = std::fs::copy(d.dir.path().join("daemon.log"), out.join("crius.log"));
     drop(d);
-    unmount_below(Path::new("/var/lib/kubelet"));
+    // Pod volumes, and kubelet's bind of its root onto itself.
+    unmount_under(&[Path::new("/var/lib/kubelet")]);
     for dir in KUBELET_DIRS {
         if !kubelet_dirs_before.contains(&dir) {
             let _ = std::fs::remove_dir_all(dir);

@@ -537,25 +537,7 @@ async fn leaves_nothing(
         .into_inner()
         .containers;
     assert!(listed.is_empty(), "{what}: {listed:?}");
-    for d in [
-        env.d.state.join("containers"),
-        env.d.root.join("containers"),
-        env.d.state.join("restore"),
-    ] {
-        let left = std::fs::read_dir(&d).map(|r| r.count()).unwrap_or(0);
-        assert_eq!(left, 0, "{what}: left in {}", d.display());
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    for d in [
-        env.d.state.join("containers"),
-        env.d.root.join("containers"),
-    ] {
-        let d = d.display().to_string();
-        assert!(
-            !mounts.lines().any(|l| l.contains(&d)),
-            "{what}: a mount below {d}"
-        );
-    }
+    assert_no_bundle_or_mount(env, what);
     assert_eq!(&cgroups_of(env), cgroups_before, "{what}: cgroups left");
 }
 

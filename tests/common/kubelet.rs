@@ -245,16 +245,7 @@ impl Drop for Kubelet {
         let _ = self.child.kill();
         let _ = self.child.wait();
         // Whatever kubelet mounted below its root (pod volumes).
-        let mut below: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|m| Path::new(m).starts_with(&self.root))
-            .collect();
-        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in below {
-            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
-        }
+        super::unmount_under(&[&self.root]);
         let _ = std::fs::remove_dir(&self.cgroup);
     }
 }

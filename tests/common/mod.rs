@@ -886,6 +886,22 @@ impl Daemon {
     }
 
     /// SIGKILL, as a crash would.
+    /// Restarts the daemon with its root on a tmpfs of `size` (`"1g"`, say): a file system of
+    /// its own, whose writes wait on no other process's (and can be filled). The daemon's end
+    /// unmounts it with the rest of its directory.
+    pub fn restart_on_tmpfs_root(&mut self, size: &str) {
+        self.kill9();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &self.root,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={size}").as_str()),
+        )
+        .expect("tmpfs for the daemon's root");
+        self.spawn();
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
