@@ -325,9 +325,10 @@ impl SelinuxLabels {
 /// The labels SELinux options ask for, made as containerd makes them: the policy's container
 /// contexts (`lxc_contexts`) with the given user, role, type and level put in; without a level,
 /// `inherit`'s (the pod's, for a container) or a random pair of categories that `taken` does
-/// not hold. Without options, no labels of its own (`inherit`'s) unless `by_default`. Refused on
-/// a host without SELinux (a pod must never run unlabelled when a label was asked for) and when
-/// the loaded policy does not know a label.
+/// not hold. Without options, no labels of its own (`inherit`'s) unless `by_default`. On a node
+/// without SELinux the options are ignored (a warning logged), as containerd and CRI-O do:
+/// kubelet and the conformance suites send them to every kind of node, and there is no label to
+/// run under. Refused when the loaded policy does not know a label.
 pub fn selinux_labels(
     options: Option<&config::SelinuxOptions>,
     inherit: Option<&SelinuxLabels>,
@@ -344,12 +345,6 @@ pub fn selinux_labels(
         None => return Ok(inherit.cloned()),
     };
     let f = format!("{field}.selinux_options");
-    if !selinux::enabled() {
-        return Err(invalid(
-            &f,
-            "SELinux options given, but SELinux is not enabled on this node",
-        ));
-    }
     for (name, v) in [
         ("user", &o.user),
         ("role", &o.role),
@@ -363,6 +358,17 @@ pub fn selinux_labels(
                 format!("{v:?} is not a valid SELinux {name}"),
             ));
         }
+    }
+    if !selinux::enabled() {
+        tracing::warn!(
+            field = %f,
+            user = %o.user,
+            role = %o.role,
+            r#type = %o.kind,
+            level = %o.level,
+            "SELinux options ignored: SELinux is not enabled on this node"
+        );
+        return Ok(None);
     }
     let (process, file) = selinux::container_defaults();
     let (Some(p), Some(fl)) = (selinux::parts(&process), selinux::parts(&file)) else {
@@ -556,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn lsm_requests_fail_without_the_lsm() {
+    fn apparmor_requests_fail_and_selinux_options_are_ignored_without_them() {
         if apparmor_enabled() || selinux_enabled() {
             return;
         }
@@ -587,8 +593,10 @@ mod tests {
             ..Default::default()
         };
         let free = |_: &str| false;
-        let e = selinux_labels(Some(&o), None, false, &free, "c").unwrap_err();
-        assert!(reason(&e).contains("not enabled"), "{}", reason(&e));
+        assert_eq!(
+            selinux_labels(Some(&o), None, false, &free, "c").unwrap(),
+            None
+        );
         assert_eq!(
             selinux_labels(
                 Some(&config::SelinuxOptions::default()),
