@@ -1561,3 +1561,75 @@ async fn spdy_stdin_flood_is_held_by_the_budget() {
     assert_eq!((code, out.trim()), (0, "ok"));
     env.remove_pod(&pod).await;
 }
+
+/// Exec over WebSocket in every protocol kubelet's own server takes, as node e2e's
+/// websocket spec speaks it (`channel.k8s.io`, through the API server and kubelet): output on
+/// channel 1; on the error channel, before v4 nothing on success and the message on failure,
+/// from v4 on a status either way.
+#[tokio::test]
+async fn websocket_exec_in_every_protocol_version() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("ws-versions");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    for protocol in [
+        "channel.k8s.io",
+        "base64.channel.k8s.io",
+        "",
+        "v4.channel.k8s.io",
+        "v5.channel.k8s.io",
+    ] {
+        for (code, script) in [
+            (0, "echo remote execution test"),
+            (3, "echo failing; exit 3"),
+        ] {
+            let url = exec_url(&env, &c, &["sh", "-c", script], false, false).await;
+            let got = channel_forward(&url, protocol, b"").await;
+            let on = |ch: u8| -> String {
+                got.iter()
+                    .filter(|(c, _)| *c == ch)
+                    .flat_map(|(_, d)| d.clone())
+                    .map(char::from)
+                    .collect()
+            };
+            let word = script.split(' ').nth(1).unwrap().trim_end_matches(';');
+            assert!(on(1).starts_with(word), "{protocol:?} {script}: {got:?}");
+            assert_eq!(on(2), "", "{protocol:?} {script}");
+            let status = on(3);
+            let v4 = protocol.starts_with("v4.") || protocol.starts_with("v5.");
+            match (v4, code) {
+                (false, 0) => assert_eq!(status, "", "{protocol:?}: {got:?}"),
+                (false, _) => assert_eq!(
+                    status, "command terminated with non-zero exit code: exit status 3",
+                    "{protocol:?}"
+                ),
+                (true, 0) => assert!(status.contains(r#""Success""#), "{protocol:?} {status}"),
+                (true, _) => assert!(
+                    status.contains("NonZeroExitCode") && status.contains(r#""3""#),
+                    "{protocol:?} {status}"
+                ),
+            }
+        }
+    }
+    // A protocol no version names is refused.
+    let url = exec_url(&env, &c, &["true"], false, false).await;
+    let refused = tokio::task::spawn_blocking(move || {
+        let rest = url.strip_prefix("http://").unwrap();
+        let (addr, path) = rest.split_at(rest.find('/').unwrap());
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Protocol: v9.channel.k8s.io\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head).into_owned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(refused, "HTTP/1.1 403");
+    env.remove_pod(&pod).await;
+}

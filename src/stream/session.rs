@@ -239,7 +239,7 @@ pub fn exit_status(code: Result<i32, super::BackendError>) -> Vec<u8> {
 }
 
 /// What v1 to v3 put on the error stream: nothing on success, else a message.
-fn exit_text(code: &Result<i32, super::BackendError>) -> Option<Vec<u8>> {
+pub(super) fn exit_text(code: &Result<i32, super::BackendError>) -> Option<Vec<u8>> {
     match code {
         Ok(0) => None,
         Ok(n) => Some(

@@ -1,7 +1,8 @@
-//! The remote command protocol over WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io` and
-//! their `base64.` forms, as crictl and newer clients speak it): one channel byte before each
-//! message's payload (0 stdin, 1 stdout, 2 stderr, 3 error, 4 resize; v5's 255 closes a
-//! channel), the exit status on the error channel as with SPDY v4. Port forwarding over
+//! The remote command protocol over WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`,
+//! `channel.k8s.io` and their `base64.` forms, or no protocol, as kubelet's own server takes
+//! them): one channel byte before each message's payload (0 stdin, 1 stdout, 2 stderr, 3
+//! error, 4 resize; v5's 255 closes a channel), the exit status on the error channel as with
+//! SPDY v4 (before v4: nothing on success, else the message, as over SPDY v1 to v3). Port forwarding over
 //! WebSocket is either `SPDY/3.1+portforward.k8s.io` tunnelled in binary messages (client-go's
 //! tunnelling dialer, what kubectl and crictl use): the SPDY session runs on the messages'
 //! bytes; or kubelet's channels (`channel_forward`).
@@ -18,13 +19,14 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
 
 use super::channel::{Ws, channel_payload, channel_writer};
-use super::session::{Activity, Resizes, Stdin, exit_status, opts_of};
+use super::session::{Activity, Resizes, Stdin, exit_status, exit_text, opts_of};
 use super::{Request, Session, Shared, reply};
 
-const EXEC_PROTOCOLS: [&str; 4] = [
+const EXEC_PROTOCOLS: [&str; 5] = [
     "v5.channel.k8s.io",
     "v4.channel.k8s.io",
     "v4.base64.channel.k8s.io",
+    "channel.k8s.io",
     "base64.channel.k8s.io",
 ];
 const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
@@ -49,10 +51,11 @@ pub(super) fn upgrade(
     } else {
         &EXEC_PROTOCOLS
     };
-    let protocol = if is_pf && offered.is_empty() {
+    // No protocol: kubelet's channels (port forwarding) or v1's binary channels (exec, attach).
+    let protocol = if offered.is_empty() {
         Some("")
     } else {
-        super::negotiate(&offered, supported).filter(|_| !offered.is_empty())
+        super::negotiate(&offered, supported)
     };
     let Some(protocol) = protocol else {
         return reply(
@@ -144,6 +147,15 @@ async fn remote_command(
     let activity = Arc::new(Activity::new());
     let base64 = protocol.contains("base64");
     let v5 = protocol.starts_with("v5.");
+    let v4 = v5 || protocol.starts_with("v4.");
+    // v4 and later: a JSON status, success too; before: a message on failure only.
+    let status = move |code: Result<i32, super::BackendError>| {
+        if v4 {
+            Some(exit_status(code))
+        } else {
+            exit_text(&code)
+        }
+    };
     let (sink, mut incoming) = ws.split();
     let (out_tx, writer) = channel_writer(sink, base64);
     let mut input = Stdin::new(opts_of(&request).tty);
@@ -159,7 +171,9 @@ async fn remote_command(
     } = match started {
         Ok(s) => s,
         Err(m) => {
-            let _ = out_tx.send((3, exit_status(Err(m)))).await;
+            if let Some(s) = status(Err(m)) {
+                let _ = out_tx.send((3, s)).await;
+            }
             drop(out_tx);
             let _ = writer.await;
             return;
@@ -241,7 +255,9 @@ async fn remote_command(
     })
     .await;
     pumps.abort_all();
-    let _ = out_tx.send((3, exit_status(code))).await;
+    if let Some(s) = status(code) {
+        let _ = out_tx.send((3, s)).await;
+    }
     drop(out_tx);
     let _ = writer.await;
 }
