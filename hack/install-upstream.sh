@@ -150,9 +150,12 @@ build_node_e2e() {
     go build -ldflags "-s -w" -o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost
     # The ginkgo CLI at the version the suite was built with, for parallel runs.
     go build -ldflags "-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
-    # agnhost's image version, which the suite's image list names.
-    go mod download -json "$module@$version" | awk -F'"' '/"Dir"/ { print $4 }' |
-        xargs -I{} cat {}/test/images/agnhost/VERSION >"$out/agnhost.version"
+    # agnhost's image version, which the suite's image list names, and the key and certificate
+    # its image carries for netexec's https (the lifecycle specs' https hooks).
+    local src
+    src=$(go mod download -json "$module@$version" | awk -F'"' '/"Dir"/ { print $4 }')
+    cat "$src/test/images/agnhost/VERSION" >"$out/agnhost.version"
+    cp "$src/test/images/agnhost/porter/localhost.crt" "$src/test/images/agnhost/porter/localhost.key" "$out/"
 }
 
 build_containerd() {

@@ -6,11 +6,12 @@
 //! `KUBE_TEST_REPO_LIST` names; pods get a bridge of the test's own with no route out.
 //!
 //! `cargo xtask node-e2e` runs it: `NODE_E2E_FOCUS` and `NODE_E2E_SKIP` (regular expressions,
-//! by default SIG Node's release-blocking set: `[NodeConformance]` without Flaky, Slow and
-//! Serial), `NODE_E2E_PROCS` (parallel ginkgo processes, 4) and `NODE_E2E_TIMEOUT` (3h). It
-//! prints every spec, and writes the JSON and JUnit reports, the suite's logs and a summary to
-//! `target/node-e2e/crius/`. kubelet changes the machine it runs on (sysctls, cgroups,
-//! `/var/lib/kubelet`): what it changed is put back or removed after the suite.
+//! by default SIG Node's release-blocking set: `[NodeConformance]` without Flaky, Slow,
+//! Serial and OffByDefault), `NODE_E2E_PROCS` (parallel ginkgo processes, 4) and
+//! `NODE_E2E_TIMEOUT` (3h). It prints every spec, and writes the JSON and JUnit reports, the
+//! suite's logs and a summary to `target/node-e2e/crius/`. kubelet changes the machine it runs
+//! on (sysctls, cgroups, `/var/lib/kubelet`): what it changed is put back or removed after the
+//! suite.
 //!
 //! It is not part of `cargo xtask integration` (about an hour on two cores).
 
@@ -35,9 +36,11 @@ use common::net::*;
 use common::*;
 use crius::cri::v1 as cri;
 
-/// SIG Node's release-blocking selection (the containerd and CRI-O jobs').
+/// SIG Node's release-blocking selection (the containerd and CRI-O jobs'), without the alpha
+/// specs marked `[Feature:OffByDefault]`: they test a kubelet feature gate those jobs leave off
+/// (EmptyDirVolumeMode's modes are kubelet's own, whatever the runtime).
 const FOCUS: &str = r"\[NodeConformance\]";
-const SKIP: &str = r"\[Flaky\]|\[Slow\]|\[Serial\]";
+const SKIP: &str = r"\[Flaky\]|\[Slow\]|\[Serial\]|\[Feature:OffByDefault\]";
 
 /// What kubelet and the suite make outside the test's directories, removed after it when they
 /// were not there before.

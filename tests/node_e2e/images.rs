@@ -3,8 +3,8 @@
 //! `KUBE_TEST_REPO_LIST` maps the suite's registries to. Each has what the suite's specs use:
 //! agnhost is the suite's `agnhost` binary (its entry point, `pause` by default) with the user
 //! and group the image defines and the tools of upstream's image that Debian has; busybox is
-//! busybox; nginx serves :80 (critest's web server); nonroot runs as 1234; nonewprivs has a
-//! setuid-root entry point; pause sleeps until a signal.
+//! busybox (with bash as `sh`); glibc-dns-testing has glibc's `hostname`; nginx serves :80 (critest's web server);
+//! nonroot runs as 1234; nonewprivs has a setuid-root entry point; pause sleeps until a signal.
 
 use std::path::Path;
 
@@ -37,12 +37,20 @@ fn host_program(host: &str, at: &str) -> Vec<Entry> {
 }
 
 /// agnhost's layer: the binary at `/agnhost` (and `/agnhost-2`, the name some specs run),
-/// `/uploads` for netexec, the image's user 1000 and group 50000, and the tools present here.
-fn agnhost_layer(agnhost: &Path) -> TestLayer {
-    let bin = std::fs::read(agnhost).expect("agnhost (hack/install-upstream.sh node-e2e)");
+/// `/uploads` and `/localhost.crt` and `.key` for netexec, the image's user 1000 and group
+/// 50000, and the tools present here.
+fn agnhost_layer(part: &Path) -> TestLayer {
+    let read = |name: &str| {
+        std::fs::read(part.join(name)).unwrap_or_else(|e| {
+            panic!("{name} of the node-e2e part: {e} (hack/install-upstream.sh node-e2e)")
+        })
+    };
     let mut entries = vec![
         Entry::Dir("etc".into()),
-        Entry::File("agnhost".into(), bin, 0o755),
+        Entry::File("agnhost".into(), read("agnhost"), 0o755),
+        // netexec's https certificate and key, at the paths the specs give it.
+        Entry::File("localhost.crt".into(), read("localhost.crt"), 0o644),
+        Entry::File("localhost.key".into(), read("localhost.key"), 0o644),
         Entry::Symlink("agnhost-2".into(), "agnhost".into()),
         Entry::DirMode("uploads".into(), 0o777),
         Entry::File(
@@ -86,7 +94,12 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
     let base = busybox_base();
     // busybox's nmeter, which Debian's busybox lacks (the lifecycle specs read the time with it).
     let nmeter = compile_source(work, &Path::new(SOURCES).join("node_e2e/nmeter.c"));
-    let tools = files_layer(&[("usr/bin/nmeter", nmeter, 0o755)]);
+    // bash as `sh`: Debian's busybox 1.35 ash drops environment variables whose names are not
+    // shell names (`data-1`, the env-from specs' keys), where upstream's 1.37 image passes them
+    // on to `env`, as bash does.
+    let mut tools = host_program("/usr/bin/bash", "bin/sh");
+    tools.push(Entry::File("usr/bin/nmeter".into(), nmeter, 0o755));
+    let tools = layer(&tools, Compress::Gzip);
     let on_base = |extra: Option<TestLayer>, o: &ImageOpts| {
         let mut layers = vec![base.clone(), tools.clone()];
         layers.extend(extra);
@@ -104,7 +117,7 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
     let mut out = Vec::new();
     out.push(Pushed {
         image: on_base(
-            Some(agnhost_layer(&part.join("agnhost"))),
+            Some(agnhost_layer(part)),
             &ImageOpts {
                 entrypoint: &["/agnhost"],
                 cmd: &["pause"],
@@ -120,6 +133,18 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
     out.push(Pushed {
         image: on_base(None, &ImageOpts::default()),
         names: e2e(&["busybox:1.37.0-2", "busybox:1.36.1-1"]),
+    });
+    // glibc's `hostname` (Debian's, with its libraries: `-f` resolves through glibc, the
+    // point of upstream's image) ahead of busybox's applet on PATH, hosts from files first.
+    let mut glibc = host_program("/usr/bin/hostname", "usr/bin/hostname");
+    glibc.push(Entry::File(
+        "etc/nsswitch.conf".into(),
+        b"hosts: files dns\n".to_vec(),
+        0o644,
+    ));
+    out.push(Pushed {
+        image: on_base(Some(layer(&glibc, Compress::Gzip)), &ImageOpts::default()),
+        names: e2e(&["glibc-dns-testing:2.1.1"]),
     });
     out.push(Pushed {
         image: on_base(
