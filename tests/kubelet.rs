@@ -5,7 +5,7 @@
 //! exec and gRPC probes on the pod IP, no sandbox churn, QoS cgroups and limits as kubelet sets them,
 //! restart back-off, `/containerLogs`, `/exec` (output, stdin, terminal, exit code), `/attach`
 //! and `/portForward` through kubelet's own server with kubestream (client-go's executors),
-//! `/stats/summary`, a crius killed and restarted under a running kubelet (no spurious
+//! `/stats/summary`, bind-mount options (1.37's `VolumeBindMountOptions`), a crius killed and restarted under a running kubelet (no spurious
 //! restart), and a deleted manifest leaving nothing behind.
 //!
 //! kubelet changes the machine it runs on (sysctls, cgroups, /var/log/pods), so this runs in the
@@ -164,6 +164,46 @@ spec:
     )
 }
 
+/// KEP-5855's bind-mount options (kubelet 1.37's alpha gate `VolumeBindMountOptions`): `noexec`
+/// on a hostPath holding a script, `nosuid` on an emptyDir.
+fn mount_options_manifest(image: &str, dir: &Path) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: opts
+  namespace: default
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes:
+  - name: host
+    hostPath: {{path: {dir}, type: Directory}}
+  - name: scratch
+    emptyDir: {{}}
+  containers:
+  - name: opts
+    image: {image}
+    command: ["sleep", "100000"]
+    volumeMounts:
+    - {{name: host, mountPath: /host, bindMountOptions: [noexec]}}
+    - {{name: scratch, mountPath: /scratch, bindMountOptions: [nosuid]}}
+"#,
+        dir = dir.display()
+    )
+}
+
+/// The options of the mount at `target` in a mountinfo text: its per-mount ones.
+fn mount_flags<'a>(mountinfo: &'a str, target: &str) -> Option<Vec<&'a str>> {
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&target)).then(|| f.get(5).map(|o| o.split(',').collect()))
+        })
+        .flatten()
+}
+
 fn crash_manifest(image: &str) -> String {
     format!(
         r#"apiVersion: v1
@@ -240,14 +280,25 @@ async fn kubelet_tier(role: &str) {
     // relisting) and its stats from CRI alone (ListPodSandboxStats, ListContainerStats,
     // ListPodSandboxMetrics, no cAdvisor for pods).
     let evented = systemd;
-    let gates = if evented {
-        "EventedPLEG=true,PodAndContainerStatsFromCRI=true"
-    } else {
-        ""
-    };
-    let mut k = Kubelet::start(&kubelet, &env.d.socket, driver, gates);
+    let mut gates = Vec::new();
+    if evented {
+        gates.push("EventedPLEG=true,PodAndContainerStatsFromCRI=true");
+    }
+    // The gate is new in 1.37: an older kubelet refuses to start with a gate it does not know.
+    let mount_options = role == "kubernetes";
+    if mount_options {
+        gates.push("VolumeBindMountOptions=true");
+    }
+    let mut k = Kubelet::start(&kubelet, &env.d.socket, driver, &gates.join(","));
     k.manifest("web", &web_manifest(&env.image));
     k.manifest("crash", &crash_manifest(&env.image));
+    let opts_dir = tempfile::tempdir().unwrap();
+    let script = opts_dir.path().join("run.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    if mount_options {
+        k.manifest("opts", &mount_options_manifest(&env.image, opts_dir.path()));
+    }
 
     // The gRPC probe's server: the test's own, in the pod's network namespace, on every address.
     let t = Instant::now();
@@ -383,6 +434,10 @@ async fn kubelet_tier(role: &str) {
         "0",
         "kubelet's swap answer for a static pod under LimitedSwap"
     );
+
+    if mount_options {
+        check_mount_options(&env, &k, &script).await;
+    }
 
     // The gRPC probe follows the server's status.
     health
@@ -649,8 +704,14 @@ async fn kubelet_tier(role: &str) {
     // A deleted manifest: the pod goes, and with it its containers, cgroups and veth.
     k.remove_manifest("web");
     k.remove_manifest("crash");
+    if mount_options {
+        k.remove_manifest("opts");
+    }
     let t = Instant::now();
-    while !(sandboxes(&env, "web").await.is_empty() && sandboxes(&env, "crash").await.is_empty()) {
+    while !(sandboxes(&env, "web").await.is_empty()
+        && sandboxes(&env, "crash").await.is_empty()
+        && sandboxes(&env, "opts").await.is_empty())
+    {
         assert!(
             t.elapsed().as_secs() < 180,
             "kubelet never removed the pods\n{}",
@@ -743,4 +804,75 @@ async fn kubelet_tier(role: &str) {
     }
     env.d.kill_leftovers();
     let _ = &mut env;
+}
+
+/// The opts pod's bind-mount options, as kubelet passed them: in the container's mounts (and
+/// only there: the host's directory still runs its script) and in ContainerStatus.
+async fn check_mount_options(env: &PodEnv, k: &Kubelet, script: &Path) {
+    wait_pod(k, "opts", 240, "was Running", |p| {
+        container_status(p, "opts").is_some_and(|c| c["state"]["running"].is_object())
+    });
+    let id = env
+        .d
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers
+        .into_iter()
+        .find(|c| {
+            c.metadata.as_ref().is_some_and(|m| m.name == "opts")
+                && c.state == cri::ContainerState::ContainerRunning as i32
+        })
+        .map(|c| c.id)
+        .expect("the opts container in crius");
+    let (info, _, code) = env
+        .exec(&id, &["cat", "/proc/self/mountinfo"], 10)
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    let host = mount_flags(&info, "/host").expect("/host mounted");
+    let scratch = mount_flags(&info, "/scratch").expect("/scratch mounted");
+    assert!(host.contains(&"noexec"), "/host: {host:?}");
+    assert!(!host.contains(&"nosuid"), "/host: {host:?}");
+    assert!(scratch.contains(&"nosuid"), "/scratch: {scratch:?}");
+    assert!(!scratch.contains(&"noexec"), "/scratch: {scratch:?}");
+    // crius refuses the exec itself: execve answers EACCES on a noexec mount.
+    match env.exec(&id, &["/host/run.sh"], 10).await {
+        Ok((out, err, code)) => panic!("a script on a noexec hostPath ran: {code} {out} {err}"),
+        Err(e) => assert!(e.message().contains("EACCES"), "{e:?}"),
+    }
+    let (out, _, code) = env
+        .exec(
+            &id,
+            &["sh", "-c", "cp /host/run.sh /scratch/ && /scratch/run.sh"],
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!((code, out.trim()), (0, "ran"));
+    let host_run = Command::new(script).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&host_run.stdout).trim(), "ran");
+    let status = env
+        .d
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    let opts = |path: &str| {
+        status
+            .mounts
+            .iter()
+            .find(|m| m.container_path == path)
+            .map(|m| m.mount_options.clone())
+    };
+    assert_eq!(opts("/host"), Some(vec!["noexec".to_string()]));
+    assert_eq!(opts("/scratch"), Some(vec!["nosuid".to_string()]));
 }
