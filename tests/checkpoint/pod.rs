@@ -163,7 +163,23 @@ async fn running_thawed(env: &PodEnv, ids: &[&str]) {
 #[tokio::test]
 #[ignore = "CRIU fails on the host kernel's vDSO; runs in the VM tier"]
 async fn a_pod_checkpoint_goes_on_in_a_new_pod() {
-    let env = PodEnv::start_with(RESTORE_ON).await;
+    goes_on_in_a_new_pod(PodEnv::start_with(RESTORE_ON).await).await;
+}
+
+/// The same under the systemd cgroup driver (each container a scope its freeze and restore
+/// go through).
+#[tokio::test]
+#[ignore = "CRIU and systemd as PID 1: runs in the VM tier's systemd boot"]
+async fn a_pod_checkpoint_goes_on_under_the_systemd_driver() {
+    assert!(
+        std::path::Path::new("/run/systemd/system").is_dir(),
+        "systemd is not PID 1 here"
+    );
+    let env = PodEnv::start_with(&format!("{RESTORE_ON}[cgroup]\ndriver = \"systemd\"\n")).await;
+    goes_on_in_a_new_pod(env).await;
+}
+
+async fn goes_on_in_a_new_pod(env: PodEnv) {
     let sb = env.sandbox_config("podckpt");
     let pod = env.run_pod(&sb).await.unwrap();
     let counter = || with_kubelet_masks(env.container_config("counter", COUNTER));
