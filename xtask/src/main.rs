@@ -125,6 +125,26 @@ const CONFORMANCE_TEST: &str = "critest_passes";
 /// The node e2e suite's test (`tests/node_e2e.rs`), run by `node-e2e` alone.
 const NODE_E2E_TEST: &str = "node_e2e_suite";
 
+/// CI's node e2e subset (58 specs, 81 s here): the families of NodeConformance specs that once
+/// failed on crius (SELinux options on emptyDir volumes and log paths, the hostname and FQDN
+/// specs, env from ConfigMaps and Secrets, exec and logs over WebSocket, https lifecycle hooks),
+/// each a path through API server, kubelet and crius that critest does not take. Less the
+/// three whose failures no runtime here can change (docs/conformance.md).
+const NODE_E2E_CI_FOCUS: &str = r"EmptyDir volumes|Hostname of Pod|Override hostname of Pod|environment|over websockets|https hook|ContainerLogPath";
+const NODE_E2E_CI_SKIP: &str = r"\[Flaky\]|\[Slow\]|\[Serial\]|\[Feature:OffByDefault\]|PrivilegedPod|ContainerMetrics|Summary API";
+
+/// CI's node e2e subset, on the host.
+fn node_e2e_subset() -> Result<()> {
+    counted(
+        "the node e2e subset",
+        cargo()
+            .env("NODE_E2E_FOCUS", NODE_E2E_CI_FOCUS)
+            .env("NODE_E2E_SKIP", NODE_E2E_CI_SKIP)
+            .args(["test", "--test", "node_e2e", "--", "--nocapture", "--exact"])
+            .arg(NODE_E2E_TEST),
+    )
+}
+
 /// The upstream node e2e suite against crius (`tests/node_e2e.rs`): `--focus RE`, `--skip RE`
 /// (SIG Node's release-blocking selection by default), `--procs N`, `--timeout D`. Installs
 /// the parts it needs first.
@@ -427,7 +447,8 @@ fn main() -> Result<()> {
             let host = packaged
                 .and_then(|()| clock.time("host tests", || host_tests(&[HOST_PACKAGE_TEST])))
                 .and(package_tested)
-                .and_then(|()| clock.time("conformance", conformance));
+                .and_then(|()| clock.time("conformance", conformance))
+                .and_then(|()| clock.time("node e2e subset", node_e2e_subset));
             leftovers::report_strays("the host's tests");
             let host =
                 host.and_then(|()| clock.time("bench smoke", || bench(&["--smoke".to_string()])));
