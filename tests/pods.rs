@@ -2170,3 +2170,84 @@ async fn removing_a_container_whose_monitor_died_ends_its_process() {
     );
     env.remove_pod(&pod).await;
 }
+
+/// kubelet creates a container from its image's ID and names the pod's own reference in
+/// `user_specified_image`: status and listing show that reference, which kubelet copies into
+/// the pod's status (node e2e's image-update specs compare it with the pod's spec).
+#[tokio::test]
+async fn status_shows_the_image_the_user_named() {
+    let env = PodEnv::start().await;
+    let sb = env.sandbox_config("named-image");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let id = env
+        .d
+        .image_status(&env.image)
+        .await
+        .expect("the test image")
+        .id;
+    let mut cfg = env.container_config("c", LONG);
+    cfg.image = Some(cri::ImageSpec {
+        image: id.clone(),
+        user_specified_image: env.image.clone(),
+        ..Default::default()
+    });
+    let c = env.run(&pod, &sb, cfg).await;
+    let status = env
+        .d
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: c.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(
+        status.image.as_ref().map(|i| i.image.as_str()),
+        Some(env.image.as_str())
+    );
+    assert_eq!(
+        status
+            .image
+            .as_ref()
+            .map(|i| i.user_specified_image.as_str()),
+        Some(env.image.as_str())
+    );
+    assert!(
+        status.image_id == id || status.image_ref.contains('@'),
+        "{status:?}"
+    );
+    let listed = env
+        .d
+        .runtime()
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    let mine = listed.iter().find(|x| x.id == c).expect("listed");
+    assert_eq!(
+        mine.image.as_ref().map(|i| i.image.as_str()),
+        Some(env.image.as_str())
+    );
+    // Without a name given, the image as created.
+    let plain = env
+        .run(&pod, &sb, env.container_config("plain", LONG))
+        .await;
+    let status = env
+        .d
+        .runtime()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: plain,
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(status.image.map(|i| i.image), Some(env.image.clone()));
+    env.remove_pod(&pod).await;
+}

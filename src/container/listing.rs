@@ -125,7 +125,7 @@ impl ContainerService {
             started_at: r.started_at,
             finished_at: r.finished_at,
             exit_code: r.exit_code,
-            image: r.config.image.clone(),
+            image: shown_image(r.config.image.as_ref()),
             image_ref: r.image_ref.clone(),
             reason: r.reason.clone(),
             message: r.message.clone(),
@@ -169,7 +169,7 @@ impl ContainerService {
             id: r.id.clone(),
             pod_sandbox_id: r.sandbox_id.clone(),
             metadata: r.config.metadata.clone(),
-            image: r.config.image.clone(),
+            image: shown_image(r.config.image.as_ref()),
             image_ref: r.image_ref.clone(),
             state: r.state,
             created_at: r.created_at,
@@ -240,4 +240,18 @@ impl ContainerService {
         }
         Ok((status, info))
     }
+}
+
+/// The image a container's status and listing show: the name the user gave (kubelet sends
+/// the image's ID as `image`, and the pod's own reference as `user_specified_image`), as
+/// CRI-O shows it; kubelet copies it into the pod's status, where a spec updated from one tag
+/// to another must show the new one. Without a name given, the image as created.
+fn shown_image(spec: Option<&ImageSpec>) -> Option<ImageSpec> {
+    spec.map(|s| {
+        let mut s = s.clone();
+        if !s.user_specified_image.is_empty() {
+            s.image = s.user_specified_image.clone();
+        }
+        s
+    })
 }

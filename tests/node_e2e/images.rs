@@ -100,10 +100,26 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
     let mut tools = host_program("/usr/bin/bash", "bin/sh");
     tools.push(Entry::File("usr/bin/nmeter".into(), nmeter, 0o755));
     let tools = layer(&tools, Compress::Gzip);
-    let on_base = |extra: Option<TestLayer>, o: &ImageOpts| {
-        let mut layers = vec![base.clone(), tools.clone()];
-        layers.extend(extra);
-        image(layers, o)
+    // One image per name, each with a layer naming it: names that shared a digest would share
+    // one image, whose status names only one of them (a pod updated from one tag to another,
+    // as the lifecycle specs do, would never show the new one).
+    let on_base = |extra: Option<TestLayer>, o: &ImageOpts, names: Vec<String>| -> Vec<Pushed> {
+        names
+            .into_iter()
+            .map(|name| {
+                let mut layers = vec![base.clone(), tools.clone()];
+                layers.extend(extra.clone());
+                layers.push(files_layer(&[(
+                    "etc/e2e-image",
+                    format!("{name}\n").into_bytes(),
+                    0o644,
+                )]));
+                Pushed {
+                    image: image(layers, o),
+                    names: vec![name],
+                }
+            })
+            .collect()
     };
     let webserver = compile_source(work, &Path::new(SOURCES).join("conformance/webserver.c"));
     let nonewprivs = compile_source(work, &Path::new(SOURCES).join("conformance/nonewprivs.c"));
@@ -115,25 +131,24 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
             .collect()
     };
     let mut out = Vec::new();
-    out.push(Pushed {
-        image: on_base(
-            Some(agnhost_layer(part)),
-            &ImageOpts {
-                entrypoint: &["/agnhost"],
-                cmd: &["pause"],
-                ..Default::default()
-            },
-        ),
-        names: e2e(&[
+    out.extend(on_base(
+        Some(agnhost_layer(part)),
+        &ImageOpts {
+            entrypoint: &["/agnhost"],
+            cmd: &["pause"],
+            ..Default::default()
+        },
+        e2e(&[
             &format!("agnhost:{agnhost_version}"),
             // AgnhostPrev, which the suite's older specs name.
             "agnhost:2.55",
         ]),
-    });
-    out.push(Pushed {
-        image: on_base(None, &ImageOpts::default()),
-        names: e2e(&["busybox:1.37.0-2", "busybox:1.36.1-1"]),
-    });
+    ));
+    out.extend(on_base(
+        None,
+        &ImageOpts::default(),
+        e2e(&["busybox:1.37.0-2", "busybox:1.36.1-1"]),
+    ));
     // glibc's `hostname` (Debian's, with its libraries: `-f` resolves through glibc, the
     // point of upstream's image) ahead of busybox's applet on PATH, hosts from files first.
     let mut glibc = host_program("/usr/bin/hostname", "usr/bin/hostname");
@@ -142,42 +157,37 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
         b"hosts: files dns\n".to_vec(),
         0o644,
     ));
-    out.push(Pushed {
-        image: on_base(Some(layer(&glibc, Compress::Gzip)), &ImageOpts::default()),
-        names: e2e(&["glibc-dns-testing:2.1.1"]),
-    });
-    out.push(Pushed {
-        image: on_base(
-            Some(files_layer(&[("usr/sbin/nginx", webserver, 0o755)])),
-            &ImageOpts {
-                cmd: &["nginx", "-g", "daemon off;"],
-                env: &NGINX_ENV,
-                ..Default::default()
-            },
-        ),
-        names: e2e(&["nginx:1.27.0-2", "nginx:1.28.0-2"]),
-    });
-    out.push(Pushed {
-        image: on_base(
-            None,
-            &ImageOpts {
-                user: "1234",
-                ..Default::default()
-            },
-        ),
-        names: e2e(&["nonroot:1.5"]),
-    });
-    out.push(Pushed {
-        image: on_base(
-            Some(files_layer(&[("usr/local/bin/nnp", nonewprivs, 0o4755)])),
-            &ImageOpts {
-                cmd: &["nnp"],
-                env: &[PATH_ENV],
-                ..Default::default()
-            },
-        ),
-        names: e2e(&["nonewprivs:1.4"]),
-    });
+    out.extend(on_base(
+        Some(layer(&glibc, Compress::Gzip)),
+        &ImageOpts::default(),
+        e2e(&["glibc-dns-testing:2.1.1"]),
+    ));
+    out.extend(on_base(
+        Some(files_layer(&[("usr/sbin/nginx", webserver, 0o755)])),
+        &ImageOpts {
+            cmd: &["nginx", "-g", "daemon off;"],
+            env: &NGINX_ENV,
+            ..Default::default()
+        },
+        e2e(&["nginx:1.27.0-2", "nginx:1.28.0-2"]),
+    ));
+    out.extend(on_base(
+        None,
+        &ImageOpts {
+            user: "1234",
+            ..Default::default()
+        },
+        e2e(&["nonroot:1.5"]),
+    ));
+    out.extend(on_base(
+        Some(files_layer(&[("usr/local/bin/nnp", nonewprivs, 0o4755)])),
+        &ImageOpts {
+            cmd: &["nnp"],
+            env: &[PATH_ENV],
+            ..Default::default()
+        },
+        e2e(&["nonewprivs:1.4"]),
+    ));
     out.push(Pushed {
         image: image(
             vec![files_layer(&[("pause", pause, 0o755)])],
