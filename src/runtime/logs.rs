@@ -169,13 +169,15 @@ impl LogWriter {
         }
     }
 
-    /// Writes what is left of a stream that ended, as a full line.
+    /// Writes what is left of a stream that ended, as a partial line: it had no newline, and
+    /// readers (kubelet's, whose termination message from the log is the output exactly) add
+    /// one to full lines only. containerd and CRI-O's conmon do the same.
     pub fn finish(&mut self, stream: Stream) -> io::Result<()> {
         let slot = Self::slot(stream);
         let rest = std::mem::take(&mut self.pending[slot]);
         if !rest.is_empty() {
             self.stamp();
-            self.emit_split(stream, &rest, true);
+            self.emit_split(stream, &rest, false);
         }
         self.flush_out()
     }
@@ -277,7 +279,7 @@ mod tests {
             ("stdout", "F", "".into()),
             ("stdout", "P", "x".repeat(MAX_LINE)),
             ("stdout", "F", "x".repeat(10)),
-            ("stdout", "F", "tail".into()),
+            ("stdout", "P", "tail".into()),
         ];
         let got: Vec<(&str, &str, String)> = got
             .iter()
