@@ -5,12 +5,13 @@
 # where busybox-static runs its applets directly), a Python with a current grpcio (a CRI client on
 # gRPC's C core), the CNI plugins and iptables (pod networks), criu (checkpoint and restore; its
 # tests run in the VM tier), libseccomp's Python binding (an independent seccomp compiler the unit
-# tests check crius's against) and the build dependencies.
+# tests check crius's against), OpenBSD's netcat (the node e2e agnhost image's `nc`, which
+# speaks UDP) and the build dependencies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/install-build-deps.sh"
 pkgs=(docker-registry apache2-utils busybox-static openssl iproute2 util-linux procps python3-venv
-    containernetworking-plugins iptables criu python3-seccomp)
+    containernetworking-plugins iptables criu python3-seccomp netcat-openbsd)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

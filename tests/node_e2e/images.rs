@@ -3,7 +3,7 @@
 //! `KUBE_TEST_REPO_LIST` maps the suite's registries to. Each has what the suite's specs use:
 //! agnhost is the suite's `agnhost` binary (its entry point, `pause` by default) with the user
 //! and group the image defines and the tools of upstream's image that Debian has; busybox is
-//! busybox (with bash as `sh`); glibc-dns-testing has glibc's `hostname`; nginx serves :80 (critest's web server);
+//! busybox (its `sh` passing env names like `data-1` on); glibc-dns-testing has glibc's `hostname`; nginx serves :80 (critest's web server);
 //! nonroot runs as 1234; nonewprivs has a setuid-root entry point; pause sleeps until a signal.
 
 use std::path::Path;
@@ -12,12 +12,14 @@ use super::images::*;
 use crate::common::*;
 
 /// Programs of upstream's agnhost image beside its binary, where this machine has them (with
-/// their libraries): `curl`, `bash` and `socat`; busybox's applets give the rest (`nc`,
-/// `nslookup`, `ip`, `wget`).
-const AGNHOST_TOOLS: [(&str, &str); 3] = [
+/// their libraries): `curl`, `bash`, `socat` and OpenBSD's `nc` (the networking specs dial UDP
+/// with `nc -u`, which busybox's lacks); busybox's applets give the rest (`nslookup`, `ip`,
+/// `wget`).
+const AGNHOST_TOOLS: [(&str, &str); 4] = [
     ("/usr/bin/curl", "usr/bin/curl"),
     ("/usr/bin/bash", "bin/bash"),
     ("/usr/bin/socat", "usr/bin/socat"),
+    ("/usr/bin/nc.openbsd", "usr/bin/nc"),
 ];
 
 const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
@@ -94,12 +96,11 @@ pub fn build(work: &Path, part: &Path) -> Vec<Pushed> {
     let base = busybox_base();
     // busybox's nmeter, which Debian's busybox lacks (the lifecycle specs read the time with it).
     let nmeter = compile_source(work, &Path::new(SOURCES).join("node_e2e/nmeter.c"));
-    // bash as `sh`: Debian's busybox 1.35 ash drops environment variables whose names are not
-    // shell names (`data-1`, the env-from specs' keys), where upstream's 1.37 image passes them
-    // on to `env`, as bash does.
-    let mut tools = host_program("/usr/bin/bash", "bin/sh");
-    tools.push(Entry::File("usr/bin/nmeter".into(), nmeter, 0o755));
-    let tools = layer(&tools, Compress::Gzip);
+    // `sh`: busybox's ash, but `sh -c WORD` runs WORD with the whole environment, as
+    // upstream's 1.37 ash passes on names like `data-1` (the env-from specs' keys), which
+    // Debian's 1.35 drops (node_e2e/sh.c).
+    let sh = compile_source(work, &Path::new(SOURCES).join("node_e2e/sh.c"));
+    let tools = files_layer(&[("bin/sh", sh, 0o755), ("usr/bin/nmeter", nmeter, 0o755)]);
     // One image per name, each with a layer naming it: names that shared a digest would share
     // one image, whose status names only one of them (a pod updated from one tag to another,
     // as the lifecycle specs do, would never show the new one).
