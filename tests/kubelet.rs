@@ -854,18 +854,7 @@ async fn check_mount_options(env: &PodEnv, k: &Kubelet, script: &Path) {
     assert_eq!((code, out.trim()), (0, "ran"));
     let host_run = Command::new(script).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&host_run.stdout).trim(), "ran");
-    let status = env
-        .d
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = env.status(&id).await;
     let opts = |path: &str| {
         status
             .mounts

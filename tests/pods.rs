@@ -2192,18 +2192,7 @@ async fn status_shows_the_image_the_user_named() {
         ..Default::default()
     });
     let c = env.run(&pod, &sb, cfg).await;
-    let status = env
-        .d
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: c.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = env.status(&c).await;
     assert_eq!(
         status.image.as_ref().map(|i| i.image.as_str()),
         Some(env.image.as_str())
@@ -2236,18 +2225,7 @@ async fn status_shows_the_image_the_user_named() {
     let plain = env
         .run(&pod, &sb, env.container_config("plain", LONG))
         .await;
-    let status = env
-        .d
-        .runtime()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: plain,
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap();
+    let status = env.status(&plain).await;
     assert_eq!(status.image.map(|i| i.image), Some(env.image.clone()));
     env.remove_pod(&pod).await;
 }

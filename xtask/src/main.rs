@@ -137,12 +137,18 @@ const NODE_E2E_CI_SKIP: &str = r"\[Flaky\]|\[Slow\]|\[Serial\]|\[Feature:OffByDe
 fn node_e2e_subset() -> Result<()> {
     counted(
         "the node e2e subset",
-        cargo()
+        node_e2e_test()
             .env("NODE_E2E_FOCUS", NODE_E2E_CI_FOCUS)
-            .env("NODE_E2E_SKIP", NODE_E2E_CI_SKIP)
-            .args(["test", "--test", "node_e2e", "--", "--nocapture", "--exact"])
-            .arg(NODE_E2E_TEST),
+            .env("NODE_E2E_SKIP", NODE_E2E_CI_SKIP),
     )
+}
+
+/// The node e2e suite's test alone, its output as it comes.
+fn node_e2e_test() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["test", "--test", "node_e2e", "--", "--nocapture", "--exact"])
+        .arg(NODE_E2E_TEST);
+    cmd
 }
 
 /// The upstream node e2e suite against crius (`tests/node_e2e.rs`): `--focus RE`, `--skip RE`
@@ -152,9 +158,7 @@ fn node_e2e(args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("the node e2e suite needs root (it runs kubelet and a crius daemon)");
     }
-    let mut cmd = cargo();
-    cmd.args(["test", "--test", "node_e2e", "--", "--nocapture", "--exact"])
-        .arg(NODE_E2E_TEST);
+    let mut cmd = node_e2e_test();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let var = match a.as_str() {
