@@ -481,6 +481,24 @@ fn hostile_archive(env: &PodEnv, over: &[Member<'_>]) -> Vec<u8> {
 }
 
 /// The node's images with their tags, in order.
+/// The archive `hostile_archive` makes, of files and directories only, sealed as a dump is:
+/// under the daemon's checkpoint key (made here when the daemon has none yet), or under `key`.
+/// It is what someone holding the key could make.
+fn sealed_archive(env: &PodEnv, over: &[Member<'_>], key: Option<[u8; 32]>) -> Vec<u8> {
+    use crius::container::seal;
+    let work = tempfile::tempdir().unwrap();
+    let unsealed = hostile_archive(env, over);
+    tar::Archive::new(&unsealed[..]).unpack(work.path()).unwrap();
+    let key = match key {
+        Some(k) => seal::SealKey::from_bytes(&k),
+        None => seal::SealKey::load_or_make(&env.d.root.join(seal::KEY_FILE)).unwrap(),
+    };
+    seal::seal(work.path(), &key).unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", work.path()).unwrap();
+    b.into_inner().unwrap()
+}
+
 async fn images_and_tags(env: &PodEnv) -> Vec<(String, Vec<String>)> {
     let mut images: Vec<_> = env
         .d
@@ -677,8 +695,44 @@ async fn hostile_archives_are_refused() {
         assert!(v.is_ok(), "{what}: {v:?}");
         assert_nothing_left(&env, &pod).await;
     }
+    // Well formed, but not what this node's crius dumped: criu trusts its images whole
+    // (credentials, capabilities, namespaces, mounts), so none reaches it.
+    let tampered = {
+        let a = sealed_archive(&env, &[], None);
+        let at = find(&a, b"not criu's").unwrap();
+        let mut a = a;
+        a[at] = b'N';
+        a
+    };
+    for (what, archive, why) in [
+        (
+            "an unsealed archive",
+            hostile_archive(&env, &[]),
+            "no crius.seal",
+        ),
+        (
+            "an archive sealed under another key",
+            sealed_archive(&env, &[], Some([7; 32])),
+            "does not match",
+        ),
+        ("a sealed archive changed after", tampered, "does not match"),
+    ] {
+        let at = dir.path().join("unsealed.tar");
+        std::fs::write(&at, archive).unwrap();
+        let mut cfg = env.container_config("unsealed", &["sleep", "1000"]);
+        cfg.image = Some(spec(at.to_str().unwrap()));
+        let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains(why), "{what}: {e:?}");
+        assert_nothing_left(&env, &pod).await;
+    }
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
+}
+
+/// Where `needle` first starts in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// A restored container gets what its new config asks for and nothing of the archive's saved
@@ -706,21 +760,41 @@ async fn restore_takes_only_the_new_config() {
         "devices": [{"host_path": "/dev/kmsg", "container_path": "/dev/kmsg"}],
         "mounts": [{"host_path": "/etc", "container_path": "/host-etc"}],
     });
-    let saved_spec = serde_json::json!({
-        "ociVersion": "1.0.0",
-        "annotations": {"smuggled": "yes"},
-        "mounts": [{"destination": "/host-etc", "source": "/etc", "type": "bind", "options": ["rbind"]}],
-        "linux": {"devices": [{"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11}]},
-    });
+    // The saved spec is what crius made for such a container (so it grants what the new config
+    // does), with a host mount, a device and an annotation added.
+    let probe = env
+        .create(&pod, &sb, env.container_config("probe", &["sleep", "1000"]))
+        .await
+        .unwrap();
+    let probe_bundle = env.d.state.join("containers").join(&probe);
+    let mut saved_spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(probe_bundle.join("config.json")).unwrap()).unwrap();
+    env.d
+        .runtime()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: probe,
+        })
+        .await
+        .unwrap();
+    saved_spec["annotations"] = serde_json::json!({"smuggled": "yes"});
+    saved_spec["mounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"destination": "/host-etc", "source": "/etc", "type": "bind", "options": ["rbind"]}
+        ));
+    saved_spec["linux"]["devices"] =
+        serde_json::json!([{"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11}]);
     let archive = dir.path().join("a.tar");
     std::fs::write(
         &archive,
-        hostile_archive(
+        sealed_archive(
             &env,
             &[
                 Member::File("config.dump", dump.to_string().into_bytes()),
                 Member::File("spec.dump", saved_spec.to_string().into_bytes()),
             ],
+            None,
         ),
     )
     .unwrap();
@@ -752,6 +826,33 @@ async fn restore_takes_only_the_new_config() {
         })
         .await
         .unwrap();
+    assert_nothing_left(&env, &pod).await;
+    // A checkpoint of a container that held more than this config grants (criu would restore
+    // its processes with it) is refused, naming the field, though its seal holds.
+    saved_spec["process"]["capabilities"]["bounding"]
+        .as_array_mut()
+        .unwrap()
+        .push("CAP_SYS_ADMIN".into());
+    std::fs::write(
+        &archive,
+        sealed_archive(
+            &env,
+            &[
+                Member::File("config.dump", dump.to_string().into_bytes()),
+                Member::File("spec.dump", saved_spec.to_string().into_bytes()),
+            ],
+            None,
+        ),
+    )
+    .unwrap();
+    let mut cfg = env.container_config("more", &["sleep", "1000"]);
+    cfg.image = Some(spec(archive.to_str().unwrap()));
+    let e = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("capabilities") && e.message().contains("CAP_SYS_ADMIN"),
+        "{e:?}"
+    );
     assert_nothing_left(&env, &pod).await;
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;

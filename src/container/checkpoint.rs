@@ -323,7 +323,12 @@ impl ContainerService {
             _ => io_err(&upper)(e),
         })?;
         drop(frozen);
-        write_dump_files(d, work, &deleted, &ext, &stdio)
+        write_dump_files(d, work, &deleted, &ext, &stdio)?;
+        // Sealed last, over everything a restore will read and hand criu.
+        let (key, w) = (self.seal_key()?, work.to_path_buf());
+        tokio::task::spawn_blocking(move || super::seal::seal(&w, &key))
+            .await
+            .map_err(|e| failed(id, e.to_string()))?
     }
 }
 

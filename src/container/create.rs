@@ -8,9 +8,9 @@ use super::steps::Steps;
 use super::{
     Bundle, Cgroup, Confinement, ContainerConfig, ContainerService, ContainerState, Digest, Error,
     ImageVolume, JoinNamespace, MonitorConfig, MsFlags, NamespaceMode, Path, PathBuf, Record,
-    atomic, attach_devices, checkpoint, config, discard_files, events, image, invalid, io, io_err,
-    logs, mounts, notice, now_nanos, process_match, random_id, restore, runtime, sandbox, spec,
-    user,
+    atomic, attach_devices, checkpoint, config, discard_files, events, grants, image, invalid, io,
+    io_err, logs, mounts, notice, now_nanos, process_match, random_id, restore, runtime, sandbox,
+    spec, user,
 };
 
 /// A container being created, as `create` checked and reserved it: what `prepare` makes its
@@ -325,6 +325,10 @@ impl ContainerService {
             monitor.restore = Some(self.restore_config(a.archive(), b, &oci, &monitor)?);
         }
         apply_confinement(new.confinement, b, new.config, &mut oci, &mut monitor)?;
+        if let Some(a) = new.archive {
+            let old = grants::dumped_spec(a.archive(), &b.dir.join("restore"))?;
+            grants::check(&old, &oci)?;
+        }
         new.steps.mark("devices and confinement");
         let cfg_path = b.dir.join("config.json");
         atomic::write_json(&cfg_path, &oci).map_err(io_err(&cfg_path))?;

@@ -25,6 +25,7 @@ mod confinement;
 mod create;
 pub mod events;
 mod exec;
+mod grants;
 mod lifecycle;
 mod listing;
 mod metric_samples;
@@ -35,6 +36,7 @@ mod pod_checkpoint;
 mod pod_restore;
 mod process_match;
 mod restore;
+pub mod seal;
 pub mod spec;
 pub mod stats;
 mod steps;
@@ -259,6 +261,8 @@ struct Inner {
     /// Where checkpoint archives are unpacked for a restore; `None` when restore through
     /// CreateContainer is off (`checkpoint.restore_from_archive`).
     restore_dir: Option<PathBuf>,
+    /// The key checkpoint archives are sealed with, loaded (or made) on first use.
+    seal_key: std::sync::Mutex<Option<Arc<seal::SealKey>>>,
 }
 
 /// The confinement a container gets beyond its spec: a compiled seccomp filter and an AppArmor
@@ -305,6 +309,26 @@ fn lookup_err(id: &str, l: Lookup) -> Error {
 }
 
 impl ContainerService {
+    /// The node's checkpoint key (`<root>/checkpoint.key`), made the first time a dump or a
+    /// restore needs it.
+    fn seal_key(&self) -> Result<Arc<seal::SealKey>, Error> {
+        let mut held = self
+            .inner
+            .seal_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(k) = held.as_ref() {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(seal::SealKey::load_or_make(
+            &self.inner.root.join(seal::KEY_FILE),
+        )?);
+        *held = Some(k.clone());
+        Ok(k)
+    }
+}
+
+impl ContainerService {
     pub fn open(
         root: &Path,
         state: &Path,
@@ -339,6 +363,7 @@ impl ContainerService {
                 nri,
                 checkpointing: Default::default(),
                 restore_dir: restore_from_archive.then_some(restore_dir),
+                seal_key: Default::default(),
             }),
         };
         for d in [&svc.inner.state, &svc.inner.layers] {

@@ -288,7 +288,7 @@ impl ContainerService {
         let member = archive_name(place);
         let shown = cp.path.join(&member);
         let (dir, parent) = (cp.dir.clone(), parent.to_path_buf());
-        let s = shown.clone();
+        let (s, key) = (shown.clone(), self.seal_key().map_err(of_pod)?);
         tokio::task::spawn_blocking(move || {
             let f = restore::open_member_at(&s, dir.as_fd(), &member, None)?;
             let size = f.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
@@ -298,7 +298,7 @@ impl ContainerService {
                     format!("{size} bytes, more than the {room} the state directory has free"),
                 ));
             }
-            let unpacked = restore::unpack_into(f, restore::private_dir(&s, &parent)?)?;
+            let unpacked = restore::unpack_into(f, restore::private_dir(&s, &parent)?, &key)?;
             let dir = unpacked
                 .dir()
                 .ok_or_else(|| restore::bad(&s, "not unpacked"))?;

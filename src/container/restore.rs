@@ -20,6 +20,7 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::{Mode, SFlag, fstat};
 
 use super::checkpoint::{ConfigDump, Externals, NET_KEY, criu};
+use super::seal::SealKey;
 use super::{Bundle, ContainerService, Error, MonitorConfig, image, invalid, random_id, runtime};
 
 /// The config key that turns restore through CreateContainer on.
@@ -88,7 +89,7 @@ impl Drop for Unpacked {
 }
 
 /// Unpacks `archive` into a new private directory below `parent`, and checks its tree.
-pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
+pub(super) fn unpack(archive: &Path, parent: &Path, key: &SealKey) -> Result<Unpacked, Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let unpacked = private_dir(archive, parent)?;
     // Non-blocking: a FIFO put at the path after `is_archive` looked must not hold this thread.
@@ -101,12 +102,16 @@ pub(super) fn unpack(archive: &Path, parent: &Path) -> Result<Unpacked, Error> {
     if !meta.file_type().is_file() {
         return Err(bad(archive, "is not a regular file"));
     }
-    unpack_into(f, unpacked)
+    unpack_into(f, unpacked, key)
 }
 
 /// Unpacks the regular file `f` (the archive `unpacked` names) into `unpacked`'s directory, and
-/// checks the tree.
-pub(super) fn unpack_into(f: std::fs::File, unpacked: Unpacked) -> Result<Unpacked, Error> {
+/// checks the tree, then its seal.
+pub(super) fn unpack_into(
+    f: std::fs::File,
+    unpacked: Unpacked,
+    key: &SealKey,
+) -> Result<Unpacked, Error> {
     let archive = unpacked.archive.clone();
     let archive = archive.as_path();
     let dir = unpacked
@@ -139,6 +144,8 @@ pub(super) fn unpack_into(f: std::fs::File, unpacked: Unpacked) -> Result<Unpack
             ));
         }
     }
+    // Before any member is read: only what a crius holding the key dumped goes on.
+    super::seal::check(&dir, key).map_err(|why| bad(archive, why))?;
     Ok(unpacked)
 }
 
@@ -315,9 +322,9 @@ impl ContainerService {
                 "a container with a terminal cannot be restored",
             ));
         }
-        let a = archive.to_path_buf();
+        let (a, key) = (archive.to_path_buf(), self.seal_key()?);
         let (unpacked, dump) = tokio::task::spawn_blocking(move || {
-            let u = unpack(&a, &parent)?;
+            let u = unpack(&a, &parent, &key)?;
             let dir = u.dir().ok_or_else(|| bad(&a, "not unpacked"))?;
             let dump = archive_config(&a, &dir)?;
             Ok::<_, Error>((u, dump))
@@ -555,13 +562,16 @@ mod tests {
     fn an_archive_is_unpacked_privately_and_removed_when_dropped() {
         let d = tempfile::tempdir().unwrap();
         let a = d.path().join("a.tar");
-        std::fs::write(
-            &a,
-            tar_of(&[("config.dump", b"{}"), ("checkpoint/core-1.img", b"core")]),
-        )
-        .unwrap();
+        // As a dump writes it: the files, then the seal over them.
+        let work = d.path().join("work");
+        std::fs::create_dir_all(work.join("checkpoint")).unwrap();
+        std::fs::write(work.join("config.dump"), b"{}").unwrap();
+        std::fs::write(work.join("checkpoint/core-1.img"), b"core").unwrap();
+        super::super::seal::seal(&work, &key()).unwrap();
+        let tar = super::super::checkpoint::archive_into(&work, Vec::new()).unwrap();
+        std::fs::write(&a, tar).unwrap();
         let parent = d.path().join("restore");
-        let u = unpack(&a, &parent).unwrap();
+        let u = unpack(&a, &parent, &key()).unwrap();
         let dir = u.dir().unwrap();
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
@@ -573,11 +583,20 @@ mod tests {
         drop(u);
         assert_eq!(std::fs::read_dir(&parent).unwrap().count(), 0);
         // Adopted, it is the new owner's.
-        let u = unpack(&a, &parent).unwrap();
+        let u = unpack(&a, &parent, &key()).unwrap();
         let to = d.path().join("bundle-restore");
         u.adopt(&to).unwrap();
         drop(u);
         assert!(to.join("config.dump").is_file());
+        // Under another node's key, or unsealed, it is refused and nothing is left.
+        let e = unpack(&a, &parent, &SealKey::from_bytes(&[9; 32])).unwrap_err();
+        assert!(e.to_string().contains("seal does not match"), "{e}");
+        let e = unpack_err(tar_of(&[("config.dump", b"{}")]));
+        assert!(e.contains("no crius.seal"), "{e}");
+    }
+
+    fn key() -> SealKey {
+        SealKey::from_bytes(&[7; 32])
     }
 
     fn unpack_err(tar: Vec<u8>) -> String {
@@ -585,7 +604,7 @@ mod tests {
         let a = d.path().join("a.tar");
         std::fs::write(&a, tar).unwrap();
         let parent = d.path().join("restore");
-        let e = unpack(&a, &parent).unwrap_err().to_string();
+        let e = unpack(&a, &parent, &key()).unwrap_err().to_string();
         // Nothing is left of a refused archive.
         assert_eq!(std::fs::read_dir(&parent).unwrap().count(), 0, "{e}");
         e
