@@ -155,7 +155,6 @@ fn daemon_threads(env: &PodEnv) -> usize {
         .unwrap_or(0)
 }
 
-/// How many descriptors the daemon holds.
 /// What the daemon's descriptors point at.
 fn fd_links(env: &PodEnv) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", env.d.pid().unwrap()))
@@ -171,6 +170,7 @@ fn fd_links(env: &PodEnv) -> Vec<String> {
     v
 }
 
+/// How many descriptors the daemon holds.
 fn daemon_fds(env: &PodEnv) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", env.d.pid().unwrap()))
         .map(|d| d.count())
@@ -1353,6 +1353,84 @@ async fn execs_leaving_children_release_their_streams() {
     env.remove_pod(&pod).await;
 }
 
+/// The issue's count for CVE-2026-53495 over streams: 300 streamed execs leaving a child each,
+/// per transport, 30 at a time against `max_streams = 32` (so a slot kept by any finished
+/// session fails the next batch), and the daemon's threads, descriptors and resident memory
+/// after them within a small bound of where they were after the first batch.
+#[tokio::test]
+async fn three_hundred_streamed_execs_leaving_children_hold_nothing() {
+    use futures_util::StreamExt;
+    let Some(ks) = client("kubestream") else {
+        return;
+    };
+    let env = PodEnv::start_with("[stream]\nmax_streams = 32\n").await;
+    let sb = env.sandbox_config("leaks300");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
+    let pid = env.d.pid().unwrap();
+    let batch = |transport: &'static str| {
+        let (env, c, ks) = (&env, &c, &ks);
+        futures_util::stream::iter(0..30)
+            .map(move |_| async move {
+                let url = exec_url(
+                    env,
+                    c,
+                    &["sh", "-c", "sleep 1000 & echo started"],
+                    false,
+                    false,
+                )
+                .await;
+                let ks = ks.clone();
+                tokio::task::spawn_blocking(move || {
+                    kubestream(&ks, &["exec", "-transport", transport, &url], b"")
+                })
+                .await
+                .unwrap()
+            })
+            .buffer_unordered(30)
+            .for_each(move |(code, out, err)| async move {
+                assert_eq!((code, out.trim()), (0, "started"), "{transport}: {err}");
+            })
+    };
+    batch("spdy").await;
+    let before = (daemon_threads(&env), daemon_fds(&env), rss_kib(pid));
+    let t = std::time::Instant::now();
+    for transport in ["spdy", "websocket"] {
+        for _ in 0..10 {
+            batch(transport).await;
+        }
+    }
+    let after = (daemon_threads(&env), daemon_fds(&env), rss_kib(pid));
+    let (live, _, _) = env
+        .exec(&c, &["sh", "-c", "ps -o args | grep -cx 'sleep 1000'"], 10)
+        .await
+        .unwrap();
+    println!(
+        "600 streamed execs leaving a child each, 30 at a time: {:?}; daemon threads, \
+         descriptors, RSS KiB {before:?} -> {after:?}; {} children alive",
+        t.elapsed(),
+        live.trim()
+    );
+    assert!(
+        after.0 <= before.0 + 16,
+        "daemon threads {before:?} -> {after:?}"
+    );
+    assert!(
+        after.1 <= before.1 + 16,
+        "daemon descriptors {before:?} -> {after:?}"
+    );
+    assert!(
+        after.2 - before.2 < 16 << 10,
+        "daemon RSS {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        live.trim(),
+        "630",
+        "the children live on, holding their pipes"
+    );
+    env.remove_pod(&pod).await;
+}
+
 /// What a process shows of its user, groups and effective capabilities, one line each.
 const IDS: &str = "grep -E '^(Uid|Gid|Groups|CapEff):' /proc/self/status";
 
@@ -1498,62 +1576,65 @@ async fn exec_syncs_leaving_children_answer_and_hold_nothing() {
     env.remove_pod(&pod).await;
 }
 
-/// The daemon's resident memory, in KiB.
-fn daemon_rss_kib(env: &PodEnv) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", env.d.pid().unwrap())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 /// After spdystream's CVE-2026-35469: stdin a command never reads is held to a few MiB per
-/// session, the rest left in the client's TCP window. Six raw SPDY sessions each push up to
-/// 64 frames of 1 MiB at `sleep` (which reads nothing) until the daemon stops reading; the
-/// daemon grows by far less than what was sent (it took about 250 MiB per session before the
-/// budget), and a later exec still runs.
+/// session, the rest left in the client's TCP window. Sixteen raw SPDY sessions at once each
+/// push up to 64 frames of 1 MiB at `sleep` (which reads nothing) until the daemon stops
+/// reading; the daemon grows by a small part of what was sent (it took about 250 MiB per
+/// session before the budget of 4 MiB), and a later exec still runs.
 #[tokio::test]
 async fn spdy_stdin_flood_is_held_by_the_budget() {
     use crius::stream::spdy::{Codec, Frame};
+    const SESSIONS: usize = 16;
     let env = PodEnv::start().await;
     let sb = env.sandbox_config("flood");
     let pod = env.run_pod(&sb).await.unwrap();
     let c = env.run(&pod, &sb, env.container_config("c", LONG)).await;
-    let before = daemon_rss_kib(&env);
-    let mut sessions = Vec::new();
-    let mut sent_mib = 0;
-    for _ in 0..6 {
+    let pid = env.d.pid().unwrap();
+    let before = rss_kib(pid);
+    let mut floods = Vec::new();
+    for _ in 0..SESSIONS {
         let (mut s, head) = upgrade_raw(&exec_url(&env, &c, &["sleep", "1000"], true, false).await);
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-        let mut codec = Codec::new();
-        let wire = open_streams(
-            &mut codec,
-            &[(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")],
-        );
-        s.write_all(&wire).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut frame = Vec::new();
-        let data = Frame::Data {
-            stream: 3,
-            fin: false,
-            data: vec![b'x'; (1 << 20) - 64],
-        };
-        codec.encode(&data, &mut frame).unwrap();
-        for _ in 0..64 {
-            if s.write_all(&frame).is_err() {
-                break;
+        // Each session floods from a thread of its own, all at once, until its writes stall.
+        floods.push(std::thread::spawn(move || {
+            let mut codec = Codec::new();
+            let wire = open_streams(
+                &mut codec,
+                &[(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")],
+            );
+            s.write_all(&wire).unwrap();
+            s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut frame = Vec::new();
+            let data = Frame::Data {
+                stream: 3,
+                fin: false,
+                data: vec![b'x'; (1 << 20) - 64],
+            };
+            codec.encode(&data, &mut frame).unwrap();
+            let mut sent_mib = 0;
+            for _ in 0..64 {
+                if s.write_all(&frame).is_err() {
+                    break;
+                }
+                sent_mib += 1;
             }
-            sent_mib += 1;
-        }
-        sessions.push(s);
+            (s, sent_mib)
+        }));
     }
+    let (sessions, sent): (Vec<_>, Vec<i64>) =
+        floods.into_iter().map(|t| t.join().unwrap()).unzip();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let grown_mib = daemon_rss_kib(&env).saturating_sub(before) / 1024;
-    assert!(sent_mib >= 6 * 8, "the sessions sent only {sent_mib} MiB");
+    let grown_mib = (rss_kib(pid) - before) / 1024;
+    let sent_mib: i64 = sent.iter().sum();
+    println!(
+        "{SESSIONS} sessions sent {sent_mib} MiB of stdin; the daemon grew by {grown_mib} MiB"
+    );
     assert!(
-        grown_mib < 6 * 16,
+        sent.iter().all(|&m| m >= 4),
+        "a session sent less than its budget: {sent:?} MiB"
+    );
+    assert!(
+        grown_mib < SESSIONS as i64 * 6,
         "the daemon grew by {grown_mib} MiB for {sent_mib} MiB of unread stdin"
     );
     drop(sessions);
