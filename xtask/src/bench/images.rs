@@ -201,6 +201,29 @@ pub fn packages_tar(count: usize, seed: u64) -> Result<Vec<u8>> {
     Ok(b.into_inner()?)
 }
 
+/// A layer of `count` small files (64 to 575 bytes) side by side in one directory.
+pub fn one_directory_tar(count: usize, seed: u64) -> Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(
+        &mut header(tar::EntryType::Directory, 0o755, 0),
+        "many",
+        &[][..],
+    )?;
+    let mut sizes = Xorshift::new(seed);
+    for i in 0..count {
+        let data = content(
+            64 + (sizes.next() % 512) as usize,
+            seed * 1_000_000 + i as u64,
+        );
+        b.append_data(
+            &mut header(tar::EntryType::Regular, 0o644, data.len() as u64),
+            format!("many/{i:06}"),
+            &data[..],
+        )?;
+    }
+    Ok(b.into_inner()?)
+}
+
 pub struct Image {
     pub layers: Vec<Layer>,
     pub config: Vec<u8>,

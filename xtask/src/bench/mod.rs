@@ -5,6 +5,7 @@
 
 mod agent;
 mod cni;
+mod entries;
 mod images;
 mod kubelet;
 mod large;
@@ -458,6 +459,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     } else {
         Vec::new()
     };
+    let many = entries::build(&registry, if o.smoke { 0 } else { o.rounds }).await?;
 
     eprintln!("bench: starting crius and the containerd peers");
     // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
@@ -583,6 +585,9 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
                 let socket = tmp.join(rts[i].name()).join("nri/nri.sock");
                 nri::logger_rows(&mut rts[i], logger, &socket, &busybox, &mut res).await?;
             }
+        }
+        if let Some(reference) = many.get(round) {
+            entries::pull_rows(&mut rts, &order, reference, &mut res).await?;
         }
         if let Some(img) = large.get(round) {
             // The large pulls last in the round, after a pause for the disk (see field notes).
