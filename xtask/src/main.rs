@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask lint | unit | integration | conformance | node-e2e | test | test-vm |
-//! test-kubelet | chaos | fuzz | soak | ci | bench | dist | deb`.
+//! test-kubelet | chaos | fuzz | soak | ci | bench | dist | deb | arch`.
 
+mod arch;
 mod bench;
 mod deb;
 mod leftovers;
@@ -394,6 +395,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().cloned().unwrap_or_default();
     match task.as_str() {
+        "arch" => arch::write(),
         "lint" => lint(),
         "unit" => unit(),
         "integration" => integration(),
@@ -529,6 +531,9 @@ fn main() -> Result<()> {
                 "  soak         many probed pods with churn [--pods N] [--minutes M] [--churn C]"
             );
             eprintln!("  ci           everything CI runs (the benchmark as a smoke run)");
+            eprintln!(
+                "  arch         draw docs/architecture.svg (modules and processes) from the code"
+            );
             bail!("unknown task {task:?}")
         }
     }
