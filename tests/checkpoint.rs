@@ -306,7 +306,7 @@ async fn checkpoints_refused_with_reasons() {
     h.set_mode(0o644);
     b.append_data(&mut h, "config.dump", &dump[..]).unwrap();
     let other = dir.path().join("other.tar");
-    std::fs::write(&other, b.into_inner().unwrap()).unwrap();
+    std::fs::write(&other, seal_tar(&env, &b.into_inner().unwrap(), None)).unwrap();
     let mut cfg = env.container_config("other", &[]);
     cfg.image = Some(spec(other.to_str().unwrap()));
     let e = env.create(&pod, &sb, cfg).await.unwrap_err();
@@ -485,10 +485,14 @@ fn hostile_archive(env: &PodEnv, over: &[Member<'_>]) -> Vec<u8> {
 /// under the daemon's checkpoint key (made here when the daemon has none yet), or under `key`.
 /// It is what someone holding the key could make.
 fn sealed_archive(env: &PodEnv, over: &[Member<'_>], key: Option<[u8; 32]>) -> Vec<u8> {
+    seal_tar(env, &hostile_archive(env, over), key)
+}
+
+/// `tar` (of files and directories only) sealed as `sealed_archive` seals.
+fn seal_tar(env: &PodEnv, unsealed: &[u8], key: Option<[u8; 32]>) -> Vec<u8> {
     use crius::container::seal;
     let work = tempfile::tempdir().unwrap();
-    let unsealed = hostile_archive(env, over);
-    tar::Archive::new(&unsealed[..]).unpack(work.path()).unwrap();
+    tar::Archive::new(unsealed).unpack(work.path()).unwrap();
     let key = match key {
         Some(k) => seal::SealKey::from_bytes(&k),
         None => seal::SealKey::load_or_make(&env.d.root.join(seal::KEY_FILE)).unwrap(),

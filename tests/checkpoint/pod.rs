@@ -576,8 +576,17 @@ fn hand_made(
         .map(|(i, n)| {
             let mut members = vec![Member::File("spec.dump", specs[*n].clone())];
             members.extend(over(n));
-            std::fs::write(dir.join(format!("container-{i}.tar")), hostile_archive(env, &members))
-                .unwrap();
+            // Sealed as a dump is, unless a member is one no dump makes (refused before the
+            // seal is looked at).
+            let plain = members
+                .iter()
+                .all(|m| matches!(m, Member::File(..) | Member::Dir(..)));
+            let tar = if plain {
+                sealed_archive(env, &members, None)
+            } else {
+                hostile_archive(env, &members)
+            };
+            std::fs::write(dir.join(format!("container-{i}.tar")), tar).unwrap();
             serde_json::json!({"name": n, "archive": format!("container-{i}.tar"), "image": env.image})
         })
         .collect();
