@@ -203,7 +203,7 @@ export GOFLAGS="-mod=mod -trimpath -buildvcs=false"
 mkdir -p "$cache/build"
 
 roles=("$@")
-[ ${#roles[@]} -gt 0 ] || roles=(cri-tools cri-tools-oldest kubernetes kubernetes-oldest node-e2e containerd containerd-lts cni-plugins clients)
+[ ${#roles[@]} -gt 0 ] || roles=(cri-tools cri-tools-oldest kubernetes kubernetes-oldest node-e2e containerd containerd-lts crio cni-plugins clients)
 for role in "${roles[@]}"; do
     case $role in
     go) ;;
