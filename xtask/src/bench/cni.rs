@@ -1,6 +1,6 @@
 //! The CNI part of the benchmark: one bridge network list (bridge with host-local IPAM and
 //! portmap, on a bridge and /24 of the benchmark's own, no masquerade, no route out) given to
-//! both runtimes, and the same plugin chain run alone (ADD then DEL on a fresh network
+//! every runtime, and the same plugin chain run alone (ADD then DEL on a fresh network
 //! namespace, as a runtime chains them), so the table can show what each runtime adds above the
 //! plugins. Everything the plugins leave (the bridge, portmap's chains) is removed on drop.
 
@@ -31,7 +31,7 @@ pub struct BenchNet {
     rules_before: Vec<String>,
 }
 
-/// The file name both runtimes read first (lexical order).
+/// The file name every runtime reads first (lexical order).
 pub const FILE: &str = "00-bench-bridge.conflist";
 
 fn iptables_save() -> String {

@@ -120,7 +120,8 @@ async fn push_lazy(registry: &Registry, r: usize, mut layers: Vec<Lazy>) -> Resu
 /// Time to a running container of the round's eStargz image, cold: PullImage, then
 /// CreateContainer and StartContainer of a command that reads the first MiB of each weights
 /// file. crius serves it lazily (`image.lazy_pull`); the containerd peers, without a stargz
-/// snapshotter, pull it whole. The pod is made before the clock starts; the image is removed
+/// snapshotter, pull it whole, and so does CRI-O (c/storage's partial pulls are off by
+/// default). The pod is made before the clock starts; the image is removed
 /// after (crius's lazy layers go with it).
 pub async fn lazy_rows(
     rts: &mut [Rt],

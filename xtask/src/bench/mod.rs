@@ -1,10 +1,12 @@
-//! `cargo xtask bench`: crius, the newest containerd and its LTS line's newest side by side, on this
-//! machine, in one run, driven by the same CRI client code. Each round runs every operation on
-//! every runtime, each going first in turn; the report (`report`) gives median, p90 and spread
-//! per operation and runtime, and crius's ratio to each peer; `plot` draws its JSON as SVG.
+//! `cargo xtask bench`: crius, the newest containerd, its LTS line's newest and CRI-O side by
+//! side, on this machine, in one run, driven by the same CRI client code. Each round runs every
+//! operation on every runtime, each going first in turn; the report (`report`) gives median, p90
+//! and spread per operation and runtime, and crius's ratio to each peer; `plot` draws its JSON
+//! as SVG.
 
 mod agent;
 mod cni;
+mod crio;
 mod entries;
 mod images;
 mod kubelet;
@@ -33,6 +35,7 @@ use report::{Results, report, stats};
 pub const UPSTREAM: &[&str] = &[
     "containerd",
     "containerd-lts",
+    "crio",
     "cni-plugins",
     "clients",
     "kubernetes",
@@ -117,6 +120,8 @@ struct Rt {
     img: ImageServiceClient<Channel>,
     logs: PathBuf,
     seq: usize,
+    /// The containers started in each pod, stopped before their pod as kubelet stops them.
+    containers: std::collections::HashMap<String, Vec<String>>,
 }
 
 impl Rt {
@@ -127,6 +132,7 @@ impl Rt {
             peer,
             logs,
             seq: 0,
+            containers: Default::default(),
         }
     }
 
@@ -149,6 +155,10 @@ impl Rt {
             hostname: name,
             log_directory: log_dir.display().to_string(),
             linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: match self.peer.kind {
+                    peers::Kind::Crio => crio::CGROUP_PARENT.into(),
+                    _ => String::new(),
+                },
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {
                         pid: cri::NamespaceMode::Container as i32,
@@ -168,8 +178,11 @@ impl Rt {
                 name: name.into(),
                 attempt: 0,
             }),
+            // The name as the user gave it, as kubelet sends it: CRI-O checks its signature
+            // policy against it, and refuses a container without it.
             image: Some(cri::ImageSpec {
                 image: image.into(),
+                user_specified_image: image.into(),
                 ..Default::default()
             }),
             command: vec!["sleep".into(), "100000".into()],
@@ -235,6 +248,17 @@ impl Rt {
     }
 
     async fn remove_pod(&mut self, id: &str) -> Result<()> {
+        // Killed at once: CRI-O's StopPodSandbox gives a running container 9 s of its default
+        // 10 s after SIGTERM, which `sleep` as PID 1 ignores.
+        for c in self.containers.remove(id).unwrap_or_default() {
+            self.rt
+                .stop_container(cri::StopContainerRequest {
+                    container_id: c,
+                    timeout: 0,
+                })
+                .await
+                .with_context(|| format!("{}: StopContainer", self.name()))?;
+        }
         self.rt
             .stop_pod_sandbox(cri::StopPodSandboxRequest {
                 pod_sandbox_id: id.into(),
@@ -290,6 +314,10 @@ impl Rt {
             })
             .await
             .with_context(|| format!("{}: StartContainer", self.name()))?;
+        self.containers
+            .entry(pod.to_string())
+            .or_default()
+            .push(id.clone());
         Ok(id)
     }
 
@@ -364,13 +392,16 @@ impl Rt {
                     .await?
                     .into_inner()
                     .container_id;
-                rt.start_container(cri::StartContainerRequest { container_id: c })
-                    .await?;
-                Ok::<_, tonic::Status>(())
+                rt.start_container(cri::StartContainerRequest {
+                    container_id: c.clone(),
+                })
+                .await?;
+                Ok::<_, tonic::Status>((pod, c))
             }
         });
         for r in futures_util::future::join_all(jobs).await {
-            r.with_context(|| format!("{}: concurrent pods", self.name()))?;
+            let (pod, c) = r.with_context(|| format!("{}: concurrent pods", self.name()))?;
+            self.containers.entry(pod).or_default().push(c);
         }
         Ok(start.elapsed())
     }
@@ -445,15 +476,18 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             ),
         )
         .await?;
+    // Per round, one image per runtime, in the order the runtimes are started.
     let mut small = Vec::new();
     for r in 0..o.rounds {
-        for rt in ["crius", "containerd", "containerd-lts"] {
+        let mut round = Vec::new();
+        for rt in peers::Kind::ALL.map(peers::Kind::name) {
             let img = images::image(
                 vec![images::busybox_layer(&format!("small-{r}-{rt}"))?],
                 &["sh"],
             );
-            small.push(registry.push("small", &format!("r{r}-{rt}"), &img).await?);
+            round.push(registry.push("small", &format!("r{r}-{rt}"), &img).await?);
         }
+        small.push(round);
     }
     let large = if o.large_mb > 0 {
         large::build(&registry, o.large_mb, o.rounds).await?
@@ -462,7 +496,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     };
     let many = entries::build(&registry, if o.smoke { 0 } else { o.rounds }).await?;
 
-    eprintln!("bench: starting crius and the containerd peers");
+    eprintln!("bench: starting crius and its peers (containerd, containerd-lts, crio)");
     // Runtime state lives on tmpfs, as /run does on a node; images and layers on the disk.
     let run = tmp.join("run");
     std::fs::create_dir_all(&run)?;
@@ -475,9 +509,13 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     }
     let crius = peers::start_crius(&o.crius_bin, &tmp.join("crius"), &run)?;
     let mut rts = vec![Rt::new(crius, tmp.join("logs/crius"))];
-    for kind in [peers::Kind::Containerd, peers::Kind::ContainerdLts] {
+    for kind in peers::Kind::ALL.into_iter().skip(1) {
         let dir = tmp.join(kind.name());
-        match peers::start_containerd(kind, &dir, &run, &registry.host(), &pause)? {
+        let peer = match kind {
+            peers::Kind::Crio => crio::start(&dir, &run, &registry.host(), &pause)?,
+            _ => peers::start_containerd(kind, &dir, &run, &registry.host(), &pause)?,
+        };
+        match peer {
             Some(p) => rts.push(Rt::new(p, tmp.join("logs").join(kind.name()))),
             None => bail!(
                 "{} is not installed: run hack/install-upstream.sh {}",
@@ -498,7 +536,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
     }
 
     let logger = nri::logger()?;
-    for round in 0..o.rounds {
+    for (round, small) in small.iter().enumerate() {
         eprintln!("bench: round {}/{}", round + 1, o.rounds);
         let order = turns(round, rts.len());
         for &i in &order {
@@ -567,7 +605,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
                 rt.remove_pod(&pod).await?;
             }
             // Cold pull of a small image nobody has.
-            let img = &small[round * 3 + i];
+            let img = &small[i];
             let (_, ms) = timed(rt.pull(img)).await?;
             res.add("cold pull small (1 MB)", "ms", name, ms);
             // Concurrent pods.
@@ -678,7 +716,7 @@ fn turns(round: usize, n: usize) -> Vec<usize> {
     (0..n).map(|k| (k + round) % n).collect()
 }
 
-/// Pods on the same CNI bridge list for both runtimes, and the plugin chain alone: what each
+/// Pods on the same CNI bridge list for every runtime, and the plugin chain alone: what each
 /// runtime adds above the plugins is the difference of the medians.
 async fn cni_rows(
     o: &Options,

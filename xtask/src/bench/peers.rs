@@ -1,11 +1,12 @@
 //! The runtimes under test, each with private state under the benchmark's directory and its own
 //! socket: crius (the release binary), and the newest containerd and the LTS line's newest, each
 //! with its runc shim (built from their module by `hack/install-upstream.sh`, roles `containerd`
-//! and `containerd-lts`), on Debian's runc.
+//! and `containerd-lts`), on Debian's runc; CRI-O is started by `crio`.
 //! containerd needs `restrict_oom_score_adj` on these machines, a pause image (built from
 //! busybox here) and a CNI result with an address: it gets Debian's `loopback` plugin plus a
-//! no-op plugin that reports one, so both runtimes give pods a loopback-only network, until the
-//! CNI rows put the same bridge list first in both runtimes' directories (`cni`).
+//! no-op plugin that reports one (CRI-O gets the same), so every runtime gives pods a
+//! loopback-only network, until the CNI rows put the same bridge list first in every runtime's
+//! directory (`cni`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -22,14 +23,25 @@ pub enum Kind {
     Containerd,
     /// The newest of containerd's LTS line.
     ContainerdLts,
+    /// The newest CRI-O release the module proxy serves.
+    Crio,
 }
 
 impl Kind {
+    /// Every runtime, in the order the bench starts them (crius first: the others are its peers).
+    pub const ALL: [Kind; 4] = [
+        Kind::Crius,
+        Kind::Containerd,
+        Kind::ContainerdLts,
+        Kind::Crio,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Crius => "crius",
             Kind::Containerd => "containerd",
             Kind::ContainerdLts => "containerd-lts",
+            Kind::Crio => "crio",
         }
     }
 
@@ -39,6 +51,7 @@ impl Kind {
             Kind::Crius => "",
             Kind::Containerd => "containerd",
             Kind::ContainerdLts => "containerd-lts",
+            Kind::Crio => "crio",
         }
     }
 }
@@ -55,6 +68,8 @@ pub struct Peer {
     pub metrics: Option<String>,
     /// crius's log, with its step times of each container create and start.
     pub steps_log: Option<PathBuf>,
+    /// What CRI-O leaves on the host, cleaned once the daemon has stopped.
+    pub crio: Option<super::crio::Cleanup>,
 }
 
 fn wait_socket(socket: &Path, child: &mut Child, log: &Path) -> Result<()> {
@@ -133,15 +148,14 @@ pub fn start_crius(bin: &Path, dir: &Path, run: &Path) -> Result<Peer> {
         cni_conf,
         metrics: Some(metrics),
         steps_log: Some(log),
+        crio: None,
     })
 }
 
-/// What both containerds read besides their config: the CNI directories (loopback and a
-/// plugin reporting an address) and the registry's hosts.toml. Returns the socket, the CNI
-/// configuration and binary directories.
-fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
-    std::fs::create_dir_all(dir)?;
-    let socket = dir.join("containerd.sock");
+/// The CNI directories the containerds and CRI-O read: loopback and a plugin reporting an
+/// address, and the bridge list's plugins for the CNI rows. Returns the configuration and the
+/// binary directory.
+pub fn cni_dirs(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let cni_conf = dir.join("cni-conf");
     let cni_bin = dir.join("cni-bin");
     std::fs::create_dir_all(&cni_conf)?;
@@ -161,6 +175,15 @@ fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, Pat
         cni_conf.join("10-bench.conflist"),
         r#"{"cniVersion":"0.4.0","name":"bench","plugins":[{"type":"loopback"},{"type":"bench-addr"}]}"#,
     )?;
+    Ok((cni_conf, cni_bin))
+}
+
+/// What both containerds read besides their config: the CNI directories and the registry's
+/// hosts.toml. Returns the socket, the CNI configuration and binary directories.
+fn containerd_files(dir: &Path, registry: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let socket = dir.join("containerd.sock");
+    let (cni_conf, cni_bin) = cni_dirs(dir)?;
     let certs = dir.join("certs.d").join(registry);
     std::fs::create_dir_all(&certs)?;
     std::fs::write(
@@ -191,24 +214,30 @@ state = "{state}"
     )
 }
 
-fn spawn_containerd(
+/// Starts a peer's daemon with its output in `log` and waits for its socket; a daemon that never
+/// serves is ended.
+pub fn spawn(
     kind: Kind,
-    mut cmd: Command,
-    dir: &Path,
-    cfg: &Path,
+    cmd: &mut Command,
+    log: &Path,
     socket: PathBuf,
     cni_conf: PathBuf,
 ) -> Result<Peer> {
-    let log = dir.join("containerd.log");
     let mut child = cmd
-        .arg("--config")
-        .arg(cfg)
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log)?)
-        .stderr(std::fs::File::options().append(true).open(&log)?)
+        .stdout(std::fs::File::create(log)?)
+        .stderr(std::fs::File::options().append(true).open(log)?)
         .spawn()?;
-    wait_socket(&socket, &mut child, &log).context(kind.name())?;
-    let channel = crius::cri::client::channel(&socket)?;
+    let served = wait_socket(&socket, &mut child, log)
+        .and_then(|()| Ok(crius::cri::client::channel(&socket)?));
+    let channel = match served {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e.context(kind.name()));
+        }
+    };
     Ok(Peer {
         kind,
         pid: child.id() as i32,
@@ -218,6 +247,7 @@ fn spawn_containerd(
         cni_conf,
         metrics: None,
         steps_log: None,
+        crio: None,
     })
 }
 
@@ -274,10 +304,18 @@ pub fn start_containerd(
     )?;
     let mut cmd = Command::new(&daemon);
     let path = std::env::var("PATH").unwrap_or_default();
-    cmd.env("PATH", format!("{}:{path}", bin.display()));
-    spawn_containerd(kind, cmd, dir, &cfg, socket, cni_conf)
-        .map(Some)
-        .with_context(|| format!("starting {}", daemon.display()))
+    cmd.env("PATH", format!("{}:{path}", bin.display()))
+        .arg("--config")
+        .arg(&cfg);
+    spawn(
+        kind,
+        &mut cmd,
+        &dir.join("containerd.log"),
+        socket,
+        cni_conf,
+    )
+    .map(Some)
+    .with_context(|| format!("starting {}", daemon.display()))
 }
 
 impl Peer {
@@ -301,8 +339,18 @@ impl Peer {
         Ok(Some(sum))
     }
 
-    /// Stops the runtime (its pods are removed by the caller first).
+    /// Stops the runtime (its pods are removed by the caller first), then cleans what it leaves.
     pub fn stop(&mut self) {
+        self.stop_daemon();
+        // Dropped here, once: the daemon no longer uses what it cleans.
+        self.crio.take();
+    }
+
+    fn stop_daemon(&mut self) {
+        // Stopped before (the pid may be another process's by now).
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.pid),
             nix::sys::signal::Signal::SIGTERM,
@@ -425,5 +473,10 @@ pub fn helper_pids(peer: &Peer) -> (Vec<i32>, Vec<i32>) {
                 .collect();
             (shims, pauses)
         }
+        // No pause holders: its pods keep no infra container (`crio`).
+        Kind::Crio => match &peer.crio {
+            Some(c) => (c.monitors(&procs), Vec::new()),
+            None => (Vec::new(), Vec::new()),
+        },
     }
 }

@@ -281,17 +281,19 @@ mod tests {
         let results = dir.path().join("results.json");
         let doc = serde_json::json!({
             "rounds": 3,
-            "peers": ["containerd", "containerd-lts"],
+            "peers": ["containerd", "containerd-lts", "crio"],
             "results": {
                 "container create+start": {
                     "unit": "ms", "crius": entry(&[6.0, 7.0, 8.0]),
                     "containerd": entry(&[60.0, 62.0, 64.0]), "ratio_containerd": 7.0 / 62.0,
                     "containerd-lts": entry(&[58.0, 59.0, 61.0]), "ratio_containerd-lts": 7.0 / 59.0,
+                    "crio": entry(&[90.0, 95.0, 99.0]), "ratio_crio": 7.0 / 95.0,
                 },
                 "cold pull small (1 MB)": {
                     "unit": "ms", "crius": entry(&[30.0, 32.0, 35.0]),
                     "containerd": entry(&[70.0, 71.0, 72.0]), "ratio_containerd": 32.0 / 71.0,
                     "containerd-lts": null, "ratio_containerd-lts": null,
+                    "crio": entry(&[80.0, 84.0, 88.0]), "ratio_crio": 32.0 / 84.0,
                 },
                 "cold pull AI-shaped image (1024 MiB weights + 20000 files)": {
                     "unit": "ms", "crius": entry(&[3700.0, 3720.0, 3800.0]),
@@ -313,18 +315,30 @@ mod tests {
         );
         let pulls_svg = std::fs::read_to_string(&written[1]).unwrap();
         assert!(pulls_svg.contains("crius") && pulls_svg.contains("containerd"));
+        assert!(pulls_svg.contains("crio"), "{pulls_svg}");
+        assert!(bars.contains("container create+start / crio"), "{bars}");
 
         let rows = ratios(&doc);
-        // create+start against both peers, the small pull against one, the large against one.
-        assert_eq!(rows.len(), 4);
+        // create+start against the three peers, the small pull against two, the large against one.
+        assert_eq!(rows.len(), 6);
         let create = rows
             .iter()
             .find(|r| r.label == "container create+start / containerd")
             .unwrap();
         assert!((create.low - 6.0 / 62.0).abs() < 1e-9, "{}", create.low);
         assert!((create.high - 8.0 / 62.0).abs() < 1e-9, "{}", create.high);
+        let crio = rows
+            .iter()
+            .find(|r| r.label == "cold pull small (1 MB) / crio")
+            .unwrap();
+        assert!((crio.ratio - 32.0 / 84.0).abs() < 1e-9, "{}", crio.ratio);
+        assert!((crio.low - 30.0 / 84.0).abs() < 1e-9, "{}", crio.low);
         let points = pulls(&doc);
-        assert_eq!(points.len(), 4, "crius and containerd at two sizes");
+        assert_eq!(
+            points.len(),
+            5,
+            "crius and containerd at two sizes, crio at one"
+        );
         assert!(
             points
                 .iter()

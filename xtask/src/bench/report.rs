@@ -59,21 +59,23 @@ pub fn stats(v: &[f64]) -> Stats {
     }
 }
 
-/// Prints the table (crius, then each peer in `peers` with crius's ratio to it) and writes the
-/// JSON.
-/// Which release each containerd peer is, from its directory's name (`containerd-v2.4.2`).
-fn peer_versions() -> String {
-    let said: Vec<String> = ["containerd", "containerd-lts"]
+/// Which release each peer is, from its directory's name (`containerd-v2.4.2`, `crio-v1.36.3`);
+/// a peer's name is its role.
+fn peer_versions(peers: &[&'static str]) -> String {
+    let said: Vec<String> = peers
         .iter()
         .map(|role| {
             let dir = crate::upstream::dir(role).unwrap_or_default();
             let name = dir.file_name().unwrap_or_default().to_string_lossy();
-            format!("{role} is {}", name.replace("containerd-v", ""))
+            let version = name.rsplit_once("-v").map_or(&*name, |(_, v)| v);
+            format!("{role} is {version}")
         })
         .collect();
     said.join(", ")
 }
 
+/// Prints the table (crius, then each peer in `peers` with crius's ratio to it) and writes the
+/// JSON.
 pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> {
     let mut head = vec![
         "operation".to_string(),
@@ -147,10 +149,11 @@ pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> 
         .map(|o| o.status.success())
         .unwrap_or(false);
     println!(
-        "\nrounds: {}, peers: {} ({}; both with runc), unpigz on PATH: {unpigz}",
+        "\nrounds: {}, peers: {} ({}; all on Debian's runc, crio with conmon), unpigz on PATH: \
+         {unpigz}",
         o.rounds,
         peers.join(", "),
-        peer_versions()
+        peer_versions(peers)
     );
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;

@@ -1,4 +1,4 @@
-//! The streaming part of the benchmark, through one client for both runtimes (crius's own
+//! The streaming part of the benchmark, through one client for every runtime (crius's own
 //! SPDY client, the protocol kubelet proxies): `exec true` over the streaming path (Exec, the
 //! upgrade, the exit status), and port forwarding to busybox httpd in a pod (by the release
 //! binary's `crius port-forward`): the throughput of one large download and the time of a small
@@ -99,9 +99,9 @@ pub async fn rows(
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
     };
-    // The client is the release binary's `crius port-forward`, the same for both runtimes (it
+    // The client is the release binary's `crius port-forward`, the same for every runtime (it
     // speaks CRI to whichever socket it is given): the library linked into xtask is built
-    // without optimisation, and as the client it held both runtimes to its own speed.
+    // without optimisation, and as the client it held every runtime to its own speed.
     let mut forwarder = Forwarder(
         std::process::Command::new(client)
             .arg("--socket")
