@@ -1,6 +1,6 @@
 //! What tests may leave on the machine, taken before and after CI's tiers: mounts, crius
-//! processes, cgroups, network namespaces, links, iptables rules and temp directories. Anything
-//! new afterwards fails the run, naming it.
+//! processes, cgroups, network namespaces, links, iptables rules, temp directories and the
+//! directories the bench's CRI-O could make. Anything new afterwards fails the run, naming it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -141,6 +141,15 @@ impl Inventory {
                 ("link", links()),
                 ("iptables rule or chain", iptables_rules()),
                 ("temp dir", dir_entries("/tmp", &["crius-", ".tmp"])),
+                // What the bench's CRI-O peer could leave outside its directory: c/image's
+                // blob-info cache, and crun's root were its crun handler probed.
+                (
+                    "CRI-O directory",
+                    dir_entries("/var/lib", &["containers"])
+                        .into_iter()
+                        .chain(dir_entries("/run", &["crun"]))
+                        .collect(),
+                ),
             ],
         }
     }
