@@ -145,7 +145,7 @@ pub(super) fn unpack_into(
         }
     }
     // Before any member is read: only what a crius holding the key dumped goes on.
-    super::seal::check(&dir, key).map_err(|why| bad(archive, why))?;
+    super::seal::check(&dir, key).map_err(|why| bad(archive, why.to_string()))?;
     Ok(unpacked)
 }
 

@@ -145,30 +145,41 @@ pub fn seal(dir: &Path, key: &SealKey) -> Result<(), Error> {
         .map_err(super::io_err(&path))
 }
 
+/// Why an unpacked archive's seal does not hold.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Broken {
+    #[error(
+        "it has no {SEAL}: only archives a crius holding this node's checkpoint key dumped are \
+         restored"
+    )]
+    Missing,
+    #[error("{SEAL}: not a seal (64 hexadecimal digits)")]
+    NotASeal,
+    #[error("{SEAL}: not hexadecimal")]
+    NotHex,
+    #[error("reading the archive to check its seal: {0}")]
+    Unreadable(#[source] std::io::Error),
+    #[error(
+        "its seal does not match: the archive was changed after its dump, or dumped under \
+         another checkpoint key than this node's ({KEY_FILE})"
+    )]
+    Mismatch,
+}
+
 /// Checks the seal of an unpacked archive (`dir`, a tree of directories and regular files):
 /// why not, when it does not hold.
-pub(super) fn check(dir: &Path, key: &SealKey) -> Result<(), String> {
+pub(super) fn check(dir: &Path, key: &SealKey) -> Result<(), Broken> {
     let path = dir.join(SEAL);
     let text = match std::fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_file() && m.len() == 2 * 32 => {
-            std::fs::read(&path).map_err(|e| format!("{SEAL}: {e}"))?
+            std::fs::read(&path).map_err(Broken::Unreadable)?
         }
-        Ok(_) => return Err(format!("{SEAL}: not a seal (64 hexadecimal digits)")),
-        Err(_) => {
-            return Err(format!(
-                "it has no {SEAL}: only archives a crius holding this node's checkpoint key \
-                 dumped are restored"
-            ));
-        }
+        Ok(_) => return Err(Broken::NotASeal),
+        Err(_) => return Err(Broken::Missing),
     };
-    let tag = hex::decode(&text).map_err(|_| format!("{SEAL}: not hexadecimal"))?;
-    let m = manifest(dir).map_err(|e| e.to_string())?;
-    hmac::verify(&key.0, &m, &tag).map_err(|_| {
-        format!(
-            "its seal does not match: the archive was changed after its dump, or dumped under \
-             another checkpoint key than this node's ({KEY_FILE})"
-        )
-    })
+    let tag = hex::decode(&text).map_err(|_| Broken::NotHex)?;
+    let m = manifest(dir).map_err(Broken::Unreadable)?;
+    hmac::verify(&key.0, &m, &tag).map_err(|_| Broken::Mismatch)
 }
 
 #[cfg(test)]
@@ -195,7 +206,12 @@ mod tests {
         seal(d.path(), &key(1)).unwrap();
         check(d.path(), &key(1)).unwrap();
         // Another node's key.
-        assert!(check(d.path(), &key(2)).unwrap_err().contains("another"));
+        assert!(
+            check(d.path(), &key(2))
+                .unwrap_err()
+                .to_string()
+                .contains("another")
+        );
         // A byte changed, a file added, a directory added, a file renamed.
         let changes: [&dyn Fn(&Path); 4] = [
             &|p| std::fs::write(p.join("checkpoint/core-1.img"), b"Core").unwrap(),
@@ -207,7 +223,7 @@ mod tests {
             let d = tree();
             seal(d.path(), &key(1)).unwrap();
             change(d.path());
-            let e = check(d.path(), &key(1)).unwrap_err();
+            let e = check(d.path(), &key(1)).unwrap_err().to_string();
             assert!(e.contains("does not match"), "{e}");
         }
     }
@@ -218,16 +234,23 @@ mod tests {
         assert!(
             check(d.path(), &key(1))
                 .unwrap_err()
+                .to_string()
                 .contains("no crius.seal")
         );
         std::fs::write(d.path().join(SEAL), "zz".repeat(32)).unwrap();
         assert!(
             check(d.path(), &key(1))
                 .unwrap_err()
+                .to_string()
                 .contains("not hexadecimal")
         );
         std::fs::write(d.path().join(SEAL), "00").unwrap();
-        assert!(check(d.path(), &key(1)).unwrap_err().contains("not a seal"));
+        assert!(
+            check(d.path(), &key(1))
+                .unwrap_err()
+                .to_string()
+                .contains("not a seal")
+        );
     }
 
     #[test]
