@@ -34,8 +34,17 @@ pub fn pod_start(crius_bin: &Path, pods: usize) -> Result<Option<PodStart>> {
     let Some((_, exe)) = bins.first() else {
         bail!("building tests/pod_start.rs gave no executable");
     };
-    let bin =
+    let mut bin =
         std::fs::canonicalize(crius_bin).with_context(|| format!("{}", crius_bin.display()))?;
+    // The VM sees the host's root, but not its /tmp: a binary given from outside the project
+    // (`--crius /tmp/...`) is copied into it first, or the run ends here, after all the rest.
+    let project = std::env::current_dir()?;
+    if !bin.starts_with(&project) {
+        let copy = project.join("target/bench/crius-for-the-vm");
+        std::fs::create_dir_all(project.join("target/bench"))?;
+        std::fs::copy(&bin, &copy).with_context(|| format!("copying {}", bin.display()))?;
+        bin = copy;
+    }
     let mut cmd = crate::vm::command(&[], 1500)?;
     cmd.args(["--", "env"])
         .arg(format!("CRIUS_TEST_BIN={}", bin.display()))
