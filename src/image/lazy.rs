@@ -27,7 +27,7 @@ use crate::atomic;
 use crate::content::Digest;
 use crate::runtime::{self, ProcessId};
 use crate::snapshot::lazy::toc::{self, Tree};
-use crate::snapshot::lazy::{LazyDir, Source};
+use crate::snapshot::lazy::{Budget, BudgetError, Held, LazyDir, MAX_SERVED_WEIGHT, Source};
 
 /// How long a helper may take to mount.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,6 +35,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// A chunk's fetch, before the helper (which waits 300 s) is told it failed.
 const FILL_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one image's footers and TOCs may take, all its layers together: the mounting lock
+/// is held meanwhile, and a registry answering a byte a minute is never timed out per read.
+/// Past it, the image is pulled whole.
+const TOC_DEADLINE: Duration = Duration::from_secs(120);
+/// The most layers of one image served lazily (each is a helper, a mount and a tree); an
+/// image with more is pulled whole (overlay stacks at most 500 anyway).
+const MAX_LAZY_LAYERS: usize = 128;
 
 /// Why a layer is not served lazily, or a chunk not served.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +62,8 @@ enum LazyError {
     NoChunk(usize),
     #[error("no answer from the registry within {0:?}")]
     Timeout(Duration),
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -93,6 +102,8 @@ pub(super) struct Lazy {
     /// The chunk answers' runtime and registry client (see the module's comment).
     chunks: ChunkRuntime,
     registry: Registry,
+    /// What the served layers' trees and helpers may take (see `MAX_SERVED_WEIGHT`).
+    budget: Budget,
 }
 
 /// One mounted lazy layer, as this side serves its chunks.
@@ -107,6 +118,8 @@ struct Served {
     present: Vec<AtomicBool>,
     creds: Option<Credentials>,
     server: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Its share of `Lazy::budget`, given back when the last holder drops it.
+    _held: Held,
 }
 
 impl Served {
@@ -182,6 +195,7 @@ impl Lazy {
             mounting: Arc::default(),
             chunks: ChunkRuntime::default(),
             registry: Registry::new(config_path, auth_file),
+            budget: Budget::new(MAX_SERVED_WEIGHT),
         }
     }
 
@@ -209,7 +223,11 @@ impl Lazy {
     }
 
     /// Retires each of `keys` that `keep` does not want, while no lazy pull is being recorded.
+    /// An image of no lazy layers waits for no lazy pull.
     pub(super) async fn retire_unless(&self, keys: &[Key], keep: impl Fn(&Key) -> bool) {
+        if keys.is_empty() {
+            return;
+        }
         let _one = self.mounting.lock().await;
         for k in keys {
             if !keep(k) {
@@ -287,6 +305,10 @@ pub(super) async fn serve(
     if wanted.is_empty() {
         return None;
     }
+    if wanted.len() > MAX_LAZY_LAYERS {
+        tracing::info!(image = %reference, layers = wanted.len(), max = MAX_LAZY_LAYERS, "too many layers to serve lazily; pulling it whole");
+        return None;
+    }
     let chains: Vec<Digest> = layers.iter().map(|l| l.chain_id.clone()).collect();
     let shown = reference.to_string();
     let mut mounted = Mounted {
@@ -294,13 +316,24 @@ pub(super) async fn serve(
         keys: Vec::new(),
         _one: inner.lazy.mounting.clone().lock_owned().await,
     };
+    let deadline = tokio::time::Instant::now() + TOC_DEADLINE;
     for (l, key) in wanted {
         let served = lock(&inner.lazy.layers).get(&key).cloned();
         if let Some(served) = served {
             served.protect(&chains);
             continue;
         }
-        match mount(inner, &resolved.session, &shown, l, &key, &chains, creds).await {
+        let made = mount(
+            inner,
+            &resolved.session,
+            &shown,
+            l,
+            &key,
+            &chains,
+            creds,
+            deadline,
+        );
+        match made.await {
             Ok(()) => mounted.keys.push(key),
             Err(e) => {
                 tracing::warn!(image = %shown, layer = %l.digest, error = %e, "lazy pull not possible; pulling it whole");
@@ -312,7 +345,8 @@ pub(super) async fn serve(
     Some(mounted)
 }
 
-/// Fetches and checks one layer's TOC, makes its directory and serves it.
+/// Fetches and checks one layer's TOC (by `deadline`), makes its directory and serves it.
+#[allow(clippy::too_many_arguments)]
 async fn mount(
     inner: &Arc<Inner>,
     session: &Session<'_>,
@@ -321,19 +355,25 @@ async fn mount(
     key: &Key,
     image_chains: &[Digest],
     creds: &Option<Credentials>,
+    deadline: tokio::time::Instant,
 ) -> Result<(), LazyError> {
     let digest = &layer.digest;
     let footer_at = layer
         .size
         .checked_sub(toc::FOOTER_SIZE)
         .ok_or(LazyError::Small)?;
-    let footer = session
-        .range(digest, footer_at, layer.size, toc::FOOTER_SIZE)
-        .await?;
-    let toc_offset = toc::toc_offset(&footer)?;
-    let member = session
-        .range(digest, toc_offset, footer_at, toc::MAX_TOC)
-        .await?;
+    let fetched = tokio::time::timeout_at(deadline, async {
+        let footer = session
+            .range(digest, footer_at, layer.size, toc::FOOTER_SIZE)
+            .await?;
+        let toc_offset = toc::toc_offset(&footer)?;
+        let member = session
+            .range(digest, toc_offset, footer_at, toc::MAX_TOC)
+            .await?;
+        Ok::<_, LazyError>((toc_offset, member))
+    })
+    .await;
+    let (toc_offset, member) = fetched.map_err(|_| LazyError::Timeout(TOC_DEADLINE))??;
     let want = key.2.clone();
     let allow_devices = inner.unpack.allow_device_nodes;
     let (json, tree) = tokio::task::spawn_blocking(move || {
@@ -346,6 +386,8 @@ async fn mount(
         Ok((json, tree))
     })
     .await??;
+    // Taken before anything is made; given back when the layer's last holder drops it.
+    let held = inner.lazy.budget.take(Budget::weight(&tree))?;
     let source = Source {
         reference: shown.to_string(),
         digest: digest.clone(),
@@ -363,18 +405,17 @@ async fn mount(
         &digest.hex()[..12],
         hex::encode(name)
     )));
-    let served = prepare(
-        &inner.lazy.root,
-        key.clone(),
-        &dir,
-        &source,
-        &json,
-        tree,
-        creds,
-    )?;
-    let served = Arc::new(served);
-    // Until its helper is watched, a failure or a cancelled pull takes it all down.
-    let unmade = Unmade(Some(served.clone()));
+    // Off the async threads (the TOC written is up to 64 MiB). Until its helper is watched, a
+    // failure or a cancelled pull takes it all down: `Unmade` is made in the blocking task, so
+    // a pull dropped while it runs removes the directory too.
+    let root = inner.lazy.root.clone();
+    let (key, creds) = (key.clone(), creds.clone());
+    let unmade = tokio::task::spawn_blocking(move || {
+        let served = prepare(&root, key, &dir, &source, &json, tree, &creds, held)?;
+        Ok::<_, LazyError>(Unmade(Some(Arc::new(served))))
+    })
+    .await??;
+    let served = unmade.served()?;
     start(inner, &served)?;
     let helper = spawn_helper(&served.dir).await?;
     unmade.made();
@@ -391,6 +432,12 @@ impl Unmade {
     fn made(mut self) {
         self.0 = None;
     }
+
+    fn served(&self) -> Result<Arc<Served>, LazyError> {
+        self.0
+            .clone()
+            .ok_or_else(|| LazyError::Helper("its layer is gone".into()))
+    }
 }
 
 impl Drop for Unmade {
@@ -404,6 +451,7 @@ impl Drop for Unmade {
 /// The layer's directory (0700, new: its name is random): its TOC, source, an empty cache file
 /// (0600) the size of its files, and `mnt`. The cache may take at most half the store's free
 /// room. On failure, what it made is removed.
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     root: &Path,
     key: Key,
@@ -412,6 +460,7 @@ fn prepare(
     json: &[u8],
     tree: Tree,
     creds: &Option<Credentials>,
+    held: Held,
 ) -> Result<Served, LazyError> {
     let mut private = std::fs::DirBuilder::new();
     private.mode(0o700).recursive(true);
@@ -428,7 +477,7 @@ fn prepare(
     new.mode(0o700);
     new.create(dir.path())
         .map_err(io_err(dir.path().to_path_buf()))?;
-    let made = fill_dir(key, dir, source, json, tree, creds);
+    let made = fill_dir(key, dir, source, json, tree, creds, held);
     if made.is_err() {
         let _ = std::fs::remove_dir_all(dir.path());
     }
@@ -442,6 +491,7 @@ fn fill_dir(
     json: &[u8],
     tree: Tree,
     creds: &Option<Credentials>,
+    held: Held,
 ) -> Result<Served, LazyError> {
     let mut new = std::fs::DirBuilder::new();
     new.mode(0o700);
@@ -458,7 +508,15 @@ fn fill_dir(
     cache
         .set_len(tree.cache_size)
         .map_err(io_err(dir.cache()))?;
-    Ok(served(key, dir, source.clone(), tree, cache, creds.clone()))
+    Ok(served(
+        key,
+        dir,
+        source.clone(),
+        tree,
+        cache,
+        creds.clone(),
+        held,
+    ))
 }
 
 fn served(
@@ -468,6 +526,7 @@ fn served(
     tree: Tree,
     cache: std::fs::File,
     creds: Option<Credentials>,
+    held: Held,
 ) -> Served {
     Served {
         key,
@@ -479,6 +538,7 @@ fn served(
         cache,
         creds,
         server: Mutex::new(None),
+        _held: held,
     }
 }
 
@@ -611,11 +671,7 @@ async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(
     if served.present[i].load(Ordering::Acquire) {
         return Ok(());
     }
-    // Only the member's start holds the chunk (later entries' headers may follow in it):
-    // deflate's worst case for its bytes, and the gzip header.
-    let end = chunk
-        .blob_end
-        .min(chunk.blob_offset + chunk.size + chunk.size / 1000 + (64 << 10));
+    let end = chunk.fetch_end();
     let member = session
         .range(
             &served.source.digest,
@@ -681,7 +737,12 @@ pub(super) fn recover(inner: &Arc<Inner>) {
                 source.digest.clone(),
                 source.toc_digest.clone(),
             );
-            Some((h, Arc::new(served(key, &dir, source, tree, cache, None))))
+            // Counted, never refused: its containers run on it already.
+            let held = inner.lazy.budget.force(Budget::weight(&tree));
+            Some((
+                h,
+                Arc::new(served(key, &dir, source, tree, cache, None, held)),
+            ))
         });
         let Some((helper, served)) = revived else {
             detach(&dir);

@@ -3,9 +3,10 @@
 //! there is asked of the daemon (one byte back: filled and verified, or not), so nothing is
 //! served that has not matched its digest. Single-threaded, no tokio.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
+use std::ops::Bound;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
@@ -33,6 +34,10 @@ pub struct LazyFs {
     present: Vec<bool>,
     socket: PathBuf,
     daemon: Option<UnixStream>,
+    /// Where the last `readdir` stopped: its directory, the offset the kernel asks next, and
+    /// the last name given. A listing read in order resumes there, not by skipping from the
+    /// first child (quadratic in a directory of 500,000 children).
+    cursor: Option<(u64, i64, OsString)>,
 }
 
 impl LazyFs {
@@ -44,6 +49,7 @@ impl LazyFs {
             present,
             socket,
             daemon: None,
+            cursor: None,
         }
     }
 
@@ -155,6 +161,49 @@ fn file_type(kind: Kind) -> FileType {
     }
 }
 
+/// A directory's entries from `offset` on, each with the offset of the one after it: `.`, `..`,
+/// then its children by name. `after` is the name of the entry before `offset`, when known
+/// and it is a child's (then the children are found by name, not counted through: `-a` sorts
+/// before `..`, so a cursor on a dot is never used).
+fn listing<'a>(
+    tree: &'a Tree,
+    ino: u64,
+    n: &'a Node,
+    offset: i64,
+    after: Option<&OsStr>,
+) -> Box<dyn Iterator<Item = (i64, u64, FileType, &'a OsStr)> + 'a> {
+    let entry = |(name, i): (&'a OsString, &'a usize)| {
+        (
+            *i as u64 + 1,
+            file_type(tree.nodes[*i].kind),
+            name.as_os_str(),
+        )
+    };
+    let skip = usize::try_from(offset).unwrap_or(0);
+    match after {
+        Some(name) if skip > 2 => Box::new(
+            n.children
+                .range::<OsStr, _>((Bound::Excluded(name), Bound::Unbounded))
+                .map(entry)
+                .zip(offset..)
+                .map(|((i, k, name), at)| (at + 1, i, k, name)),
+        ),
+        _ => {
+            let dots = [
+                (ino, FileType::Directory, OsStr::new(".")),
+                (ino, FileType::Directory, OsStr::new("..")),
+            ];
+            Box::new(
+                dots.into_iter()
+                    .chain(n.children.iter().map(entry))
+                    .zip(0i64..)
+                    .skip(skip)
+                    .map(|((i, k, name), at)| (at + 1, i, k, name)),
+            )
+        }
+    }
+}
+
 /// Replies with `value` as getxattr/listxattr want: its size when asked for 0 bytes.
 fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
     if size == 0 {
@@ -237,19 +286,20 @@ impl Filesystem for LazyFs {
         let Some(n) = self.node(ino).filter(|n| n.kind == Kind::Dir) else {
             return reply.error(libc::ENOTDIR);
         };
-        let dots = [
-            (ino, FileType::Directory, OsStr::new(".")),
-            (ino, FileType::Directory, OsStr::new("..")),
-        ];
-        let children = n.children.iter().map(|(name, i)| {
-            let kind = file_type(self.tree.nodes[*i].kind);
-            (*i as u64 + 1, kind, name.as_os_str())
-        });
-        let skip = usize::try_from(offset).unwrap_or(0);
-        for (k, (child, kind, name)) in dots.into_iter().chain(children).enumerate().skip(skip) {
-            if reply.add(child, k as i64 + 1, kind, name) {
+        let after = match &self.cursor {
+            Some((i, at, name)) if *i == ino && *at == offset => Some(name.as_os_str()),
+            _ => None,
+        };
+        let mut last = None;
+        for (next, child, kind, name) in listing(&self.tree, ino, n, offset, after) {
+            if reply.add(child, next, kind, name) {
                 break;
             }
+            last = Some((next, name));
+        }
+        let cursor = last.map(|(next, name)| (ino, next, name.to_os_string()));
+        if cursor.is_some() {
+            self.cursor = cursor;
         }
         reply.ok();
     }
@@ -288,5 +338,48 @@ impl Filesystem for LazyFs {
             names.push(0);
         }
         xattr_reply(reply, size, &names);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_resumed_by_name_is_the_listing_counted_through() {
+        let mut entries: Vec<serde_json::Value> = (0..50)
+            .map(|i| serde_json::json!({"name": format!("d/f{i:02}"), "type": "reg"}))
+            .collect();
+        for name in ["d/-a", "d/...", "d/.-"] {
+            entries.push(serde_json::json!({"name": name, "type": "reg"}));
+        }
+        let json =
+            serde_json::to_vec(&serde_json::json!({"version": 1, "entries": entries})).unwrap();
+        let tree = Tree::parse(&json, 1000, false).unwrap();
+        let d = tree.child(0, OsStr::new("d")).unwrap();
+        let (ino, n) = (d as u64 + 1, &tree.nodes[d]);
+        let whole: Vec<_> = listing(&tree, ino, n, 0, None).collect();
+        assert_eq!(whole.len(), 55);
+        assert_eq!(
+            (whole[0].3, whole[2].3),
+            (OsStr::new("."), OsStr::new("-a"))
+        );
+        // In pages, each resumed from the last name given, as the kernel reads it.
+        for size in 1..=8 {
+            let mut paged = Vec::new();
+            let (mut offset, mut after) = (0i64, None::<OsString>);
+            loop {
+                let page: Vec<_> = listing(&tree, ino, n, offset, after.as_deref())
+                    .take(size)
+                    .collect();
+                let Some(last) = page.last() else { break };
+                (offset, after) = (last.0, Some(last.3.to_os_string()));
+                paged.extend(page);
+            }
+            assert_eq!(paged, whole, "pages of {size}");
+        }
+        // An offset asked again out of order is counted through.
+        let again: Vec<_> = listing(&tree, ino, n, 30, None).collect();
+        assert_eq!(again, whole[30..]);
     }
 }

@@ -12,6 +12,8 @@ pub mod toc;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +32,98 @@ pub enum DirError {
     Toc(#[from] toc::TocError),
     #[error("mounting: {0}")]
     Mount(std::io::Error),
+}
+
+/// What the served lazy layers may hold at once, in TOC nodes, chunks and `LAYER_WEIGHT`s: the
+/// daemon and each layer's helper keep its tree in memory (some hundreds of bytes a node), and a
+/// TOC of a few kilobytes compressed can name a million nodes (long names make their parents).
+/// Past it, a layer is pulled whole.
+pub const MAX_SERVED_WEIGHT: u64 = 1 << 22;
+/// What a layer counts besides its tree: its helper process, FUSE mount and socket.
+pub const LAYER_WEIGHT: u64 = 4096;
+
+#[derive(Debug, thiserror::Error)]
+#[error("serving it would take {want} more of the lazy layers' {limit} ({used} are held)")]
+pub struct BudgetError {
+    pub want: u64,
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// The weight every served lazy layer holds (see `MAX_SERVED_WEIGHT`).
+#[derive(Debug, Clone)]
+pub struct Budget {
+    used: Arc<AtomicU64>,
+    limit: u64,
+}
+
+/// One layer's share of a `Budget`, given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    used: Arc<AtomicU64>,
+    weight: u64,
+}
+
+impl Budget {
+    pub fn new(limit: u64) -> Budget {
+        Budget {
+            used: Arc::default(),
+            limit,
+        }
+    }
+
+    /// What serving `tree` weighs.
+    pub fn weight(tree: &toc::Tree) -> u64 {
+        (tree.nodes.len() as u64)
+            .saturating_add(tree.chunks.len() as u64)
+            .saturating_add(LAYER_WEIGHT)
+    }
+
+    /// `weight` more, if it fits.
+    pub fn take(&self, weight: u64) -> Result<Held, BudgetError> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(weight).filter(|n| *n <= self.limit)
+            })
+            .map_err(|used| BudgetError {
+                want: weight,
+                used,
+                limit: self.limit,
+            })?;
+        Ok(Held {
+            used: self.used.clone(),
+            weight,
+        })
+    }
+
+    /// `weight` more whether or not it fits: a layer already serving containers (after a
+    /// restart) is counted, never refused.
+    pub fn force(&self, weight: u64) -> Held {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_add(weight))
+            });
+        Held {
+            used: self.used.clone(),
+            weight,
+        }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let weight = self.weight;
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(weight))
+            });
+    }
 }
 
 /// Where one lazy layer came from and where it sits in its image.
@@ -132,5 +226,44 @@ pub fn main(dir: &Path) -> i32 {
     match session.run() {
         Ok(()) => 0,
         Err(_) => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_refuses_past_its_limit_and_takes_back_what_is_dropped() {
+        let b = Budget::new(10);
+        let six = b.take(6).unwrap();
+        let err = b.take(5).unwrap_err();
+        assert_eq!((err.want, err.used, err.limit), (5, 6, 10));
+        assert!(b.take(u64::MAX).is_err(), "no overflow past the limit");
+        let four = b.take(4).unwrap();
+        assert_eq!(b.used(), 10);
+        drop(six);
+        assert_eq!(b.used(), 4);
+        let forced = b.force(20);
+        assert_eq!(b.used(), 24);
+        assert!(b.take(1).is_err());
+        drop((four, forced));
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn a_small_toc_of_long_names_weighs_its_implicit_directories() {
+        // 40 entries of 100 components each: 4 KB of JSON, 4,000 directories.
+        let entries: Vec<serde_json::Value> = (0..40)
+            .map(|i| {
+                let name = format!("{i}/{}", vec!["d"; 99].join("/"));
+                serde_json::json!({"name": name, "type": "dir"})
+            })
+            .collect();
+        let json =
+            serde_json::to_vec(&serde_json::json!({"version": 1, "entries": entries})).unwrap();
+        let tree = toc::Tree::parse(&json, 1000, false).unwrap();
+        assert_eq!(tree.nodes.len(), 1 + 40 * 100);
+        assert_eq!(Budget::weight(&tree), 4001 + LAYER_WEIGHT);
     }
 }

@@ -25,6 +25,11 @@ pub const MAX_ENTRIES: usize = 1 << 19;
 /// A chunk's bytes are verified in memory, and its compressed member is fetched whole.
 pub const MAX_CHUNK: u64 = 64 << 20;
 const TOC_NAME: &str = "stargz.index.json";
+/// The largest device numbers the kernel's 32-bit encoding (FUSE's `rdev`) holds.
+const MAX_MAJOR: u32 = 0xfff;
+const MAX_MINOR: u32 = 0xf_ffff;
+/// What a chunk's fetch may take past its bytes: a gzip header and deflate's overhead.
+const MEMBER_SLACK: u64 = 64 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TocError {
@@ -80,6 +85,8 @@ pub enum Refusal {
     Uncovered { covered: u64, size: u64 },
     #[error("too many nodes")]
     TooMany,
+    #[error("device {major}:{minor} is past Linux's device numbers (12-bit major, 20-bit minor)")]
+    DeviceNumber { major: u32, minor: u32 },
 }
 
 /// Why a chunk's bytes are not served.
@@ -234,6 +241,19 @@ pub struct Chunk {
     pub blob_end: u64,
     pub inner_offset: u64,
     pub digest: Digest,
+}
+
+impl Chunk {
+    /// Where a fetch of its member stops: its bytes, deflate's worst case for them and a gzip
+    /// header past its start (only the member's start holds the chunk; later entries' headers
+    /// may follow in it), never past `blob_end`. Saturating: the offsets are the TOC's.
+    pub fn fetch_end(&self) -> u64 {
+        self.blob_offset
+            .saturating_add(self.size)
+            .saturating_add(self.size / 1000)
+            .saturating_add(MEMBER_SLACK)
+            .min(self.blob_end)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -429,6 +449,14 @@ impl Builder {
                 return Err(Refusal::Name(
                     "a device node (image.allow_device_nodes is off)",
                 ));
+            }
+            // Served as the kernel's 32-bit device number: a wider one would be cut to another
+            // device (4097:1 read as 1:1), where the unpacker's mknod fails.
+            Kind::Char | Kind::Block if e.dev_major > MAX_MAJOR || e.dev_minor > MAX_MINOR => {
+                return Err(Refusal::DeviceNumber {
+                    major: e.dev_major,
+                    minor: e.dev_minor,
+                });
             }
             Kind::Char | Kind::Block => n.rdev = (e.dev_major, e.dev_minor),
             _ => {}

@@ -201,3 +201,39 @@ fn the_toc_member_and_a_chunk_are_read_and_checked() {
         Err(ChunkError::Short { got: 5, due: 30 })
     ));
 }
+
+#[test]
+fn device_numbers_past_the_kernels_are_refused() {
+    let parse = |major: u32, minor: u32| {
+        let json = serde_json::json!({"version": 1, "entries": [
+            {"name": "dev/x", "type": "char", "devMajor": major, "devMinor": minor},
+        ]});
+        Tree::parse(&serde_json::to_vec(&json).unwrap(), 1000, true)
+    };
+    let t = parse(0xfff, 0xf_ffff).unwrap();
+    assert_eq!(t.nodes.last().unwrap().rdev, (0xfff, 0xf_ffff));
+    for (major, minor) in [(0x1001, 1), (1, 0x10_0000)] {
+        let err = parse(major, minor).unwrap_err().to_string();
+        assert!(err.contains("past Linux's device numbers"), "{err}");
+    }
+}
+
+#[test]
+fn a_chunks_fetch_ends_inside_its_member_without_overflow() {
+    let mut c = Chunk {
+        node: 0,
+        file_offset: 0,
+        size: 4000,
+        blob_offset: 100,
+        blob_end: 1 << 30,
+        inner_offset: 0,
+        digest: Digest::of(b""),
+    };
+    assert_eq!(c.fetch_end(), 100 + 4000 + 4 + (64 << 10));
+    c.blob_end = 200;
+    assert_eq!(c.fetch_end(), 200);
+    c.blob_offset = u64::MAX - 10;
+    c.size = MAX_CHUNK;
+    c.blob_end = u64::MAX;
+    assert_eq!(c.fetch_end(), u64::MAX);
+}
