@@ -408,6 +408,10 @@ enum Member<'a> {
     Dir(&'a str),
     Link(&'a str, &'a str),
     Fifo(&'a str),
+    /// A character device node (1, 3: the host's /dev/null).
+    Device(&'a str),
+    /// A hard link to `target`, a path the archive does not hold.
+    HardLink(&'a str, &'a str),
     /// A GNU sparse member whose holes would make `size` bytes.
     Sparse(&'a str, u64),
 }
@@ -430,8 +434,13 @@ fn hostile_archive(env: &PodEnv, over: &[Member<'_>]) -> Vec<u8> {
         Member::File("checkpoint/inventory.img", b"not criu's".to_vec()),
     ];
     let name = |m: &Member<'_>| match m {
-        Member::File(n, _) | Member::Dir(n) | Member::Link(n, _) | Member::Fifo(n) => n.to_string(),
-        Member::Sparse(n, _) => n.to_string(),
+        Member::File(n, _)
+        | Member::Dir(n)
+        | Member::Link(n, _)
+        | Member::Fifo(n)
+        | Member::Device(n)
+        | Member::HardLink(n, _)
+        | Member::Sparse(n, _) => n.to_string(),
     };
     for o in over {
         let n = name(o);
@@ -462,6 +471,16 @@ fn hostile_archive(env: &PodEnv, over: &[Member<'_>]) -> Vec<u8> {
             Member::Fifo(n) => {
                 h.set_entry_type(tar::EntryType::Fifo);
                 b.append_data(&mut h, n, &[][..]).unwrap();
+            }
+            Member::Device(n) => {
+                h.set_entry_type(tar::EntryType::Char);
+                h.set_device_major(1).unwrap();
+                h.set_device_minor(3).unwrap();
+                b.append_data(&mut h, n, &[][..]).unwrap();
+            }
+            Member::HardLink(n, target) => {
+                h.set_entry_type(tar::EntryType::Link);
+                b.append_link(&mut h, n, target).unwrap();
             }
             Member::Sparse(n, size) => {
                 // One byte of data at the end: the rest, holes the tar crate would fill.
@@ -616,58 +635,54 @@ async fn hostile_archives_are_refused() {
         host_dir.to_str().unwrap(),
     );
     let big = vec![b' '; 5 << 20];
-    let cases: Vec<(&str, Vec<Member<'_>>, &str)> = vec![
+    // Every file a dump holds, each made every hostile kind of member in turn.
+    let files = [
+        "config.dump",
+        "spec.dump",
+        "crius.json",
+        "descriptors.json",
+        "deleted.files",
+        "rootfs-diff.tar",
+        "checkpoint/inventory.img",
+        "checkpoint/pages-1.img",
+    ];
+    let mut cases: Vec<(String, Vec<Member<'_>>, &str)> = Vec::new();
+    for file in files {
+        let shown = file.rsplit('/').next().unwrap();
+        let mut kinds: Vec<(&str, Member<'_>)> = vec![
+            ("linked to a host tar", Member::Link(file, host_tar)),
+            ("linked to a host FIFO", Member::Link(file, fifo)),
+            ("linked to /dev/zero", Member::Link(file, "/dev/zero")),
+            ("a FIFO", Member::Fifo(file)),
+            ("a device node", Member::Device(file)),
+            (
+                "a hard link to a host file",
+                Member::HardLink(file, "/etc/passwd"),
+            ),
+            ("a 6 GiB sparse member", Member::Sparse(file, 6 << 30)),
+        ];
+        if !file.contains('/') && file != "rootfs-diff.tar" {
+            kinds.push((
+                "5 MiB, over the 4 MiB bound",
+                Member::File(file, big.clone()),
+            ));
+        }
+        for (kind, m) in kinds {
+            cases.push((format!("{file} as {kind}"), vec![m], shown));
+        }
+    }
+    cases.extend([
         (
-            "symlinked rootfs-diff.tar",
-            vec![Member::Link("rootfs-diff.tar", host_tar)],
-            "rootfs-diff.tar",
-        ),
-        (
-            "config.dump linked to a host FIFO",
-            vec![Member::Link("config.dump", fifo)],
-            "config.dump",
-        ),
-        (
-            "crius.json linked to a host FIFO",
-            vec![Member::Link("crius.json", fifo)],
-            "crius.json",
-        ),
-        (
-            "descriptors.json linked to /dev/zero",
-            vec![Member::Link("descriptors.json", "/dev/zero")],
-            "descriptors.json",
-        ),
-        (
-            "a FIFO member",
-            vec![Member::Fifo("descriptors.json")],
-            "descriptors.json",
-        ),
-        (
-            "config.dump as a 6 GiB sparse member",
-            vec![Member::Sparse("config.dump", 6 << 30)],
-            "config.dump",
-        ),
-        (
-            "an oversized spec.dump",
-            vec![Member::File("spec.dump", big.clone())],
-            "spec.dump",
-        ),
-        (
-            "checkpoint/ linked to a host directory",
+            "checkpoint/ linked to a host directory".to_string(),
             vec![Member::Link("checkpoint", host_dir)],
             "checkpoint",
         ),
         (
-            "a link inside checkpoint/",
-            vec![Member::Link("checkpoint/pages-1.img", "/etc/shadow")],
-            "pages-1.img",
-        ),
-        (
-            "a whiteout member (a device node once unpacked)",
+            "a whiteout member (a device node once unpacked)".to_string(),
             vec![Member::File(".wh.extra", Vec::new())],
             "extra",
         ),
-    ];
+    ]);
     for (i, (what, over, member)) in cases.into_iter().enumerate() {
         let archive = dir.path().join(format!("case{i}.tar"));
         std::fs::write(&archive, hostile_archive(&env, &over)).unwrap();
