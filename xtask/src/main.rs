@@ -293,6 +293,13 @@ fn bench(args: &[String]) -> Result<()> {
         }
         return Ok(());
     }
+    // `--table [--out FILE]`: the same results as docs/performance.md's Markdown table.
+    if args.iter().any(|a| a == "--table") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "--table").cloned().collect();
+        let opts = bench::Options::parse(&rest)?;
+        print!("{}", bench::table::table(&opts.out)?);
+        return Ok(());
+    }
     if !is_root() {
         bail!("the benchmark needs root (it runs two container runtimes)");
     }

@@ -11,6 +11,7 @@ mod entries;
 mod images;
 mod kubelet;
 mod large;
+mod load;
 mod memory;
 mod nri;
 mod peers;
@@ -18,6 +19,7 @@ pub mod plot;
 mod report;
 mod steps;
 mod stream;
+pub mod table;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -57,6 +59,9 @@ pub struct Options {
     pub kubelet_pods: usize,
     pub out: PathBuf,
     pub crius_bin: PathBuf,
+    /// Busy loops kept running beside every runtime for the whole run (`--load N`): a node is
+    /// rarely idle, and a runtime that falls apart beside other work is slow where it matters.
+    pub load: usize,
 }
 
 impl Options {
@@ -74,6 +79,7 @@ impl Options {
             kubelet_pods: 10,
             out: PathBuf::from("target/bench/results.json"),
             crius_bin: PathBuf::from("target/dist/crius"),
+            load: 0,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -93,6 +99,7 @@ impl Options {
                 "--kubelet-pods" => o.kubelet_pods = val()?.parse()?,
                 "--out" => o.out = PathBuf::from(val()?),
                 "--crius" => o.crius_bin = PathBuf::from(val()?),
+                "--load" => o.load = val()?.parse()?,
                 "--smoke" => {
                     o.smoke = true;
                     o.rounds = 1;
@@ -433,7 +440,9 @@ pub async fn run(o: Options) -> Result<()> {
     let tmp = dir.path().to_path_buf();
     // containerd's CNI code makes /run/netns a shared bind mount of itself and leaves it.
     let netns_was_mount = is_mount(Path::new("/run/netns"));
+    let load = load::Load::start(o.load)?;
     let result = run_in(&o, &tmp).await;
+    drop(load);
     for _ in 0..4 {
         if netns_was_mount || !is_mount(Path::new("/run/netns")) {
             break;

@@ -11,6 +11,8 @@ use serde_json::Value;
 /// One bar: an operation against one peer.
 struct Ratio {
     label: String,
+    /// A rate (MB/s), where above 1 is crius faster.
+    rate: bool,
     ratio: f64,
     /// The lowest and highest crius sample over the peer's median.
     low: f64,
@@ -49,12 +51,14 @@ fn ratios(doc: &Value) -> Vec<Ratio> {
     for (op, r) in results {
         let crius = &r["crius"];
         let samples = samples_of(crius);
+        let rate = r["unit"].as_str().is_some_and(|u| u.ends_with("/s"));
         for p in &peers {
             let (Some(ratio), Some(peer)) = (r[format!("ratio_{p}")].as_f64(), median_of(&r[*p]))
             else {
                 continue;
             };
-            if peer <= 0.0 {
+            // A difference of medians can be negative: no bar says that.
+            if peer <= 0.0 || ratio <= 0.0 {
                 continue;
             }
             let low = samples.iter().copied().fold(f64::INFINITY, f64::min) / peer;
@@ -65,7 +69,12 @@ fn ratios(doc: &Value) -> Vec<Ratio> {
                 (low, high)
             };
             out.push(Ratio {
-                label: format!("{op} / {p}"),
+                label: if rate {
+                    format!("{op} / {p} (a rate: above 1 is faster)")
+                } else {
+                    format!("{op} / {p}")
+                },
+                rate,
                 ratio,
                 low,
                 high,
@@ -156,7 +165,12 @@ fn ratio_chart(rows: &[Ratio], path: &Path) -> Result<()> {
         .map_err(drawing(path))?;
     chart
         .draw_series(rows.iter().enumerate().map(|(i, r)| {
-            let color = if r.ratio <= 1.0 { BLUE } else { RED };
+            let better = if r.rate {
+                r.ratio >= 1.0
+            } else {
+                r.ratio <= 1.0
+            };
+            let color = if better { BLUE } else { RED };
             Rectangle::new(
                 [
                     (0.0, SegmentValue::Exact(i)),

@@ -61,15 +61,19 @@ pub fn stats(v: &[f64]) -> Stats {
 
 /// Which release each peer is, from its directory's name (`containerd-v2.4.2`, `crio-v1.36.3`);
 /// a peer's name is its role.
+/// The version of the peer `role` installed (from its directory's name).
+fn peer_version(role: &str) -> String {
+    let dir = crate::upstream::dir(role).unwrap_or_default();
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    name.rsplit_once("-v")
+        .map_or(&*name, |(_, v)| v)
+        .to_string()
+}
+
 fn peer_versions(peers: &[&'static str]) -> String {
     let said: Vec<String> = peers
         .iter()
-        .map(|role| {
-            let dir = crate::upstream::dir(role).unwrap_or_default();
-            let name = dir.file_name().unwrap_or_default().to_string_lossy();
-            let version = name.rsplit_once("-v").map_or(&*name, |(_, v)| v);
-            format!("{role} is {version}")
-        })
+        .map(|role| format!("{role} is {}", peer_version(role)))
         .collect();
     said.join(", ")
 }
@@ -149,23 +153,82 @@ pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> 
         .map(|o| o.status.success())
         .unwrap_or(false);
     println!(
-        "\nrounds: {}, peers: {} ({}; all on Debian's runc, crio with conmon), unpigz on PATH: \
-         {unpigz}",
+        "\nrounds: {}, busy loops beside: {}, peers: {} ({}; all on Debian's runc, crio with \
+         conmon), unpigz on PATH: {unpigz}",
         o.rounds,
+        o.load,
         peers.join(", "),
         peer_versions(peers)
     );
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    let (date, commit) = (now_utc(), commit());
     let doc = serde_json::json!({
+        "date": date,
+        "commit": commit,
+        "load": o.load,
         "rounds": o.rounds,
         "smoke": o.smoke,
         "unpigz": unpigz,
         "peers": peers,
+        "peer_versions": peers
+            .iter()
+            .map(|p| (p.to_string(), serde_json::json!(peer_version(p))))
+            .collect::<serde_json::Map<_, _>>(),
         "results": json,
     });
     std::fs::write(&o.out, serde_json::to_vec_pretty(&doc)?)?;
     println!("results written to {}", o.out.display());
+    // Every run's medians and ratios, a line each, so a row's course over runs can be shown.
+    let trend = o.out.with_file_name("trend.jsonl");
+    let rows: serde_json::Map<String, serde_json::Value> = doc["results"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(op, r)| {
+            let mut row = serde_json::json!({"crius": r["crius"]["median"]});
+            for p in peers {
+                row[format!("ratio_{p}")] = r[format!("ratio_{p}")].clone();
+            }
+            (op.clone(), row)
+        })
+        .collect();
+    let line = serde_json::json!({
+        "date": doc["date"], "commit": doc["commit"], "load": o.load, "rounds": o.rounds,
+        "smoke": o.smoke, "peers": peers, "rows": rows,
+    });
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&trend)?;
+    std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())?;
+    println!("and appended to {}", trend.display());
     Ok(())
+}
+
+/// The time now, UTC, as RFC 3339 (from `date`, to need no clock crate).
+fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The checkout's commit, with `-dirty` when it has uncommitted changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_default();
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{head}-dirty") } else { head }
 }
