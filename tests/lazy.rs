@@ -243,3 +243,157 @@ async fn a_container_runs_before_its_layers_are_pulled() {
     env.d.remove_image(&name).await.unwrap();
     env.d.remove_image(&evil_name).await.unwrap();
 }
+
+#[tokio::test]
+async fn an_image_whose_layers_do_not_match_is_refused_after_its_lazy_start() {
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "no /dev/fuse: lazy pulling needs FUSE (modprobe fuse)"
+    );
+    // Long enough for a pod and its container to start before the whole pull runs.
+    let delay = Duration::from_secs(30);
+    let mut env = PodEnv::start_with(&format!(
+        "[image]\nlazy_pull = true\nlazy_whole_pull_delay = \"{}s\"\n",
+        delay.as_secs()
+    ))
+    .await;
+    let file = wire::noise(1 << 20, 11);
+    let base = lazy_layer(&busybox_entries());
+    let top = lazy_layer(&[
+        Entry::Dir("data".into()),
+        Entry::File("data/file.bin".into(), file.clone(), 0o644),
+    ]);
+    // The TOC and every chunk are right, so the layer is served; only the whole pull sees
+    // that the config claims another diff ID.
+    let mut lying_top = top.clone();
+    lying_top.layer.diff_id = sha256(b"not what the layer holds");
+    let liar = annotated(vec![base.clone(), lying_top]);
+    env.reg.push_image("liar", "1", &liar).await.unwrap();
+    let name = format!("{}/liar:1", env.reg.host());
+
+    let pulled = Instant::now();
+    env.d.pull(&name).await.expect("lazy pull");
+    assert_eq!(lazy_mounts(&env.d), 2);
+    let sb = env.sandbox_config("liar");
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sleep", "1000"]);
+    cfg.image = Some(spec(&name));
+    let id = env.run(&pod, &sb, cfg).await;
+    assert!(
+        pulled.elapsed() < delay,
+        "the container started after the whole pull was due: the test needs a longer delay"
+    );
+    let want = format!(
+        "{}  /data/file.bin\n",
+        sha256(&file).trim_start_matches("sha256:")
+    );
+    let (out, _, code) = sh(&env, &id, "sha256sum /data/file.bin").await;
+    assert_eq!((out.as_str(), code), (want.as_str(), 0));
+
+    let d = &env.d;
+    wait_for(
+        "the whole pull refusing the image",
+        delay + Duration::from_secs(60),
+        async || d.image_status(&name).await.is_none(),
+    )
+    .await;
+    assert!(
+        env.d
+            .list_images()
+            .await
+            .iter()
+            .all(|i| i.id != liar.config_digest),
+        "a refused image is not listed"
+    );
+    assert!(env.d.image_status(&liar.config_digest).await.is_none());
+    let log = env.d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("did not match their digests")
+                && l.contains(&top.layer.digest)
+                && l.contains(&liar.config_digest)),
+        "the refusal is logged with the image and the layer"
+    );
+    assert_eq!(
+        lazy_mounts(&env.d),
+        0,
+        "retired: no new container uses them"
+    );
+    assert_eq!(
+        lazy_dirs(&env.d).len(),
+        2,
+        "the helpers serve the running container"
+    );
+    let (out, _, code) = sh(&env, &id, "sha256sum /data/file.bin; echo still here").await;
+    assert_eq!(code, 0, "the container started before keeps running: {out}");
+    assert_eq!(out, format!("{want}still here\n"));
+
+    let mut cfg = env.container_config("d", &["true"]);
+    cfg.image = Some(spec(&name));
+    let err = env.create(&pod, &sb, cfg).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains(&name), "{}", err.message());
+    assert!(
+        err.message().contains("did not match their digests"),
+        "{}",
+        err.message()
+    );
+
+    // Pulled again, the layer is not served lazily: the pull is whole and fails as it should.
+    let err = env.d.pull(&name).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
+    assert!(
+        err.message().contains(&top.layer.digest)
+            && err.message().contains("the image config says"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(lazy_mounts(&env.d), 0);
+    assert!(env.d.image_status(&name).await.is_none());
+
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    wait_for(
+        "helpers ending with their container",
+        Duration::from_secs(15),
+        async || lazy_dirs(d).is_empty(),
+    )
+    .await;
+    assert_eq!(lazy_mounts(&env.d), 0);
+
+    // A right image under the same name, its whole pull at once: it is served and taken over.
+    let honest = annotated(vec![base, top]);
+    env.reg.push_image("liar", "1", &honest).await.unwrap();
+    let cfg_text = std::fs::read_to_string(&env.d.config).unwrap();
+    let at_once = cfg_text.replace(&format!("\"{}s\"", delay.as_secs()), "\"0s\"");
+    std::fs::write(&env.d.config, at_once).unwrap();
+    env.d.restart();
+    let image_ref = env.d.pull(&name).await.expect("a right image pulls");
+    assert_eq!(image_ref, honest.config_digest);
+    let d = &env.d;
+    wait_for(
+        "the whole pull taking over",
+        Duration::from_secs(60),
+        async || {
+            lazy_dirs(d).is_empty()
+                && d.image_status(&name)
+                    .await
+                    .is_some_and(|i| i.id == honest.config_digest)
+        },
+    )
+    .await;
+    let pod = env.run_pod(&sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sha256sum", "/data/file.bin"]);
+    cfg.image = Some(spec(&name));
+    let id = env.run(&pod, &sb, cfg).await;
+    env.wait_exit(&id, Duration::from_secs(10)).await;
+    assert!(
+        env.log(&sb, "c")
+            .contains(sha256(&file).trim_start_matches("sha256:"))
+    );
+    env.stop_pod(&pod).await;
+    env.remove_pod(&pod).await;
+    env.d.remove_image(&name).await.unwrap();
+    assert_eq!(lazy_mounts(&env.d), 0);
+    assert!(lazy_dirs(&env.d).is_empty());
+}

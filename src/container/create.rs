@@ -182,13 +182,13 @@ impl ContainerService {
                 .await?;
             return Ok((image, Some(unpacked)));
         }
-        let image = self
-            .inner
-            .images
-            .lookup(&image_name)?
-            .ok_or_else(|| Error::ImageNotFound {
-                image: image_name.clone(),
-            })?;
+        let Some(image) = self.inner.images.lookup(&image_name)? else {
+            // An image taken out because its layers did not match says so, not "not found".
+            return Err(match self.inner.images.refusal(&image_name) {
+                Some(why) => why.into(),
+                None => Error::ImageNotFound { image: image_name },
+            });
+        };
         Ok((image, None))
     }
 

@@ -10,7 +10,7 @@
 //! the layer's snapshot, new containers use that; the lazy mount is detached, and its helper
 //! and directory go with the last container on it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +35,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// A chunk's fetch, before the helper (which waits 300 s) is told it failed.
 const FILL_TIMEOUT: Duration = Duration::from_secs(120);
+/// What the chunk fills in flight may hold at once, every layer's together: each holds its
+/// compressed member and its decoded chunk (up to `toc::MAX_CHUNK` each), and 128 layers of
+/// 64 MiB chunks read at once would otherwise take 16 GiB. A fill waits for room within its
+/// `FILL_TIMEOUT`.
+const FILL_BYTES: u32 = 512 << 20;
 /// How long one image's footers and TOCs may take, all its layers together: the mounting lock
 /// is held meanwhile, and a registry answering a byte a minute is never timed out per read.
 /// Past it, the image is pulled whole.
@@ -42,6 +47,10 @@ const TOC_DEADLINE: Duration = Duration::from_secs(120);
 /// The most layers of one image served lazily (each is a helper, a mount and a tree); an
 /// image with more is pulled whole (overlay stacks at most 500 anyway).
 const MAX_LAZY_LAYERS: usize = 128;
+/// The most layers remembered as not matching their image (see `Lazy::distrust`): a registry
+/// serving one bad image after another must not grow the set without end, and a layer
+/// forgotten is only served lazily again until its whole pull finds it out again.
+const MAX_DISTRUSTED: usize = 4096;
 
 /// Why a layer is not served lazily, or a chunk not served.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +113,11 @@ pub(super) struct Lazy {
     registry: Registry,
     /// What the served layers' trees and helpers may take (see `MAX_SERVED_WEIGHT`).
     budget: Budget,
+    /// Layers whose whole pull did not match their image: never served lazily again (until the
+    /// daemon restarts), so pulling such an image again pulls it whole and fails as it should.
+    distrusted: Mutex<HashSet<Key>>,
+    /// Bytes the chunk fills in flight may hold, all layers together (see `FILL_BYTES`).
+    fills: Arc<tokio::sync::Semaphore>,
 }
 
 /// One mounted lazy layer, as this side serves its chunks.
@@ -196,6 +210,8 @@ impl Lazy {
             chunks: ChunkRuntime::default(),
             registry: Registry::new(config_path, auth_file),
             budget: Budget::new(MAX_SERVED_WEIGHT),
+            fills: Arc::new(tokio::sync::Semaphore::new(FILL_BYTES as usize)),
+            distrusted: Mutex::new(HashSet::new()),
         }
     }
 
@@ -234,6 +250,28 @@ impl Lazy {
                 self.retire(k);
             }
         }
+    }
+
+    /// Retires `keys` for good, whoever uses them: their content did not match their image, so
+    /// no new container may start on them (running ones keep them until they end). `unrecord`
+    /// runs under the same lock, so no lazy pull records an image on them meanwhile.
+    pub(super) async fn distrust<R>(&self, keys: &[Key], unrecord: impl FnOnce() -> R) -> R {
+        let _one = self.mounting.lock().await;
+        {
+            let mut distrusted = lock(&self.distrusted);
+            if distrusted.len() + keys.len() > MAX_DISTRUSTED {
+                distrusted.clear();
+            }
+            distrusted.extend(keys.iter().cloned());
+        }
+        for k in keys {
+            self.retire(k);
+        }
+        unrecord()
+    }
+
+    pub(super) fn distrusted(&self, key: &Key) -> bool {
+        lock(&self.distrusted).contains(key)
     }
 
     /// Chains whose snapshots a running container on a lazy layer may stack (every layer of
@@ -316,6 +354,11 @@ pub(super) async fn serve(
         keys: Vec::new(),
         _one: inner.lazy.mounting.clone().lock_owned().await,
     };
+    // Under the lock: `distrust` takes it too.
+    if let Some((l, _)) = wanted.iter().find(|(_, k)| inner.lazy.distrusted(k)) {
+        tracing::warn!(image = %shown, layer = %l.digest, "this layer did not match its digests when last pulled whole; pulling the image whole");
+        return None;
+    }
     let deadline = tokio::time::Instant::now() + TOC_DEADLINE;
     for (l, key) in wanted {
         let served = lock(&inner.lazy.layers).get(&key).cloned();
@@ -641,7 +684,8 @@ async fn answer(inner: Arc<Inner>, served: Arc<Served>, mut conn: UnixStream) {
     let mut index = [0u8; 4];
     while conn.read_exact(&mut index).await.is_ok() {
         let i = u32::from_le_bytes(index) as usize;
-        let filled = tokio::time::timeout(FILL_TIMEOUT, fill(&session, &served, i)).await;
+        let fills = &inner.lazy.fills;
+        let filled = tokio::time::timeout(FILL_TIMEOUT, fill(&session, &served, i, fills)).await;
         let answer = match filled {
             Ok(Ok(())) => 0,
             Ok(Err(e)) => {
@@ -660,8 +704,14 @@ async fn answer(inner: Arc<Inner>, served: Arc<Served>, mut conn: UnixStream) {
     }
 }
 
-/// Fetches chunk `i`, checks it and writes it to the cache.
-async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(), LazyError> {
+/// Fetches chunk `i`, checks it and writes it to the cache, holding its bytes' share of `fills`
+/// meanwhile.
+async fn fill(
+    session: &Session<'_>,
+    served: &Arc<Served>,
+    i: usize,
+    fills: &Arc<tokio::sync::Semaphore>,
+) -> Result<(), LazyError> {
     let chunk = served
         .tree
         .chunks
@@ -672,13 +722,20 @@ async fn fill(session: &Session<'_>, served: &Arc<Served>, i: usize) -> Result<(
         return Ok(());
     }
     let end = chunk.fetch_end();
+    // The member as fetched (bounded below) and the chunk as decoded.
+    let max_member = toc::MAX_CHUNK + (1 << 20);
+    let weight = end
+        .saturating_sub(chunk.blob_offset)
+        .min(max_member)
+        .saturating_add(chunk.size.min(toc::MAX_CHUNK));
+    let share = u32::try_from(weight).unwrap_or(FILL_BYTES).min(FILL_BYTES);
+    let _held = fills
+        .clone()
+        .acquire_many_owned(share)
+        .await
+        .map_err(|_| LazyError::Helper("the chunk fills are closed".into()))?;
     let member = session
-        .range(
-            &served.source.digest,
-            chunk.blob_offset,
-            end,
-            toc::MAX_CHUNK + (1 << 20),
-        )
+        .range(&served.source.digest, chunk.blob_offset, end, max_member)
         .await?;
     let s = served.clone();
     tokio::task::spawn_blocking(move || {

@@ -1,11 +1,14 @@
 //! image: what a node knows about images. It resolves references, pulls and verifies images from
 //! registries (`registry`, `hosts`, `auth`, `manifest`, `pull`, `pull_manifest`), keeps one record
-//! per image (ID = config digest) with its tags and repo digests under `<root>/images`, answers
-//! lookups by ID, tag or digest, and removes images with garbage collection of blobs and snapshots
-//! no longer referenced. It uses `content` for blobs, `snapshot` for unpacked layers and `atomic`
-//! for records; it knows nothing of gRPC (the `cri` module maps its errors).
+//! per image (ID = config digest) with its tags and repo digests under `<root>/images`, serves
+//! eStargz images before their pull ends (`lazy`) and finishes or refuses them behind
+//! (`behind`), answers lookups by ID, tag or digest, and removes images with garbage collection
+//! of blobs and snapshots no longer referenced. It uses `content` for blobs, `snapshot` for
+//! unpacked layers and `atomic` for records; it knows nothing of gRPC (the `cri` module maps its
+//! errors).
 
 pub mod auth;
+mod behind;
 pub mod dockercfg;
 pub mod hosts;
 mod lazy;
@@ -55,6 +58,20 @@ impl Error {
             | Error::DiffIdMismatch { .. } => "verification",
             Error::Unpack { .. } => "unpack",
             Error::Content(_) | Error::Snapshot(_) | Error::Io { .. } => "storage",
+        }
+    }
+
+    /// The blob whose bytes were not what a verified manifest or config says (its digest, its
+    /// size or, for a layer, its diff ID), when that is why a pull failed: no network accident,
+    /// since a resumed download that does not verify is fetched again from the start first.
+    pub(crate) fn mismatched(&self) -> Option<&Digest> {
+        match self {
+            Error::DigestMismatch { expected, .. }
+            | Error::Content(content::Error::DigestMismatch { expected, .. }) => Some(expected),
+            Error::SizeMismatch { digest, .. }
+            | Error::DiffIdMismatch { digest, .. }
+            | Error::Content(content::Error::SizeMismatch { digest, .. }) => Some(digest),
+            _ => None,
         }
     }
 }
@@ -247,6 +264,8 @@ pub(crate) struct Inner {
     progress: progress::Board,
     signature_policy: PathBuf,
     lazy: lazy::Lazy,
+    /// Images taken out of the catalog because their layers did not match (see `behind`).
+    refusals: behind::Refusals,
 }
 
 /// How a pull goes.
@@ -328,6 +347,7 @@ impl ImageService {
                 cfg.config_path.clone(),
                 cfg.auth_file.clone(),
             ),
+            refusals: behind::Refusals::default(),
         };
         let svc = ImageService {
             inner: Arc::new(inner),
@@ -413,54 +433,9 @@ impl ImageService {
     pub async fn pull(&self, image: &str, creds: Option<Credentials>) -> Result<Arc<Image>, Error> {
         let (pulled, lazy) = self.pull_as(image, creds.clone(), Pull::Any).await?;
         if lazy {
-            self.finish_behind(creds, &pulled);
+            self.finish_behind(creds, pulled.clone());
         }
         Ok(pulled)
-    }
-
-    /// The whole pull of a lazily pulled image, after the configured delay, by its manifest's
-    /// digest (a tag moved meanwhile does not change what is finished); tried three times. Its
-    /// lazy layers are retired once their snapshots are in, or once no image uses them.
-    fn finish_behind(&self, creds: Option<Credentials>, pulled: &Image) {
-        let keys: Vec<lazy::Key> = pulled.record.layers.iter().filter_map(lazy::key).collect();
-        let Some(image) = pulled.record.repo_digests.first().cloned() else {
-            tracing::warn!(image = %pulled.record.id, "a lazily pulled image without a digest reference: not pulled whole");
-            return;
-        };
-        let id = pulled.record.id.clone();
-        let me = self.clone();
-        let delay = self.inner.lazy.delay();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            for attempt in 1..=3u32 {
-                if !read(&me.inner.catalog).images.contains_key(&id) {
-                    break;
-                }
-                match me.pull_as(&image, creds.clone(), Pull::Behind).await {
-                    Ok(_) => {
-                        tracing::info!(image, "lazily pulled image now whole");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(image, attempt, error = %e, "whole pull of a lazily pulled image failed");
-                        tokio::time::sleep(std::time::Duration::from_secs(10 * u64::from(attempt)))
-                            .await;
-                    }
-                }
-            }
-            let keep = |k: &lazy::Key| !me.inner.snapshots.exists(&k.0) && me.lazy_in_use(k);
-            me.inner.lazy.retire_unless(&keys, keep).await;
-        });
-    }
-
-    /// Whether an image in the catalog has `key` among its layers and not yet unpacked.
-    fn lazy_in_use(&self, key: &lazy::Key) -> bool {
-        read(&self.inner.catalog).images.values().any(|img| {
-            img.record
-                .layers
-                .iter()
-                .any(|l| lazy::key(l).as_ref() == Some(key))
-        }) && !self.inner.snapshots.exists(&key.0)
     }
 
     /// One pull; says whether it was served lazily.
@@ -578,6 +553,7 @@ impl ImageService {
         for name in record.repo_tags.iter().chain(&record.repo_digests) {
             catalog.names.insert(name.clone(), record.id.clone());
         }
+        self.inner.refusals.forget(&record);
         let image = Arc::new(Image { record, config });
         catalog
             .images
@@ -592,27 +568,13 @@ impl ImageService {
 
     /// Finds an image by ID (`sha256:…` or 64 hex), `name:tag` or `name@digest`.
     pub fn lookup(&self, image: &str) -> Result<Option<Arc<Image>>, Error> {
+        let name = catalog_name(image)?;
         let catalog = read(&self.inner.catalog);
-        let id = if image.starts_with("sha256:") {
-            Some(image.parse::<Digest>()?)
-        } else if image.len() == 64 && image.bytes().all(|b| b.is_ascii_hexdigit()) {
-            Some(Digest::from_hex(image)?)
-        } else {
-            None
+        let id = match &name {
+            CatalogName::Id(id) => Some(id),
+            CatalogName::Name(n) => catalog.names.get(n),
         };
-        if let Some(id) = id {
-            return Ok(catalog.images.get(&id).cloned());
-        }
-        let r = Reference::parse(image)?;
-        let key = match &r.digest {
-            Some(d) => r.repo_digest(d),
-            None => r.repo_tag().unwrap_or_else(|| r.name()),
-        };
-        Ok(catalog
-            .names
-            .get(&key)
-            .and_then(|id| catalog.images.get(id))
-            .cloned())
+        Ok(id.and_then(|id| catalog.images.get(id)).cloned())
     }
 
     /// Every image, in a stable order.
@@ -645,10 +607,7 @@ impl ImageService {
         }
         {
             let mut catalog = write(&self.inner.catalog);
-            let path = self.record_path(&img.record.id);
-            atomic::remove(&path).map_err(|source| Error::Io { path, source })?;
-            catalog.images.remove(&img.record.id);
-            catalog.names.retain(|_, id| id != &img.record.id);
+            self.unrecord(&mut catalog, &img.record.id)?;
         }
         let keys: Vec<lazy::Key> = img.record.layers.iter().filter_map(lazy::key).collect();
         self.inner
@@ -669,25 +628,37 @@ impl ImageService {
                     source: std::io::Error::other(e),
                 })??;
             }
-            Err(_) => {
-                // A pull is running: collect once it is done, without holding up the caller.
-                let me = self.clone();
-                tokio::spawn(async move {
-                    let guard = me.inner.gc.clone().write_owned().await;
-                    let me2 = me.clone();
-                    let collect = move || {
-                        let _guard = guard;
-                        me2.collect()
-                    };
-                    match tokio::task::spawn_blocking(collect).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "image garbage collection failed"),
-                        Err(e) => tracing::warn!(error = %e, "image garbage collection panicked"),
-                    }
-                });
-            }
+            // A pull is running: collect once it is done, without holding up the caller.
+            Err(_) => self.collect_later(),
         }
         Ok(())
+    }
+
+    /// Takes image `id` and its names out of the catalog and its record off the disk.
+    fn unrecord(&self, catalog: &mut Catalog, id: &Digest) -> Result<(), Error> {
+        let path = self.record_path(id);
+        atomic::remove(&path).map_err(|source| Error::Io { path, source })?;
+        catalog.images.remove(id);
+        catalog.names.retain(|_, i| i != id);
+        Ok(())
+    }
+
+    /// Collects garbage once no pull is running, in the background.
+    fn collect_later(&self) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let guard = me.inner.gc.clone().write_owned().await;
+            let me2 = me.clone();
+            let collect = move || {
+                let _guard = guard;
+                me2.collect()
+            };
+            match tokio::task::spawn_blocking(collect).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "image garbage collection failed"),
+                Err(e) => tracing::warn!(error = %e, "image garbage collection panicked"),
+            }
+        });
     }
 
     /// Removes blobs and snapshots no image and no container references. Caller holds `gc`.
@@ -849,6 +820,37 @@ pub(crate) fn check_digest(what: &'static str, digest: &Digest, data: &[u8]) -> 
         });
     }
     Ok(())
+}
+
+/// An image as named in a request: its ID, or the tag or repo digest the catalog keeps it by.
+enum CatalogName {
+    Id(Digest),
+    Name(String),
+}
+
+impl CatalogName {
+    /// The key of its entry in a table of names (an ID as `sha256:…`).
+    fn key(&self) -> String {
+        match self {
+            CatalogName::Id(id) => id.to_string(),
+            CatalogName::Name(n) => n.clone(),
+        }
+    }
+}
+
+/// Reads an ID (`sha256:…` or 64 hex), `name:tag` or `name@digest`.
+fn catalog_name(image: &str) -> Result<CatalogName, Error> {
+    if image.starts_with("sha256:") {
+        return Ok(CatalogName::Id(image.parse::<Digest>()?));
+    }
+    if image.len() == 64 && image.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(CatalogName::Id(Digest::from_hex(image)?));
+    }
+    let r = Reference::parse(image)?;
+    Ok(CatalogName::Name(match &r.digest {
+        Some(d) => r.repo_digest(d),
+        None => r.repo_tag().unwrap_or_else(|| r.name()),
+    }))
 }
 
 /// A pull's entry on the progress board, ended as abandoned when the pull is dropped before its
