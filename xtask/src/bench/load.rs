@@ -7,12 +7,16 @@ use anyhow::{Context, Result};
 pub struct Load(Vec<std::process::Child>);
 
 impl Load {
-    /// `n` shell loops that never sleep (each takes a core when it can get one).
+    /// `n` shell loops that never sleep (each takes a core when it can get one). Each ends by
+    /// itself once the bench is gone, so a bench killed by a signal leaves none behind.
     pub fn start(n: usize) -> Result<Load> {
         let mut loops = Vec::with_capacity(n);
         for _ in 0..n {
             let child = std::process::Command::new("sh")
-                .args(["-c", "while :; do :; done"])
+                .args([
+                    "-c",
+                    "p=$PPID; while kill -0 \"$p\" 2>/dev/null; do :; done",
+                ])
                 .stdin(std::process::Stdio::null())
                 .spawn()
                 .context("starting a busy loop for --load")?;
