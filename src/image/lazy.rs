@@ -63,8 +63,11 @@ enum LazyError {
     TocDigest { got: Digest, want: Digest },
     #[error("smaller than an eStargz footer")]
     Small,
-    #[error("its files take {need} bytes; the store has {free} free (half is the most used)")]
-    Room { need: u64, free: u64 },
+    #[error(
+        "its files take {need} bytes and the served layers' caches may still write {claimed}; \
+         the store has {free} free (half is the most lazy caches use)"
+    )]
+    Room { need: u64, claimed: u64, free: u64 },
     #[error(transparent)]
     Chunk(#[from] toc::ChunkError),
     #[error("no chunk {0}")]
@@ -453,8 +456,12 @@ async fn mount(
     // a pull dropped while it runs removes the directory too.
     let root = inner.lazy.root.clone();
     let (key, creds) = (key.clone(), creds.clone());
+    let others: Vec<Arc<Served>> = lock(&inner.lazy.layers).values().cloned().collect();
     let unmade = tokio::task::spawn_blocking(move || {
-        let served = prepare(&root, key, &dir, &source, &json, tree, &creds, held)?;
+        let claimed = unwritten(&others);
+        let served = prepare(
+            &root, key, &dir, &source, &json, tree, &creds, held, claimed,
+        )?;
         Ok::<_, LazyError>(Unmade(Some(Arc::new(served))))
     })
     .await??;
@@ -491,9 +498,26 @@ impl Drop for Unmade {
     }
 }
 
+/// What the served layers' caches may still write: each is sparse, made the size of its files,
+/// so the store's free room does not yet show what its unread chunks will take.
+fn unwritten(served: &[Arc<Served>]) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    served
+        .iter()
+        .map(|s| {
+            let written = s
+                .cache
+                .metadata()
+                .map_or(0, |m| m.blocks().saturating_mul(512));
+            s.tree.cache_size.saturating_sub(written)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// The layer's directory (0700, new: its name is random): its TOC, source, an empty cache file
-/// (0600) the size of its files, and `mnt`. The cache may take at most half the store's free
-/// room. On failure, what it made is removed.
+/// (0600) the size of its files, and `mnt`. The cache, with what the served layers' caches
+/// may still write (`claimed`), may take at most half the store's free room. On failure, what
+/// it made is removed.
 #[allow(clippy::too_many_arguments)]
 fn prepare(
     root: &Path,
@@ -504,15 +528,17 @@ fn prepare(
     tree: Tree,
     creds: &Option<Credentials>,
     held: Held,
+    claimed: u64,
 ) -> Result<Served, LazyError> {
     let mut private = std::fs::DirBuilder::new();
     private.mode(0o700).recursive(true);
     private.create(root).map_err(io_err(root.to_path_buf()))?;
     let st = nix::sys::statvfs::statvfs(root).map_err(|e| io_err(root.to_path_buf())(e.into()))?;
     let free = st.blocks_available() as u64 * st.fragment_size() as u64;
-    if tree.cache_size > free / 2 {
+    if tree.cache_size.saturating_add(claimed) > free / 2 {
         return Err(LazyError::Room {
             need: tree.cache_size,
+            claimed,
             free,
         });
     }
