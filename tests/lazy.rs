@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::estargz::{self, TOC_DIGEST_ANNOTATION};
 use common::*;
+use crius::cri::v1 as cri;
 
 /// An eStargz layer as pushed, with its TOC (read back and checked by `estargz::verify`).
 #[derive(Clone)]
@@ -229,19 +230,31 @@ async fn a_container_runs_before_its_layers_are_pulled() {
     )
     .await;
     assert_eq!(lazy_mounts(&env.d), 0);
-    let pod = env.run_pod(&sb).await.unwrap();
-    let mut cfg = env.container_config("c", &["sha256sum", "/data/blob.bin"]);
-    cfg.image = Some(spec(&name));
-    let id = env.run(&pod, &sb, cfg).await;
+    sums_in_a_new_pod(&env, &sb, &name, "/data/blob.bin", &blob).await;
+    env.d.remove_image(&name).await.unwrap();
+    env.d.remove_image(&evil_name).await.unwrap();
+}
+
+/// Runs `sha256sum PATH` from `image` in a new pod of `sb`, checks that it printed the digest
+/// of `want`, and removes the pod.
+async fn sums_in_a_new_pod(
+    env: &PodEnv,
+    sb: &cri::PodSandboxConfig,
+    image: &str,
+    path: &str,
+    want: &[u8],
+) {
+    let pod = env.run_pod(sb).await.unwrap();
+    let mut cfg = env.container_config("c", &["sha256sum", path]);
+    cfg.image = Some(spec(image));
+    let id = env.run(&pod, sb, cfg).await;
     env.wait_exit(&id, Duration::from_secs(10)).await;
     assert!(
-        env.log(&sb, "c")
-            .contains(sha256(&blob).trim_start_matches("sha256:"))
+        env.log(sb, "c")
+            .contains(sha256(want).trim_start_matches("sha256:"))
     );
     env.stop_pod(&pod).await;
     env.remove_pod(&pod).await;
-    env.d.remove_image(&name).await.unwrap();
-    env.d.remove_image(&evil_name).await.unwrap();
 }
 
 #[tokio::test]
@@ -382,17 +395,7 @@ async fn an_image_whose_layers_do_not_match_is_refused_after_its_lazy_start() {
         },
     )
     .await;
-    let pod = env.run_pod(&sb).await.unwrap();
-    let mut cfg = env.container_config("c", &["sha256sum", "/data/file.bin"]);
-    cfg.image = Some(spec(&name));
-    let id = env.run(&pod, &sb, cfg).await;
-    env.wait_exit(&id, Duration::from_secs(10)).await;
-    assert!(
-        env.log(&sb, "c")
-            .contains(sha256(&file).trim_start_matches("sha256:"))
-    );
-    env.stop_pod(&pod).await;
-    env.remove_pod(&pod).await;
+    sums_in_a_new_pod(&env, &sb, &name, "/data/file.bin", &file).await;
     env.d.remove_image(&name).await.unwrap();
     assert_eq!(lazy_mounts(&env.d), 0);
     assert!(lazy_dirs(&env.d).is_empty());

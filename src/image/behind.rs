@@ -109,8 +109,10 @@ impl ImageService {
                     }
                 }
             }
-            let keep = |k: &lazy::Key| !me.inner.snapshots.exists(&k.0) && me.lazy_in_use(k);
-            me.inner.lazy.retire_unless(&keys, keep).await;
+            me.inner
+                .lazy
+                .retire_unless(&keys, |k| me.lazy_in_use(k))
+                .await;
         });
     }
 

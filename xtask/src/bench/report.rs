@@ -163,7 +163,8 @@ pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> 
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let (date, commit) = (now_utc(), commit());
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let commit = commit();
     let doc = serde_json::json!({
         "date": date,
         "commit": commit,
@@ -205,16 +206,6 @@ pub fn report(res: &Results, o: &Options, peers: &[&'static str]) -> Result<()> 
     std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())?;
     println!("and appended to {}", trend.display());
     Ok(())
-}
-
-/// The time now, UTC, as RFC 3339 (from `date`, to need no clock crate).
-fn now_utc() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 /// The checkout's commit, with `-dirty` when it has uncommitted changes.
