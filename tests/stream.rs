@@ -1356,7 +1356,8 @@ async fn execs_leaving_children_release_their_streams() {
 /// The count for CVE-2026-53495 over streams: 300 streamed execs leaving a child each,
 /// per transport, 30 at a time against `max_streams = 32` (so a slot kept by any finished
 /// session fails the next batch), and the daemon's threads, descriptors and resident memory
-/// after them within a small bound of where they were after the first batch.
+/// after them within a small bound of where they were after the first batch, once the streams
+/// are quiet.
 #[tokio::test]
 async fn three_hundred_streamed_execs_leaving_children_hold_nothing() {
     use futures_util::StreamExt;
@@ -1393,6 +1394,9 @@ async fn three_hundred_streamed_execs_leaving_children_hold_nothing() {
             })
     };
     batch("spdy").await;
+    // The daemon hands its free heap back once the last stream has ended: let that happen.
+    let settled = || tokio::time::sleep(std::time::Duration::from_secs(1));
+    settled().await;
     let before = (daemon_threads(&env), daemon_fds(&env), rss_kib(pid));
     let t = std::time::Instant::now();
     for transport in ["spdy", "websocket"] {
@@ -1400,6 +1404,7 @@ async fn three_hundred_streamed_execs_leaving_children_hold_nothing() {
             batch(transport).await;
         }
     }
+    settled().await;
     let after = (daemon_threads(&env), daemon_fds(&env), rss_kib(pid));
     let (live, _, _) = env
         .exec(&c, &["sh", "-c", "ps -o args | grep -cx 'sleep 1000'"], 10)
@@ -1419,8 +1424,10 @@ async fn three_hundred_streamed_execs_leaving_children_hold_nothing() {
         after.1 <= before.1 + 16,
         "daemon descriptors {before:?} -> {after:?}"
     );
+    // Without the trim glibc kept each batch's peak (up to 17 MiB more after 600 execs, all of
+    // it free); with it the daemon ends within 0.1 MiB of where it began.
     assert!(
-        after.2 - before.2 < 16 << 10,
+        after.2 - before.2 < 4 << 10,
         "daemon RSS {before:?} -> {after:?}"
     );
     assert_eq!(

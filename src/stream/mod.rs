@@ -6,7 +6,8 @@
 //! forwarding (`portforward.k8s.io`). The work itself (a command in a container, a container's
 //! own stdio, a connection inside a pod's network namespace) is the `Backend`'s, which the
 //! `cri` glue provides. Streams idle longer than the configured timeout are closed and the
-//! number of streams at once is capped. Uses no other module of crius.
+//! number of streams at once is capped; when the last stream ends, the heap's free memory goes
+//! back to the kernel. Uses no other module of crius but `sys`.
 
 mod channel;
 mod channel_forward;
@@ -168,6 +169,27 @@ struct Shared {
     idle_timeout: Duration,
     token_ttl: Duration,
     slots: Arc<tokio::sync::Semaphore>,
+    max_streams: usize,
+}
+
+/// One stream's place among `max_streams`. Dropping the last one hands the heap's free memory
+/// back to the kernel: a burst of sessions (each SPDY one holds two zlib states) otherwise
+/// leaves the daemon at its peak for good, since glibc keeps what it freed.
+pub(crate) struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    slots: Arc<tokio::sync::Semaphore>,
+    max_streams: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // This slot's permit is still held here, so the server goes quiet with it.
+        if self.slots.available_permits() + 1 == self.max_streams
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn_blocking(crate::sys::trim_heap);
+        }
+    }
 }
 
 /// The running server.
@@ -201,6 +223,7 @@ impl StreamServer {
             idle_timeout: settings.idle_timeout,
             token_ttl: settings.token_ttl,
             slots: Arc::new(tokio::sync::Semaphore::new(settings.max_streams.max(1))),
+            max_streams: settings.max_streams.max(1),
         });
         let host = match local {
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -365,7 +388,11 @@ async fn route(
         return reply(404, "unknown or expired streaming token");
     };
     let permit = match shared.slots.clone().try_acquire_owned() {
-        Ok(p) => p,
+        Ok(p) => Slot {
+            _permit: p,
+            slots: shared.slots.clone(),
+            max_streams: shared.max_streams,
+        },
         Err(_) => return reply(429, "too many streams at once"),
     };
     let is_pf = matches!(request, Request::PortForward { .. });

@@ -43,7 +43,7 @@ pub(super) fn upgrade(
     offered: Vec<String>,
     request: Request,
     shared: Arc<Shared>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: super::Slot,
 ) -> hyper::Response<Full<Bytes>> {
     let is_pf = matches!(request, Request::PortForward { .. });
     let supported: &[&str] = if is_pf {
