@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,24 +171,33 @@ struct Shared {
     token_ttl: Duration,
     slots: Arc<tokio::sync::Semaphore>,
     max_streams: usize,
+    trimming: Arc<AtomicBool>,
 }
 
 /// One stream's place among `max_streams`. Dropping the last one hands the heap's free memory
 /// back to the kernel: a burst of sessions (each SPDY one holds two zlib states) otherwise
 /// leaves the daemon at its peak for good, since glibc keeps what it freed.
 pub(crate) struct Slot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     slots: Arc<tokio::sync::Semaphore>,
     max_streams: usize,
+    /// Set while a trim is queued or running: streams ending together queue one.
+    trimming: Arc<AtomicBool>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // This slot's permit is still held here, so the server goes quiet with it.
-        if self.slots.available_permits() + 1 == self.max_streams
+        // Released first, so of two streams ending at once the later sees the server quiet.
+        drop(self.permit.take());
+        if self.slots.available_permits() == self.max_streams
             && let Ok(rt) = tokio::runtime::Handle::try_current()
+            && !self.trimming.swap(true, Ordering::AcqRel)
         {
-            rt.spawn_blocking(crate::sys::trim_heap);
+            let trimming = self.trimming.clone();
+            rt.spawn_blocking(move || {
+                crate::sys::trim_heap();
+                trimming.store(false, Ordering::Release);
+            });
         }
     }
 }
@@ -224,6 +234,7 @@ impl StreamServer {
             token_ttl: settings.token_ttl,
             slots: Arc::new(tokio::sync::Semaphore::new(settings.max_streams.max(1))),
             max_streams: settings.max_streams.max(1),
+            trimming: Arc::new(AtomicBool::new(false)),
         });
         let host = match local {
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -389,9 +400,10 @@ async fn route(
     };
     let permit = match shared.slots.clone().try_acquire_owned() {
         Ok(p) => Slot {
-            _permit: p,
+            permit: Some(p),
             slots: shared.slots.clone(),
             max_streams: shared.max_streams,
+            trimming: shared.trimming.clone(),
         },
         Err(_) => return reply(429, "too many streams at once"),
     };
