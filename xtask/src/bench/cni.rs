@@ -2,13 +2,17 @@
 //! portmap, on a bridge and /24 of the benchmark's own, no masquerade, no route out) given to
 //! every runtime, and the same plugin chain run alone (ADD then DEL on a fresh network
 //! namespace, as a runtime chains them), so the table can show what each runtime adds above the
-//! plugins. Everything the plugins leave (the bridge, portmap's chains) is removed on drop.
+//! plugins. A second list has portmap on nftables: iptables calls all take one lock, which is
+//! what pods at once wait on. Everything the plugins leave (the bridge, portmap's chains and
+//! tables) is removed on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+
+use super::{Options, Results, Rt, stats, timed, turns};
 
 /// Where the CNI plugins every runtime uses are: the release `hack/install-upstream.sh`
 /// builds (role `cni-plugins`).
@@ -27,8 +31,36 @@ pub struct BenchNet {
     pub bridge: String,
     pub prefix: String,
     ipam: PathBuf,
+    /// portmap's backend: iptables (its default here) or nftables.
+    nftables: bool,
     chains_before: Vec<String>,
     rules_before: Vec<String>,
+    tables_before: Vec<String>,
+}
+
+/// The nftables tables portmap's nftables backend makes (knftables' family and name).
+const PORTMAP_TABLES: [&str; 2] = ["ip cni_hostport", "ip6 cni_hostport"];
+
+/// Fails, naming the fix, when there is no `nft` for portmap's nftables backend to run.
+pub fn need_nft() -> Result<()> {
+    let ok = Command::new("nft").arg("--version").output();
+    if !ok.is_ok_and(|o| o.status.success()) {
+        bail!("no nft (portmap's nftables backend runs it): run hack/install-bench-deps.sh");
+    }
+    Ok(())
+}
+
+/// The nftables tables there are, as `family name`.
+fn nft_tables() -> Vec<String> {
+    Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("table "))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The file name every runtime reads first (lexical order).
@@ -65,15 +97,28 @@ fn chains() -> Vec<String> {
 
 impl BenchNet {
     pub fn new(dir: &Path) -> Result<BenchNet> {
+        Self::make(dir, "crbench0", "10.233.7", false)
+    }
+
+    /// The same list on a bridge and /24 of its own, portmap on nftables (needs `nft`, which
+    /// hack/install-bench-deps.sh installs).
+    pub fn with_nftables(dir: &Path) -> Result<BenchNet> {
+        need_nft()?;
+        Self::make(dir, "crbench1", "10.233.8", true)
+    }
+
+    fn make(dir: &Path, bridge: &str, prefix: &str, nftables: bool) -> Result<BenchNet> {
         plugins()?;
-        let ipam = dir.join("cni-ipam");
+        let ipam = dir.join(format!("cni-ipam-{bridge}"));
         std::fs::create_dir_all(&ipam)?;
         Ok(BenchNet {
-            bridge: "crbench0".into(),
-            prefix: "10.233.7".into(),
+            bridge: bridge.into(),
+            prefix: prefix.into(),
             ipam,
+            nftables,
             chains_before: chains(),
             rules_before: rules(),
+            tables_before: nft_tables(),
         })
     }
 
@@ -88,11 +133,16 @@ impl BenchNet {
             r#"{{"cniVersion":"1.0.0","name":"bench-bridge","plugins":[
   {{"type":"bridge","bridge":"{}","isGateway":true,"ipMasq":false,"hairpinMode":true,
     "ipam":{{"type":"host-local","dataDir":"{}","ranges":[[{{"subnet":"{}.0/24"}}]]}}}},
-  {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true}}{more}
+  {{"type":"portmap","capabilities":{{"portMappings":true}},"snat":true{backend}}}{more}
 ]}}"#,
             self.bridge,
             self.ipam.display(),
-            self.prefix
+            self.prefix,
+            backend = if self.nftables {
+                r#","backend":"nftables""#
+            } else {
+                ""
+            },
         )
     }
 
@@ -213,6 +263,15 @@ impl Drop for BenchNet {
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
+        if self.nftables {
+            for table in PORTMAP_TABLES {
+                if !self.tables_before.iter().any(|t| t == table) {
+                    let mut args = vec!["delete", "table"];
+                    args.extend(table.split(' '));
+                    let _ = Command::new("nft").args(&args).output();
+                }
+            }
+        }
         for rule in rules() {
             if self.rules_before.contains(&rule) {
                 continue;
@@ -236,4 +295,162 @@ impl Drop for BenchNet {
             }
         }
     }
+}
+
+/// Pods on the same CNI bridge list for every runtime, and the plugin chain alone: what each
+/// runtime adds above the plugins is the difference of the medians.
+pub async fn rows(
+    o: &Options,
+    tmp: &Path,
+    rts: &mut [Rt],
+    image: &str,
+    res: &mut Results,
+) -> Result<()> {
+    eprintln!("bench: pods on a CNI bridge");
+    let net = BenchNet::new(tmp)?;
+    for rt in rts.iter() {
+        std::fs::write(rt.peer.cni_conf.join(FILE), net.conflist())?;
+    }
+    for rt in rts.iter_mut() {
+        rt.wait_network(&net.prefix).await?;
+    }
+    const SANDBOX: &str = "sandbox run+stop+remove, CNI bridge";
+    const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
+    // crius's default list (dist/cni) adds the firewall plugin: what that costs.
+    const CHAIN_FIREWALL: &str = "CNI bridge+portmap+firewall alone, ADD+DEL (no runtime)";
+    const ABOVE_OWN: &str = "sandbox with CNI above its own plugin runs, per pod";
+    for round in 0..o.rounds {
+        for i in turns(round, rts.len()) {
+            let rt = &mut rts[i];
+            let name = rt.name();
+            for _ in 0..5 {
+                let before = rt.peer.plugin_seconds()?;
+                let (_, ms) = timed(async {
+                    let (id, _) = rt.run_pod().await?;
+                    rt.remove_pod(&id).await
+                })
+                .await?;
+                res.add(SANDBOX, "ms", name, ms);
+                // crius times its plugin runs: what it adds above them, pod by pod (the
+                // plugins' own time varies by tens of ms, mostly the kernel deleting the veth).
+                if let (Some(b), Some(a)) = (before, rt.peer.plugin_seconds()?) {
+                    res.add(ABOVE_OWN, "ms", name, ms - (a - b) * 1000.0);
+                }
+            }
+            for _ in 0..3 {
+                let (pod, ms) = timed(async {
+                    let (pod, sb) = rt.run_pod().await?;
+                    rt.start_container(&pod, &sb, image).await?;
+                    Ok(pod)
+                })
+                .await?;
+                res.add("pod+container to running, CNI bridge", "ms", name, ms);
+                rt.remove_pod(&pod).await?;
+            }
+            // Pods at once on the network: plugin chains side by side where the runtime
+            // lets them.
+            let d = rt.concurrent_pods(o.concurrent, image).await?;
+            res.add(
+                &format!("{} pods+containers concurrently, CNI bridge", o.concurrent),
+                "ms",
+                name,
+                d.as_secs_f64() * 1000.0,
+            );
+            rt.remove_all_pods().await?;
+        }
+        for n in 0..5 {
+            res.add(CHAIN, "ms", "crius", net.chain_alone(round * 5 + n)?);
+            res.add(
+                CHAIN_FIREWALL,
+                "ms",
+                "crius",
+                net.chain_alone_with_firewall(round * 5 + n)?,
+            );
+        }
+    }
+    let median = |rt: &str, op: &str| {
+        res.samples
+            .get(op)
+            .and_then(|m| m.get(rt))
+            .map(|v| stats(v).median)
+    };
+    if let Some(chain) = median("crius", CHAIN) {
+        let names: Vec<&'static str> = rts.iter().map(|r| r.name()).collect();
+        let above: Vec<(&str, f64)> = names
+            .into_iter()
+            .filter_map(|rt| median(rt, SANDBOX).map(|sb| (rt, sb - chain)))
+            .collect();
+        for (rt, ms) in above {
+            res.add(
+                "sandbox with CNI above the plugin chain (medians)",
+                "ms",
+                rt,
+                ms,
+            );
+        }
+    }
+    nftables_rows(o, tmp, rts, image, res).await?;
+    for rt in rts.iter() {
+        std::fs::remove_file(rt.peer.cni_conf.join(FILE))?;
+    }
+    Ok(())
+}
+
+/// The same list with portmap on nftables, in place of the iptables one: pods alone and at once,
+/// and the chain alone. iptables calls all take one lock (`/run/xtables.lock`), nft's do not.
+async fn nftables_rows(
+    o: &Options,
+    tmp: &Path,
+    rts: &mut [Rt],
+    image: &str,
+    res: &mut Results,
+) -> Result<()> {
+    eprintln!("bench: pods on a CNI bridge, portmap on nftables");
+    let net = BenchNet::with_nftables(tmp)?;
+    for rt in rts.iter() {
+        std::fs::write(rt.peer.cni_conf.join(FILE), net.conflist())?;
+    }
+    for rt in rts.iter_mut() {
+        rt.wait_network(&net.prefix).await?;
+    }
+    for round in 0..o.rounds {
+        for i in turns(round, rts.len()) {
+            let rt = &mut rts[i];
+            let name = rt.name();
+            for _ in 0..5 {
+                let (_, ms) = timed(async {
+                    let (id, _) = rt.run_pod().await?;
+                    rt.remove_pod(&id).await
+                })
+                .await?;
+                res.add(
+                    "sandbox run+stop+remove, CNI bridge, portmap on nftables",
+                    "ms",
+                    name,
+                    ms,
+                );
+            }
+            let d = rt.concurrent_pods(o.concurrent, image).await?;
+            res.add(
+                &format!(
+                    "{} pods+containers concurrently, CNI bridge, portmap on nftables",
+                    o.concurrent
+                ),
+                "ms",
+                name,
+                d.as_secs_f64() * 1000.0,
+            );
+            rt.remove_all_pods().await?;
+        }
+        for n in 0..5 {
+            res.add(
+                "CNI bridge+portmap (nftables) alone, ADD+DEL (no runtime)",
+                "ms",
+                "crius",
+                // Namespace names apart from the iptables list's.
+                net.chain_alone(1000 + round * 5 + n)?,
+            );
+        }
+    }
+    Ok(())
 }

@@ -19,6 +19,7 @@ pub mod plot;
 mod report;
 mod steps;
 mod stream;
+mod sweep;
 pub mod table;
 
 use std::path::{Path, PathBuf};
@@ -440,9 +441,21 @@ pub async fn run(o: Options) -> Result<()> {
     let tmp = dir.path().to_path_buf();
     // containerd's CNI code makes /run/netns a shared bind mount of itself and leaves it.
     let netns_was_mount = is_mount(Path::new("/run/netns"));
+    cni::need_nft()?;
+    let before = sweep::start()?;
+    let mut signals = sweep::Signals::watch();
     let load = load::Load::start(o.load)?;
-    let result = run_in(&o, &tmp).await;
+    // On a signal the run's future is dropped where it waits: its guards clean up as on error.
+    let result = tokio::select! {
+        r = run_in(&o, &tmp) => r,
+        name = signals.first() => {
+            eprintln!("bench: {name}: stopping and cleaning up (a second signal leaves it all)");
+            Err(anyhow::anyhow!("interrupted by {name}"))
+        }
+    };
+    signals.exit_on_next("leaving without cleaning up");
     drop(load);
+    sweep::sweep(&before);
     for _ in 0..4 {
         if netns_was_mount || !is_mount(Path::new("/run/netns")) {
             break;
@@ -691,7 +704,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             stream::rows(&mut rts[i], &o.crius_bin, &busybox, o.forward_mb, &mut res).await?;
         }
     }
-    cni_rows(o, tmp, &mut rts, &busybox, &mut res).await?;
+    cni::rows(o, tmp, &mut rts, &busybox, &mut res).await?;
     for rt in rts.iter_mut() {
         rt.peer.stop();
     }
@@ -723,102 +736,4 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
 /// The order the runtimes take their turns in a round: each goes first in turn.
 fn turns(round: usize, n: usize) -> Vec<usize> {
     (0..n).map(|k| (k + round) % n).collect()
-}
-
-/// Pods on the same CNI bridge list for every runtime, and the plugin chain alone: what each
-/// runtime adds above the plugins is the difference of the medians.
-async fn cni_rows(
-    o: &Options,
-    tmp: &Path,
-    rts: &mut [Rt],
-    image: &str,
-    res: &mut Results,
-) -> Result<()> {
-    eprintln!("bench: pods on a CNI bridge");
-    let net = cni::BenchNet::new(tmp)?;
-    for rt in rts.iter() {
-        std::fs::write(rt.peer.cni_conf.join(cni::FILE), net.conflist())?;
-    }
-    for rt in rts.iter_mut() {
-        rt.wait_network(&net.prefix).await?;
-    }
-    const SANDBOX: &str = "sandbox run+stop+remove, CNI bridge";
-    const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
-    // crius's default list (dist/cni) adds the firewall plugin: what that costs.
-    const CHAIN_FIREWALL: &str = "CNI bridge+portmap+firewall alone, ADD+DEL (no runtime)";
-    const ABOVE_OWN: &str = "sandbox with CNI above its own plugin runs, per pod";
-    for round in 0..o.rounds {
-        for i in turns(round, rts.len()) {
-            let rt = &mut rts[i];
-            let name = rt.name();
-            for _ in 0..5 {
-                let before = rt.peer.plugin_seconds()?;
-                let (_, ms) = timed(async {
-                    let (id, _) = rt.run_pod().await?;
-                    rt.remove_pod(&id).await
-                })
-                .await?;
-                res.add(SANDBOX, "ms", name, ms);
-                // crius times its plugin runs: what it adds above them, pod by pod (the
-                // plugins' own time varies by tens of ms, mostly the kernel deleting the veth).
-                if let (Some(b), Some(a)) = (before, rt.peer.plugin_seconds()?) {
-                    res.add(ABOVE_OWN, "ms", name, ms - (a - b) * 1000.0);
-                }
-            }
-            for _ in 0..3 {
-                let (pod, ms) = timed(async {
-                    let (pod, sb) = rt.run_pod().await?;
-                    rt.start_container(&pod, &sb, image).await?;
-                    Ok(pod)
-                })
-                .await?;
-                res.add("pod+container to running, CNI bridge", "ms", name, ms);
-                rt.remove_pod(&pod).await?;
-            }
-            // Pods at once on the network: plugin chains side by side where the runtime
-            // lets them.
-            let d = rt.concurrent_pods(o.concurrent, image).await?;
-            res.add(
-                &format!("{} pods+containers concurrently, CNI bridge", o.concurrent),
-                "ms",
-                name,
-                d.as_secs_f64() * 1000.0,
-            );
-            rt.remove_all_pods().await?;
-        }
-        for n in 0..5 {
-            res.add(CHAIN, "ms", "crius", net.chain_alone(round * 5 + n)?);
-            res.add(
-                CHAIN_FIREWALL,
-                "ms",
-                "crius",
-                net.chain_alone_with_firewall(round * 5 + n)?,
-            );
-        }
-    }
-    let median = |rt: &str, op: &str| {
-        res.samples
-            .get(op)
-            .and_then(|m| m.get(rt))
-            .map(|v| stats(v).median)
-    };
-    if let Some(chain) = median("crius", CHAIN) {
-        let names: Vec<&'static str> = rts.iter().map(|r| r.name()).collect();
-        let above: Vec<(&str, f64)> = names
-            .into_iter()
-            .filter_map(|rt| median(rt, SANDBOX).map(|sb| (rt, sb - chain)))
-            .collect();
-        for (rt, ms) in above {
-            res.add(
-                "sandbox with CNI above the plugin chain (medians)",
-                "ms",
-                rt,
-                ms,
-            );
-        }
-    }
-    for rt in rts.iter() {
-        std::fs::remove_file(rt.peer.cni_conf.join(cni::FILE))?;
-    }
-    Ok(())
 }
