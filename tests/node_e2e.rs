@@ -8,7 +8,9 @@
 //! `cargo xtask node-e2e` runs it: `NODE_E2E_FOCUS` and `NODE_E2E_SKIP` (regular expressions,
 //! by default SIG Node's release-blocking set: `[NodeConformance]` without Flaky, Slow,
 //! Serial and OffByDefault), `NODE_E2E_PROCS` (parallel ginkgo processes, 4) and
-//! `NODE_E2E_TIMEOUT` (3h). It prints every spec, and writes the JSON and JUnit reports, the
+//! `NODE_E2E_TIMEOUT` (3h), `NODE_E2E_STATUS_FREQUENCY` (kubelet's `nodeStatusUpdateFrequency`,
+//! its default unless set; the VM's runs set it), `NODE_E2E_KUBELET_GATES` (kubelet feature
+//! gates, `Name=true,Other=false`). It prints every spec, and writes the JSON and JUnit reports, the
 //! suite's logs and a summary to `target/node-e2e/crius/`. kubelet changes the machine it runs
 //! on (sysctls, cgroups, `/var/lib/kubelet`): what it changed is put back or removed after the
 //! suite.
@@ -78,6 +80,24 @@ fn kubelet_config() -> String {
     );
     if !cgroup_v2() {
         c.push_str("failCgroupV1: false\n");
+    }
+    // Under TCG kubelet takes 20 s to register, at its 10 s status period, and its CSINode
+    // set-up has given up its early tries by then (its next comes after the suite's 2 min wait
+    // for a Ready node): the VM's runs report status more often.
+    if let Ok(period) = std::env::var("NODE_E2E_STATUS_FREQUENCY") {
+        c.push_str(&format!("nodeStatusUpdateFrequency: {period}\n"));
+    }
+    // Kubelet feature gates to run with (`Name=true,Other=false`): kubelet takes pods' stats
+    // from cAdvisor unless `PodAndContainerStatsFromCRI` is on, and cAdvisor finds pods' network
+    // and processes only through its containerd and CRI-O plugins.
+    let gates = std::env::var("NODE_E2E_KUBELET_GATES").unwrap_or_default();
+    let gates: Vec<&str> = gates.split(',').filter(|g| !g.is_empty()).collect();
+    if !gates.is_empty() {
+        c.push_str("featureGates:\n");
+        for g in gates {
+            let (name, on) = g.split_once('=').unwrap_or((g, "true"));
+            c.push_str(&format!("  {}: {}\n", name.trim(), on.trim()));
+        }
     }
     c
 }
@@ -153,6 +173,56 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// A dummy link with a documentation address (192.0.2.1/24, RFC 5737) and a default route
+/// through it, made where the machine has no default route and removed when dropped: nothing
+/// sent that way leaves the machine.
+struct NodeAddress(Option<&'static str>);
+
+impl NodeAddress {
+    const LINK: &'static str = "crius-e2e0";
+
+    fn make_if_missing() -> NodeAddress {
+        let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+        let has_default = routes
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some("00000000"));
+        if has_default {
+            return NodeAddress(None);
+        }
+        for args in [
+            vec!["link", "add", Self::LINK, "type", "dummy"],
+            vec!["addr", "add", "192.0.2.1/24", "dev", Self::LINK],
+            vec!["link", "set", Self::LINK, "up"],
+            vec![
+                "route",
+                "add",
+                "default",
+                "via",
+                "192.0.2.2",
+                "dev",
+                Self::LINK,
+            ],
+        ] {
+            let ok = Command::new("ip").args(&args).status().unwrap().success();
+            assert!(ok, "ip {}", args.join(" "));
+        }
+        println!(
+            "node e2e: no default route; {} with 192.0.2.1/24 stands in",
+            Self::LINK
+        );
+        NodeAddress(Some(Self::LINK))
+    }
+}
+
+impl Drop for NodeAddress {
+    fn drop(&mut self) {
+        if let Some(link) = self.0 {
+            let _ = Command::new("ip").args(["link", "del", link]).status();
+        }
+    }
+}
+
 /// Removes the pods the suite's kubelet left in the daemon (it is stopped without draining).
 async fn remove_pods(d: &Daemon) {
     let mut rt = d.runtime();
@@ -222,6 +292,9 @@ async fn node_e2e_suite() {
     let repo_list = work.path().join("repo-list.yaml");
     std::fs::write(&repo_list, node_images::repo_list(&reg)).unwrap();
 
+    // The API server takes its address from the default route's interface; the VM has no
+    // network device, so it gets a dummy one with a route that leads nowhere.
+    let _route = NodeAddress::make_if_missing();
     // The runtime: pods on a bridge of the test's own, hostPort through portmap, and the
     // RuntimeClass handler the suite's specs name.
     let net = TestNet::new();

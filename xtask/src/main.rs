@@ -153,13 +153,16 @@ fn node_e2e_test() -> Command {
 }
 
 /// The upstream node e2e suite against crius (`tests/node_e2e.rs`): `--focus RE`, `--skip RE`
-/// (SIG Node's release-blocking selection by default), `--procs N`, `--timeout D`. Installs
-/// the parts it needs first.
+/// (SIG Node's release-blocking selection by default), `--procs N`, `--timeout D`,
+/// `--kubelet-gates G=true,...` (kubelet feature gates); `--vm` runs
+/// it in the VM tier's VM (cgroup v2, swap, a kernel with modules, systemd as PID 1), the
+/// reports coming back to the same directory. Installs the parts it needs first.
 fn node_e2e(args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("the node e2e suite needs root (it runs kubelet and a crius daemon)");
     }
-    let mut cmd = node_e2e_test();
+    let mut vars = Vec::new();
+    let mut in_vm = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let var = match a.as_str() {
@@ -167,17 +170,30 @@ fn node_e2e(args: &[String]) -> Result<()> {
             "--skip" => "NODE_E2E_SKIP",
             "--procs" => "NODE_E2E_PROCS",
             "--timeout" => "NODE_E2E_TIMEOUT",
+            "--kubelet-gates" => "NODE_E2E_KUBELET_GATES",
+            "--vm" => {
+                in_vm = true;
+                continue;
+            }
             _ => bail!(
-                "node-e2e: unknown argument {a:?} (--focus RE, --skip RE, --procs N, --timeout D)"
+                "node-e2e: unknown argument {a:?} (--focus RE, --skip RE, --procs N, --timeout D, \
+                 --kubelet-gates G=true,..., --vm)"
             ),
         };
         let Some(value) = it.next() else {
             bail!("node-e2e: {a} needs a value");
         };
-        cmd.env(var, value);
+        vars.push((var, value.clone()));
     }
     run(&mut Command::new("hack/install-test-deps.sh"))?;
     upstream::install(&["node-e2e", "cni-plugins"])?;
+    let mut cmd = if in_vm {
+        node_e2e_in_vm(&vars)?
+    } else {
+        let mut cmd = node_e2e_test();
+        cmd.envs(vars.iter().map(|(k, v)| (k, v)));
+        cmd
+    };
     let started = std::time::Instant::now();
     let result = run(&mut cmd);
     eprintln!(
@@ -185,6 +201,70 @@ fn node_e2e(args: &[String]) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     result
+}
+
+/// The node e2e suite's VM: room for an API server, etcd, kubelet, crius and the pods' images
+/// on the guest's tmpfs, and swap for the swap specs.
+const NODE_E2E_VM: [&str; 6] = ["-m", "8192", "-s", "2048", "-c", "2"];
+/// The suite's own time limit unless given (the test's default), and what the VM adds to it
+/// for its boot, the images and the cleanup after the suite.
+const NODE_E2E_TIMEOUT: &str = "3h";
+const NODE_E2E_VM_EXTRA_SECONDS: u64 = 1800;
+
+/// Seconds in a Go duration of whole hours, minutes and seconds (`3h`, `90m`, `1h30m`).
+fn go_duration_seconds(d: &str) -> Option<u64> {
+    let (mut total, mut num) = (0u64, String::new());
+    for c in d.chars() {
+        let unit = match c {
+            '0'..='9' => {
+                num.push(c);
+                continue;
+            }
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        total += num.parse::<u64>().ok()? * unit;
+        num.clear();
+    }
+    (num.is_empty() && !d.is_empty()).then_some(total)
+}
+
+/// The node e2e test built on the host, run in a VM with `vars` set; target/node-e2e is shared
+/// read-write so its reports land where the host's run puts them.
+fn node_e2e_in_vm(vars: &[(&str, String)]) -> Result<Command> {
+    let timeout = vars
+        .iter()
+        .find(|(k, _)| *k == "NODE_E2E_TIMEOUT")
+        .map_or(NODE_E2E_TIMEOUT, |(_, v)| v.as_str());
+    let Some(seconds) = go_duration_seconds(timeout) else {
+        bail!("node-e2e: --timeout {timeout:?} is not a duration of h, m and s (3h, 90m)");
+    };
+    let built = test_binaries(&["node_e2e"])?;
+    let Some((_, exe)) = built.first() else {
+        bail!("building tests/node_e2e.rs gave no executable");
+    };
+    let reports = std::env::current_dir()?.join("target/node-e2e");
+    std::fs::create_dir_all(&reports)?;
+    // systemd as PID 1, as on SIG Node's machines: the suite starts kubelet with systemd-run,
+    // and the specs that change kubelet's configuration restart it with systemctl.
+    let mut cmd = vm::command(&["-S"], (seconds + NODE_E2E_VM_EXTRA_SECONDS) as usize)?;
+    cmd.args(NODE_E2E_VM)
+        .arg("-w")
+        .arg(&reports)
+        .arg("--")
+        .arg("env");
+    // The parts were installed just now: a missing one fails the run instead of skipping it.
+    cmd.arg("CRIUS_REQUIRE_ALL=1");
+    // Under TCG kubelet registers too late for its CSINode set-up at the default 10 s.
+    cmd.arg("NODE_E2E_STATUS_FREQUENCY=2s");
+    // Not /tmp: the unit systemd-run makes for kubelet pulls in systemd-tmpfiles, which empties
+    // /tmp at boot, and the daemon's socket with it. The VM's /var/tmp is a fresh tmpfs too.
+    cmd.arg("TMPDIR=/var/tmp");
+    cmd.args(vars.iter().map(|(k, v)| format!("{k}={v}")));
+    cmd.args([exe.as_str(), "--nocapture", "--exact", NODE_E2E_TEST]);
+    Ok(cmd)
 }
 
 /// critest (the CRI validation suites, built by `hack/install-upstream.sh` where they are
@@ -507,7 +587,10 @@ fn main() -> Result<()> {
             eprintln!(
                 "  node-e2e     the upstream node e2e suite (kubelet with an API server) against crius"
             );
-            eprintln!("               [--focus RE] [--skip RE] [--procs N] [--timeout D]");
+            eprintln!(
+                "               [--focus RE] [--skip RE] [--procs N] [--timeout D] \
+                 [--kubelet-gates G=true,...] [--vm]"
+            );
             eprintln!("  test         unit + integration");
             eprintln!(
                 "  test-vm      cgroup v2, swap and noswap tests (and the runtime suite) in a qemu VM"
@@ -542,6 +625,20 @@ fn main() -> Result<()> {
                 "  arch         draw docs/architecture.svg (modules and processes) from the code"
             );
             bail!("unknown task {task:?}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn go_durations_are_read_as_the_suite_reads_them() {
+        assert_eq!(super::go_duration_seconds("3h"), Some(10800));
+        assert_eq!(super::go_duration_seconds("1h30m"), Some(5400));
+        assert_eq!(super::go_duration_seconds("90m"), Some(5400));
+        assert_eq!(super::go_duration_seconds("45s"), Some(45));
+        for bad in ["", "3", "1.5h", "2d"] {
+            assert_eq!(super::go_duration_seconds(bad), None, "{bad:?}");
         }
     }
 }
