@@ -102,24 +102,36 @@ fn kubelet_config() -> String {
     c
 }
 
-/// The suite starts kubelet through `systemd-run` whenever that is on PATH; where systemd is not
-/// PID 1 (this host), it runs on a PATH of its own: every program of the usual directories but
-/// systemd's.
-fn path_without_systemd(dir: &Path) -> Option<String> {
-    let pid1 = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
-    if pid1.trim() == "systemd" {
-        return None;
-    }
+/// The PATH the suite runs with. It calls `sudo` (for `systemctl`, say), which a root machine
+/// need not have: a stand-in that runs the command comes first. It starts kubelet through
+/// `systemd-run` whenever that is on PATH; where systemd is not PID 1 (this host), the PATH
+/// holds every program of the usual directories but systemd's.
+fn suite_path(dir: &Path) -> Option<String> {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for d in [
+    let pid1 = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    let usual = [
         "/usr/local/sbin",
         "/usr/local/bin",
         "/usr/sbin",
         "/usr/bin",
         "/sbin",
         "/bin",
-    ] {
+    ];
+    let has_sudo = usual.iter().any(|d| Path::new(d).join("sudo").exists());
+    if !has_sudo {
+        let sudo = bin.join("sudo");
+        std::fs::write(&sudo, "#!/bin/sh\nexec \"$@\"\n").unwrap();
+        std::fs::set_permissions(&sudo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    if pid1.trim() == "systemd" {
+        if has_sudo {
+            return None;
+        }
+        let path = std::env::var("PATH").unwrap_or_else(|_| usual.join(":"));
+        return Some(format!("{}:{path}", bin.display()));
+    }
+    for d in usual {
         for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
             let name = e.file_name();
             let n = name.to_string_lossy();
@@ -128,12 +140,6 @@ fn path_without_systemd(dir: &Path) -> Option<String> {
             }
             let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
         }
-    }
-    // The suite's `sudo` where there is none: this runs as root.
-    let sudo = bin.join("sudo");
-    if !sudo.exists() {
-        std::fs::write(&sudo, "#!/bin/sh\nexec \"$@\"\n").unwrap();
-        std::fs::set_permissions(&sudo, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     Some(bin.display().to_string())
 }
@@ -374,7 +380,7 @@ async fn node_e2e_suite() {
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
-    if let Some(path) = path_without_systemd(work.path()) {
+    if let Some(path) = suite_path(work.path()) {
         cmd.env("PATH", path);
     }
     let started = Instant::now();
