@@ -171,7 +171,8 @@ struct Shared {
     token_ttl: Duration,
     slots: Arc<tokio::sync::Semaphore>,
     max_streams: usize,
-    trimming: Arc<AtomicBool>,
+    /// Set while a heap trim is queued or running: streams ending together queue one.
+    trimming: AtomicBool,
 }
 
 /// One stream's place among `max_streams`. Dropping the last one hands the heap's free memory
@@ -179,24 +180,22 @@ struct Shared {
 /// leaves the daemon at its peak for good, since glibc keeps what it freed.
 pub(crate) struct Slot {
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    slots: Arc<tokio::sync::Semaphore>,
-    max_streams: usize,
-    /// Set while a trim is queued or running: streams ending together queue one.
-    trimming: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         // Released first, so of two streams ending at once the later sees the server quiet.
         drop(self.permit.take());
-        if self.slots.available_permits() == self.max_streams
+        let shared = &self.shared;
+        if shared.slots.available_permits() == shared.max_streams
             && let Ok(rt) = tokio::runtime::Handle::try_current()
-            && !self.trimming.swap(true, Ordering::AcqRel)
+            && !shared.trimming.swap(true, Ordering::AcqRel)
         {
-            let trimming = self.trimming.clone();
+            let shared = shared.clone();
             rt.spawn_blocking(move || {
                 crate::sys::trim_heap();
-                trimming.store(false, Ordering::Release);
+                shared.trimming.store(false, Ordering::Release);
             });
         }
     }
@@ -234,7 +233,7 @@ impl StreamServer {
             token_ttl: settings.token_ttl,
             slots: Arc::new(tokio::sync::Semaphore::new(settings.max_streams.max(1))),
             max_streams: settings.max_streams.max(1),
-            trimming: Arc::new(AtomicBool::new(false)),
+            trimming: AtomicBool::new(false),
         });
         let host = match local {
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -401,9 +400,7 @@ async fn route(
     let permit = match shared.slots.clone().try_acquire_owned() {
         Ok(p) => Slot {
             permit: Some(p),
-            slots: shared.slots.clone(),
-            max_streams: shared.max_streams,
-            trimming: shared.trimming.clone(),
+            shared: shared.clone(),
         },
         Err(_) => return reply(429, "too many streams at once"),
     };

@@ -297,6 +297,18 @@ impl Drop for BenchNet {
     }
 }
 
+/// Gives every runtime `net`'s list, in place of any list of the bench's before, and waits
+/// until each runtime's pods get its addresses.
+async fn give(rts: &mut [Rt], net: &BenchNet) -> Result<()> {
+    for rt in rts.iter() {
+        std::fs::write(rt.peer.cni_conf.join(FILE), net.conflist())?;
+    }
+    for rt in rts.iter_mut() {
+        rt.wait_network(&net.prefix).await?;
+    }
+    Ok(())
+}
+
 /// Pods on the same CNI bridge list for every runtime, and the plugin chain alone: what each
 /// runtime adds above the plugins is the difference of the medians.
 pub async fn rows(
@@ -308,12 +320,7 @@ pub async fn rows(
 ) -> Result<()> {
     eprintln!("bench: pods on a CNI bridge");
     let net = BenchNet::new(tmp)?;
-    for rt in rts.iter() {
-        std::fs::write(rt.peer.cni_conf.join(FILE), net.conflist())?;
-    }
-    for rt in rts.iter_mut() {
-        rt.wait_network(&net.prefix).await?;
-    }
+    give(rts, &net).await?;
     const SANDBOX: &str = "sandbox run+stop+remove, CNI bridge";
     const CHAIN: &str = "CNI bridge+portmap alone, ADD+DEL (no runtime)";
     // crius's default list (dist/cni) adds the firewall plugin: what that costs.
@@ -325,11 +332,7 @@ pub async fn rows(
             let name = rt.name();
             for _ in 0..5 {
                 let before = rt.peer.plugin_seconds()?;
-                let (_, ms) = timed(async {
-                    let (id, _) = rt.run_pod().await?;
-                    rt.remove_pod(&id).await
-                })
-                .await?;
+                let ms = rt.sandbox_cycle_ms().await?;
                 res.add(SANDBOX, "ms", name, ms);
                 // crius times its plugin runs: what it adds above them, pod by pod (the
                 // plugins' own time varies by tens of ms, mostly the kernel deleting the veth).
@@ -407,22 +410,13 @@ async fn nftables_rows(
 ) -> Result<()> {
     eprintln!("bench: pods on a CNI bridge, portmap on nftables");
     let net = BenchNet::with_nftables(tmp)?;
-    for rt in rts.iter() {
-        std::fs::write(rt.peer.cni_conf.join(FILE), net.conflist())?;
-    }
-    for rt in rts.iter_mut() {
-        rt.wait_network(&net.prefix).await?;
-    }
+    give(rts, &net).await?;
     for round in 0..o.rounds {
         for i in turns(round, rts.len()) {
             let rt = &mut rts[i];
             let name = rt.name();
             for _ in 0..5 {
-                let (_, ms) = timed(async {
-                    let (id, _) = rt.run_pod().await?;
-                    rt.remove_pod(&id).await
-                })
-                .await?;
+                let ms = rt.sandbox_cycle_ms().await?;
                 res.add(
                     "sandbox run+stop+remove, CNI bridge, portmap on nftables",
                     "ms",

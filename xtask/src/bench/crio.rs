@@ -191,18 +191,6 @@ fn runc_root(state: &Path) -> PathBuf {
     state.join("runc")
 }
 
-/// The cgroup hierarchies' copies of `CGROUP_PARENT`: under each v1 controller, and v2's.
-fn cgroup_dirs() -> Vec<PathBuf> {
-    let base = Path::new("/sys/fs/cgroup");
-    let name = CGROUP_PARENT.trim_start_matches('/');
-    let mut out = vec![base.join(name)];
-    if let Ok(rd) = std::fs::read_dir(base) {
-        out.extend(rd.flatten().map(|e| e.path().join(name)));
-    }
-    out.retain(|p| p.is_dir());
-    out
-}
-
 /// A cgroup and the ones below it, the deepest first (a cgroup is removed with rmdir, and only
 /// when it has neither processes nor children).
 fn remove_cgroup(dir: &Path) {
@@ -306,7 +294,7 @@ impl Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         self.end_containers();
-        for dir in cgroup_dirs() {
+        for dir in super::sweep::cgroup_copies(CGROUP_PARENT) {
             remove_cgroup(&dir);
         }
         remove_blob_info_cache();

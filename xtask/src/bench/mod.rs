@@ -240,6 +240,16 @@ impl Rt {
         }
     }
 
+    /// One sandbox run, stopped and removed: its time in ms.
+    async fn sandbox_cycle_ms(&mut self) -> Result<f64> {
+        let (_, ms) = timed(async {
+            let (id, _) = self.run_pod().await?;
+            self.remove_pod(&id).await
+        })
+        .await?;
+        Ok(ms)
+    }
+
     async fn run_pod(&mut self) -> Result<(String, cri::PodSandboxConfig)> {
         let cfg = self.sandbox_config();
         let id = self
@@ -566,11 +576,7 @@ async fn run_in(o: &Options, tmp: &Path) -> Result<()> {
             let name = rt.name();
             // Sandbox run + stop + remove.
             for _ in 0..5 {
-                let (_, ms) = timed(async {
-                    let (id, _) = rt.run_pod().await?;
-                    rt.remove_pod(&id).await
-                })
-                .await?;
+                let ms = rt.sandbox_cycle_ms().await?;
                 res.add("sandbox run+stop+remove", "ms", name, ms);
             }
             // Create + start, in a ready pod.

@@ -408,8 +408,8 @@ pub fn cpu_ticks(pid: i32) -> u64 {
     get(11) + get(12)
 }
 
-/// Live processes with their parent pid, comm and command line.
-pub fn processes() -> Vec<(i32, i32, String, String)> {
+/// Every process's pid, parent pid, state (`R`, `S`, `Z`...) and comm, from /proc/PID/stat.
+pub fn tasks() -> Vec<(i32, i32, String, String)> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return out;
@@ -421,6 +421,7 @@ pub fn processes() -> Vec<(i32, i32, String, String)> {
         let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
             continue;
         };
+        // The comm may hold spaces and parentheses: the fields resume after the last ')'.
         let Some((head, rest)) = stat.rsplit_once(')') else {
             continue;
         };
@@ -428,17 +429,26 @@ pub fn processes() -> Vec<(i32, i32, String, String)> {
             .split_once('(')
             .map(|(_, c)| c.to_string())
             .unwrap_or_default();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f.first() == Some(&"Z") {
-            continue;
-        }
-        let ppid = f.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let cmd = std::fs::read(e.path().join("cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-            .unwrap_or_default();
-        out.push((pid, ppid, comm, cmd));
+        let mut f = rest.split_whitespace();
+        let state = f.next().unwrap_or_default().to_string();
+        let ppid = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        out.push((pid, ppid, state, comm));
     }
     out
+}
+
+/// Live processes with their parent pid, comm and command line.
+pub fn processes() -> Vec<(i32, i32, String, String)> {
+    tasks()
+        .into_iter()
+        .filter(|t| t.2 != "Z")
+        .map(|(pid, ppid, _, comm)| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            (pid, ppid, comm, cmd)
+        })
+        .collect()
 }
 
 /// The per-pod processes a runtime runs besides the workloads: (monitors or shims, pause holders).

@@ -24,13 +24,7 @@ const OWN_NETNS: [&str; 2] = ["cni-", "crbench-"];
 const CGROUPS: &str = "/sys/fs/cgroup";
 /// The cgroups the runtimes put pods under: containerd's default, crius's default and the
 /// parent the bench gives CRI-O; at the top of a hierarchy (v2) or of a controller's (v1).
-fn own_cgroups() -> [&'static str; 3] {
-    [
-        "k8s.io",
-        "crius",
-        super::crio::CGROUP_PARENT.trim_start_matches('/'),
-    ]
-}
+const OWN_CGROUPS: [&str; 3] = ["k8s.io", "crius", super::crio::CGROUP_PARENT];
 /// How long the run's processes get to end after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
 /// The processes that come to the bench when their parent exits (a shim or conmon daemonizes;
@@ -136,11 +130,7 @@ pub fn sweep(before: &Before) {
             namespaces += 1;
         }
     }
-    let mut new: Vec<PathBuf> = cgroups()
-        .difference(&before.cgroups)
-        .filter(|p| own_cgroup(p))
-        .cloned()
-        .collect();
+    let mut new: Vec<PathBuf> = cgroups().difference(&before.cgroups).cloned().collect();
     // The deepest first: a cgroup goes only once it has no children.
     new.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     let removed: Vec<&PathBuf> = new
@@ -198,32 +188,11 @@ fn end_descendants() -> usize {
     first.len()
 }
 
-/// Whether a cgroup is below one the runtimes put pods under.
-fn own_cgroup(path: &Path) -> bool {
-    path.strip_prefix(CGROUPS).is_ok_and(|rel| {
-        rel.components()
-            .take(2)
-            .any(|c| own_cgroups().iter().any(|o| c.as_os_str() == *o))
-    })
-}
-
 /// Reaps the adopted processes that have exited, each by its pid.
 fn reap_adopted() {
     let me = std::process::id() as i32;
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let Some((head, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
-        let mut f = rest.split_whitespace();
-        let (state, ppid) = (f.next(), f.next().and_then(|p| p.parse::<i32>().ok()));
-        if state == Some("Z") && ppid == Some(me) && ADOPTED.contains(&comm) {
+    for (pid, ppid, state, comm) in super::peers::tasks() {
+        if state == "Z" && ppid == me && ADOPTED.contains(&comm.as_str()) {
             let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
     }
@@ -261,7 +230,21 @@ fn netns() -> BTreeSet<String> {
         .collect()
 }
 
-/// Every cgroup directory, in every hierarchy.
+/// The copies of cgroup `name` (a path from a hierarchy's root) that exist: v2's, and one under
+/// each v1 controller.
+pub fn cgroup_copies(name: &str) -> Vec<PathBuf> {
+    let base = Path::new(CGROUPS);
+    let name = name.trim_start_matches('/');
+    let mut out = vec![base.join(name)];
+    if let Ok(rd) = std::fs::read_dir(base) {
+        out.extend(rd.flatten().map(|e| e.path().join(name)));
+    }
+    out.retain(|p| p.is_dir());
+    out
+}
+
+/// The cgroups the runtimes put pods under (`OWN_CGROUPS`, in every hierarchy) and every one
+/// below them.
 fn cgroups() -> BTreeSet<PathBuf> {
     fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -273,7 +256,10 @@ fn cgroups() -> BTreeSet<PathBuf> {
         }
     }
     let mut out = BTreeSet::new();
-    walk(Path::new(CGROUPS), &mut out);
+    for dir in OWN_CGROUPS.into_iter().flat_map(cgroup_copies) {
+        walk(&dir, &mut out);
+        out.insert(dir);
+    }
     out
 }
 
